@@ -1,0 +1,245 @@
+//! Minimal HTTP/1.1 client for the manager's unix socket (one connection per call).
+//!
+//! Used by the CNI plugin and weftctl. It runs on whatever tokio runtime the caller built; the
+//! CNI builds a `current_thread` one just for its few calls.
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::{Method, Request, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use std::path::{Path, PathBuf};
+use tokio::net::UnixStream;
+
+use crate::ApiError;
+
+/// Why a call to the manager failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The socket could not be reached (missing, refused, permission).
+    #[error("cannot reach weft-manager at {path}: {source} (is weft-manager running?)")]
+    Unreachable {
+        /// Socket path.
+        path: PathBuf,
+        /// Underlying error.
+        source: std::io::Error,
+    },
+    /// The connection broke mid-request.
+    #[error("talking to weft-manager at {path}: {detail}")]
+    Transport {
+        /// Socket path.
+        path: PathBuf,
+        /// What happened.
+        detail: String,
+    },
+    /// The manager answered with an error status.
+    #[error("{}", .body.message)]
+    Api {
+        /// HTTP status.
+        status: u16,
+        /// The error body.
+        body: ApiError,
+    },
+    /// The manager's answer could not be decoded.
+    #[error("unexpected answer from weft-manager ({status}): {detail}")]
+    Decode {
+        /// HTTP status.
+        status: u16,
+        /// What failed to parse.
+        detail: String,
+    },
+}
+
+/// A client bound to one socket path.
+#[derive(Debug, Clone)]
+pub struct Client {
+    socket: PathBuf,
+}
+
+impl Client {
+    /// Client for the socket at `socket`.
+    #[must_use]
+    pub fn new(socket: impl Into<PathBuf>) -> Self {
+        Self {
+            socket: socket.into(),
+        }
+    }
+
+    /// The socket path.
+    #[must_use]
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// `GET path` → JSON.
+    pub async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
+        self.call(Method::GET, path, None::<&()>).await
+    }
+
+    /// `POST path` with a JSON body → JSON.
+    pub async fn post<B: Serialize, T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &B,
+    ) -> Result<T, ClientError> {
+        self.call(Method::POST, path, Some(body)).await
+    }
+
+    /// `PUT path` with a JSON body → JSON.
+    pub async fn put<B: Serialize, T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &B,
+    ) -> Result<T, ClientError> {
+        self.call(Method::PUT, path, Some(body)).await
+    }
+
+    /// `DELETE path` → JSON.
+    pub async fn delete<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
+        self.call(Method::DELETE, path, None::<&()>).await
+    }
+
+    /// Raw status + body of `GET path` (for `healthz`, whose body is not the point).
+    pub async fn get_status(&self, path: &str) -> Result<(u16, Bytes), ClientError> {
+        self.raw(Method::GET, path, Bytes::new()).await
+    }
+
+    /// Streams the body of `GET path`, calling `on_chunk` for every chunk until the server ends it
+    /// or `on_chunk` returns false (used by `weftctl monitor`).
+    pub async fn stream(
+        &self,
+        path: &str,
+        mut on_chunk: impl FnMut(&[u8]) -> bool,
+    ) -> Result<(), ClientError> {
+        let mut sender = self.connect().await?;
+        let req = build_request(Method::GET, path, Bytes::new());
+        let resp = sender
+            .send_request(req)
+            .await
+            .map_err(|e| self.transport(&e))?;
+        let status = resp.status();
+        let mut body = resp.into_body();
+        if !status.is_success() {
+            let bytes = body
+                .collect()
+                .await
+                .map_err(|e| self.transport(&e))?
+                .to_bytes();
+            return Err(api_error(status, &bytes));
+        }
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| self.transport(&e))?;
+            if let Some(data) = frame.data_ref()
+                && !on_chunk(data)
+            {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    async fn call<B: Serialize, T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&B>,
+    ) -> Result<T, ClientError> {
+        let payload = match body {
+            Some(b) => Bytes::from(serde_json::to_vec(b).map_err(|e| ClientError::Decode {
+                status: 0,
+                detail: e.to_string(),
+            })?),
+            None => Bytes::new(),
+        };
+        let (status, bytes) = self.raw(method, path, payload).await?;
+        let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        if !status.is_success() {
+            return Err(api_error(status, &bytes));
+        }
+        serde_json::from_slice(&bytes).map_err(|e| ClientError::Decode {
+            status: status.as_u16(),
+            detail: e.to_string(),
+        })
+    }
+
+    async fn raw(
+        &self,
+        method: Method,
+        path: &str,
+        payload: Bytes,
+    ) -> Result<(u16, Bytes), ClientError> {
+        let mut sender = self.connect().await?;
+        let resp = sender
+            .send_request(build_request(method, path, payload))
+            .await
+            .map_err(|e| self.transport(&e))?;
+        let status = resp.status().as_u16();
+        let bytes = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| self.transport(&e))?
+            .to_bytes();
+        Ok((status, bytes))
+    }
+
+    async fn connect(
+        &self,
+    ) -> Result<hyper::client::conn::http1::SendRequest<Full<Bytes>>, ClientError> {
+        let stream =
+            UnixStream::connect(&self.socket)
+                .await
+                .map_err(|source| ClientError::Unreachable {
+                    path: self.socket.clone(),
+                    source,
+                })?;
+        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| self.transport(&e))?;
+        tokio::spawn(async move {
+            // The connection ends when the response is read; its error is reported by the request.
+            let _ = conn.await;
+        });
+        Ok(sender)
+    }
+
+    fn transport(&self, e: &dyn std::fmt::Display) -> ClientError {
+        ClientError::Transport {
+            path: self.socket.clone(),
+            detail: e.to_string(),
+        }
+    }
+}
+
+fn build_request(method: Method, path: &str, payload: Bytes) -> Request<Full<Bytes>> {
+    let mut builder = Request::builder()
+        .method(method)
+        .uri(path)
+        .header(hyper::header::HOST, "weft");
+    if !payload.is_empty() {
+        builder = builder.header(hyper::header::CONTENT_TYPE, "application/json");
+    }
+    builder
+        .body(Full::new(payload))
+        .expect("static request parts are valid")
+}
+
+fn api_error(status: StatusCode, bytes: &[u8]) -> ClientError {
+    match serde_json::from_slice::<ApiError>(bytes) {
+        Ok(body) => ClientError::Api {
+            status: status.as_u16(),
+            body,
+        },
+        Err(_) => ClientError::Api {
+            status: status.as_u16(),
+            body: ApiError {
+                kind: "http".into(),
+                message: format!(
+                    "weft-manager answered {status}: {}",
+                    String::from_utf8_lossy(bytes)
+                ),
+            },
+        },
+    }
+}

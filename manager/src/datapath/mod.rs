@@ -1,0 +1,1 @@
+//! eBPF datapath (filled by the datapath issue).
