@@ -1,1 +1,4 @@
-//! placeholder until the policy issue lands
+//! Weft's policy engine: pure logic, no I/O.
+#![warn(missing_docs)]
+
+pub mod mapstate;

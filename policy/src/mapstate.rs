@@ -1,0 +1,101 @@
+//! The computed policy of one endpoint: what the datapath installs into its policy map.
+//!
+//! This is the contract between the policy engine (which computes it) and the datapath (which
+//! encodes it into eBPF map keys). Wildcards are explicit values, never absent fields.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Numeric security identity. `0` in a [`PolicyEntry`] means "any identity".
+pub type Identity = u32;
+
+/// Reserved identities (Cilium's numbering).
+pub mod reserved {
+    use super::Identity;
+    /// Wildcard in policy entries: any peer.
+    pub const ANY: Identity = 0;
+    /// The node itself (router IP and node addresses).
+    pub const HOST: Identity = 1;
+    /// Everything outside the cluster (ipcache `0.0.0.0/0`, `::/0`).
+    pub const WORLD: Identity = 2;
+    /// Pods not managed by Weft.
+    pub const UNMANAGED: Identity = 3;
+    /// First identity allocated for label sets.
+    pub const FIRST_ALLOCATED: Identity = 256;
+    /// First identity allocated for CIDR selectors (Cilium's local-scope bit).
+    pub const FIRST_CIDR: Identity = 1 << 24;
+}
+
+/// Traffic direction from the endpoint's point of view.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Direction {
+    /// Packets entering the endpoint (peer = source).
+    Ingress,
+    /// Packets leaving the endpoint (peer = destination).
+    Egress,
+}
+
+/// IP protocol numbers used by policy. `0` means any protocol (and then ports must be any).
+pub mod proto {
+    /// Any protocol.
+    pub const ANY: u8 = 0;
+    /// ICMP.
+    pub const ICMP: u8 = 1;
+    /// TCP.
+    pub const TCP: u8 = 6;
+    /// UDP.
+    pub const UDP: u8 = 17;
+    /// ICMPv6.
+    pub const ICMPV6: u8 = 58;
+    /// SCTP.
+    pub const SCTP: u8 = 132;
+}
+
+/// One policy map entry. `identity == 0` is any peer; `proto == 0` is any protocol;
+/// `port_lo == 0 && port_hi == 65535` is any port. A single port has `port_lo == port_hi`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct PolicyEntry {
+    /// Direction.
+    pub direction: Direction,
+    /// Peer identity or 0 for any.
+    pub identity: Identity,
+    /// IP protocol or 0 for any.
+    pub proto: u8,
+    /// First destination port (inclusive).
+    pub port_lo: u16,
+    /// Last destination port (inclusive).
+    pub port_hi: u16,
+}
+
+impl PolicyEntry {
+    /// Every port.
+    pub const ALL_PORTS: (u16, u16) = (0, u16::MAX);
+
+    /// True when the entry covers every port.
+    #[must_use]
+    pub fn all_ports(&self) -> bool {
+        (self.port_lo, self.port_hi) == Self::ALL_PORTS
+    }
+}
+
+/// What an entry decides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Verdict {
+    /// Let the packet (and its connection) through.
+    Allow,
+    /// Drop it; beats any allow that also matches.
+    Deny,
+}
+
+/// The full policy of one endpoint.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EndpointPolicy {
+    /// Some rule selects the endpoint for ingress: default deny for ingress.
+    pub ingress_enforced: bool,
+    /// Some rule selects the endpoint for egress: default deny for egress.
+    pub egress_enforced: bool,
+    /// Entries. Where an allow and a deny both match a packet, deny wins.
+    pub entries: BTreeMap<PolicyEntry, Verdict>,
+}
