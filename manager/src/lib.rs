@@ -1,2 +1,17 @@
 //! weft-manager: node CIDRs, IPAM, endpoints, identities, policy and the eBPF datapath.
+//!
+//! Module map (DESIGN §1): `config` flags and file; `node` CIDR selection; `ipam` pools;
+//! `store` sled; `endpoint` the registry; `hostnet` the node's netlink side effects;
+//! `service` the operations; `api` HTTP; `daemon` start-up order and serving; `datapath` eBPF.
+
+pub mod api;
+pub mod config;
+pub mod ctl;
+pub mod daemon;
 pub mod datapath;
+pub mod endpoint;
+pub mod hostnet;
+pub mod ipam;
+pub mod node;
+pub mod service;
+pub mod store;

@@ -1,1 +1,40 @@
-fn main() {}
+//! weft-manager: the long-running node daemon.
+
+use clap::Parser;
+use weft_manager::config::{Cli, Config, LogFormat};
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("WEFT_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.init(),
+    }
+}
+
+fn fail(msg: &dyn std::fmt::Display) -> ! {
+    eprintln!("weft-manager: {msg}");
+    std::process::exit(1);
+}
+
+fn main() {
+    let config = Config::resolve(Cli::parse()).unwrap_or_else(|e| fail(&e));
+    init_logging(config.log_format);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| fail(&e));
+    runtime.block_on(async {
+        let (manager, listener) = weft_manager::daemon::start(&config)
+            .await
+            .unwrap_or_else(|e| fail(&format!("cannot start: {e}")));
+        if let Err(e) = weft_manager::daemon::serve(manager, listener, &config.socket).await {
+            fail(&e);
+        }
+    });
+}

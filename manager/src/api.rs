@@ -1,0 +1,177 @@
+//! REST/JSON API under `/v1/` (documented in docs/API.md). Handlers only translate between
+//! HTTP and [`Manager`] calls; errors become `ApiError` bodies with a status code here, once.
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+use weft_api::{AllocateRequest, ApiError, GcRequest, RegisterRequest};
+
+use crate::endpoint::EndpointError;
+use crate::ipam::IpamError;
+use crate::service::{Manager, ManagerError};
+
+type Shared = Arc<Manager>;
+
+/// An error on its way to the client.
+pub struct HttpError(StatusCode, ApiError);
+
+impl HttpError {
+    fn new(status: StatusCode, kind: &str, message: impl Into<String>) -> Self {
+        Self(
+            status,
+            ApiError {
+                kind: kind.into(),
+                message: message.into(),
+            },
+        )
+    }
+}
+
+impl IntoResponse for HttpError {
+    fn into_response(self) -> Response {
+        (self.0, axum::Json(self.1)).into_response()
+    }
+}
+
+impl From<ManagerError> for HttpError {
+    fn from(e: ManagerError) -> Self {
+        let msg = e.to_string();
+        match e {
+            ManagerError::Endpoint(EndpointError::Ipam(IpamError::Exhausted { .. })) => {
+                Self::new(StatusCode::INSUFFICIENT_STORAGE, "pool_exhausted", msg)
+            }
+            ManagerError::Endpoint(EndpointError::NotFound(_)) => {
+                Self::new(StatusCode::NOT_FOUND, "not_found", msg)
+            }
+            ManagerError::Endpoint(EndpointError::WrongOwner { .. }) => {
+                Self::new(StatusCode::CONFLICT, "conflict", msg)
+            }
+            ManagerError::Endpoint(EndpointError::Invalid(_) | EndpointError::Ipam(_)) => {
+                Self::new(StatusCode::BAD_REQUEST, "invalid", msg)
+            }
+            ManagerError::NotReady => Self::new(StatusCode::SERVICE_UNAVAILABLE, "not_ready", msg),
+            ManagerError::Endpoint(EndpointError::Store(_)) | ManagerError::HostNet(_) => {
+                Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", msg)
+            }
+        }
+    }
+}
+
+type Reply = Result<Response, HttpError>;
+
+fn json<T: serde::Serialize>(v: &T) -> Reply {
+    Ok(axum::Json(v).into_response())
+}
+
+fn body<T: DeserializeOwned>(bytes: &Bytes) -> Result<T, HttpError> {
+    serde_json::from_slice(bytes).map_err(|e| {
+        HttpError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid",
+            format!("request body is not valid JSON for this call: {e}"),
+        )
+    })
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// The API's routes over `manager`.
+pub fn router(manager: Shared) -> Router {
+    Router::new()
+        .route("/v1/healthz", get(healthz))
+        .route("/v1/status", get(status))
+        .route(
+            "/v1/endpoints",
+            get(list_endpoints).post(allocate).delete(delete_endpoint),
+        )
+        .route("/v1/endpoints/{id}", get(get_endpoint))
+        .route("/v1/endpoints/{id}/ready", post(register))
+        .route("/v1/gc", post(gc))
+        .route("/v1/ipam", get(ipam))
+        .fallback(|| async {
+            HttpError::new(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                "no such API path; see docs/API.md",
+            )
+        })
+        .with_state(manager)
+}
+
+async fn healthz(State(m): State<Shared>) -> Response {
+    if m.is_ready() {
+        (StatusCode::OK, axum::Json(serde_json::json!({"status": "ready"}))).into_response()
+    } else {
+        HttpError::from(ManagerError::NotReady).into_response()
+    }
+}
+
+async fn status(State(m): State<Shared>) -> Reply {
+    json(&m.status())
+}
+
+#[derive(Deserialize)]
+struct OwnerQuery {
+    container_id: Option<String>,
+    ifname: Option<String>,
+}
+
+async fn list_endpoints(State(m): State<Shared>, Query(q): Query<OwnerQuery>) -> Reply {
+    match (q.container_id, q.ifname) {
+        (Some(c), Some(i)) => json(&m.find(&c, &i).into_iter().collect::<Vec<_>>()),
+        (None, None) => json(&m.endpoints()),
+        _ => Err(HttpError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid",
+            "give both container_id and ifname, or neither",
+        )),
+    }
+}
+
+async fn allocate(State(m): State<Shared>, bytes: Bytes) -> Reply {
+    let req: AllocateRequest = body(&bytes)?;
+    json(&m.allocate(&req)?)
+}
+
+async fn get_endpoint(State(m): State<Shared>, Path(id): Path<u32>) -> Reply {
+    match m.endpoint(id) {
+        Some(ep) => json(&ep),
+        None => Err(ManagerError::Endpoint(EndpointError::NotFound(id)).into()),
+    }
+}
+
+async fn register(State(m): State<Shared>, Path(id): Path<u32>, bytes: Bytes) -> Reply {
+    let req: RegisterRequest = body(&bytes)?;
+    json(&m.register(id, &req)?)
+}
+
+async fn delete_endpoint(State(m): State<Shared>, Query(q): Query<OwnerQuery>) -> Reply {
+    let (Some(c), Some(i)) = (q.container_id, q.ifname) else {
+        return Err(HttpError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid",
+            "DELETE /v1/endpoints needs container_id and ifname query parameters",
+        ));
+    };
+    json(&m.delete(&c, &i)?)
+}
+
+async fn gc(State(m): State<Shared>, bytes: Bytes) -> Reply {
+    let req: GcRequest = body(&bytes)?;
+    json(&m.gc(&req.valid_attachments, now_ms()).await?)
+}
+
+async fn ipam(State(m): State<Shared>) -> Reply {
+    json(&m.allocations())
+}

@@ -1,0 +1,202 @@
+//! weft-manager's settings: command-line flags over a TOML file over defaults (DESIGN §6).
+
+use clap::Parser;
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+
+/// Config failures.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config {path}: {source}")]
+    Read {
+        /// Path.
+        path: String,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML for these keys.
+    #[error("config {path}: {detail} (see conf/manager.toml for the accepted keys)")]
+    Parse {
+        /// Path.
+        path: String,
+        /// Parser message.
+        detail: String,
+    },
+    /// A value is out of range.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// `weft-manager` flags. Each also settable in `--config`.
+#[derive(Debug, Parser, Default)]
+#[command(name = "weft-manager", version, about = "Weft node manager: IPAM, endpoints, identities, policy and the eBPF datapath")]
+pub struct Cli {
+    /// TOML config file; flags override it.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// State directory (the sled database lives inside) [default: /var/lib/weft].
+    #[arg(long)]
+    pub state_dir: Option<PathBuf>,
+    /// API unix socket (mode 0600) [default: /run/weft/manager.sock].
+    #[arg(long)]
+    pub socket: Option<PathBuf>,
+    /// bpffs directory for pinned maps [default: /sys/fs/bpf/weft].
+    #[arg(long)]
+    pub bpffs: Option<PathBuf>,
+    /// This node's name [default: hostname].
+    #[arg(long)]
+    pub node_name: Option<String>,
+    /// Kubernetes Node manifest (JSON or YAML) for the pod CIDRs.
+    #[arg(long)]
+    pub node_manifest: Option<PathBuf>,
+    /// Pod CIDR used when the Node gives none (repeatable, one per family).
+    #[arg(long = "pod-cidr")]
+    pub pod_cidrs: Vec<String>,
+    /// Log format.
+    #[arg(long, value_enum)]
+    pub log_format: Option<LogFormat>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    state_dir: Option<PathBuf>,
+    socket: Option<PathBuf>,
+    bpffs: Option<PathBuf>,
+    node_name: Option<String>,
+    node_manifest: Option<PathBuf>,
+    #[serde(default)]
+    pod_cidrs: Vec<String>,
+    log_format: Option<LogFormat>,
+}
+
+/// The resolved settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// State directory.
+    pub state_dir: PathBuf,
+    /// API socket.
+    pub socket: PathBuf,
+    /// bpffs pin directory.
+    pub bpffs: PathBuf,
+    /// Node name.
+    pub node_name: String,
+    /// Node manifest, if any.
+    pub node_manifest: Option<PathBuf>,
+    /// Fallback pod CIDRs.
+    pub pod_cidrs: Vec<String>,
+    /// Log format.
+    pub log_format: LogFormat,
+}
+
+fn hostname() -> String {
+    nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_else(|| "localhost".into())
+}
+
+impl Config {
+    /// Merges flags over the file named by `--config` over defaults.
+    pub fn resolve(cli: Cli) -> Result<Self, ConfigError> {
+        let file = match &cli.config {
+            Some(path) => load_file(path)?,
+            None => FileConfig::default(),
+        };
+        let pod_cidrs = if cli.pod_cidrs.is_empty() {
+            file.pod_cidrs
+        } else {
+            cli.pod_cidrs
+        };
+        let config = Self {
+            state_dir: cli
+                .state_dir
+                .or(file.state_dir)
+                .unwrap_or_else(|| "/var/lib/weft".into()),
+            socket: cli
+                .socket
+                .or(file.socket)
+                .unwrap_or_else(|| "/run/weft/manager.sock".into()),
+            bpffs: cli
+                .bpffs
+                .or(file.bpffs)
+                .unwrap_or_else(|| "/sys/fs/bpf/weft".into()),
+            node_name: cli.node_name.or(file.node_name).unwrap_or_else(hostname),
+            node_manifest: cli.node_manifest.or(file.node_manifest),
+            pod_cidrs,
+            log_format: cli.log_format.or(file.log_format).unwrap_or_default(),
+        };
+        if config.node_name.is_empty() {
+            return Err(ConfigError::Invalid("--node-name must not be empty".into()));
+        }
+        Ok(config)
+    }
+}
+
+fn load_file(path: &Path) -> Result<FileConfig, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.display().to_string(),
+        source,
+    })?;
+    toml::from_str(&text).map_err(|e| ConfigError::Parse {
+        path: path.display().to_string(),
+        detail: e.to_string(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_override_file_override_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("m.toml");
+        std::fs::write(
+            &file,
+            "state_dir = \"/f/state\"\nsocket = \"/f/sock\"\npod_cidrs = [\"10.1.0.0/24\"]\nlog_format = \"json\"\n",
+        )
+        .unwrap();
+        let cli = Cli::parse_from([
+            "weft-manager",
+            "--config",
+            file.to_str().unwrap(),
+            "--socket",
+            "/c/sock",
+        ]);
+        let c = Config::resolve(cli).unwrap();
+        assert_eq!(c.socket, PathBuf::from("/c/sock"));
+        assert_eq!(c.state_dir, PathBuf::from("/f/state"));
+        assert_eq!(c.bpffs, PathBuf::from("/sys/fs/bpf/weft"));
+        assert_eq!(c.pod_cidrs, vec!["10.1.0.0/24".to_string()]);
+        assert_eq!(c.log_format, LogFormat::Json);
+    }
+
+    #[test]
+    fn unknown_key_is_rejected_with_the_file_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("m.toml");
+        std::fs::write(&file, "pod_cidr = \"10.1.0.0/24\"\n").unwrap();
+        let cli = Cli::parse_from(["weft-manager", "--config", file.to_str().unwrap()]);
+        let err = Config::resolve(cli).unwrap_err().to_string();
+        assert!(err.contains("m.toml") && err.contains("pod_cidr"), "{err}");
+    }
+
+    #[test]
+    fn shipped_example_config_parses() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../conf/manager.toml");
+        load_file(&path).unwrap();
+    }
+}

@@ -1,0 +1,169 @@
+//! Start-up in DESIGN §2 order, then serving the API until SIGTERM.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::net::UnixListener;
+
+use crate::config::Config;
+use crate::endpoint::{EndpointError, Registry};
+use crate::hostnet::{HostNet, HostNetError, NetlinkHostNet};
+use crate::ipam::Pool;
+use crate::node::{self, ChosenCidr, NodeError, NodeManifest};
+use crate::service::Manager;
+use crate::store::{Store, StoreError};
+
+/// Persisted node record (the "AnnotateNode" write-back).
+const NODE_KEY: &str = "node";
+
+/// Start-up failures; each message says what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// Node CIDR selection.
+    #[error(transparent)]
+    Node(#[from] NodeError),
+    /// State database.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// Restoring endpoints.
+    #[error(transparent)]
+    Endpoint(#[from] EndpointError),
+    /// Node plumbing.
+    #[error(transparent)]
+    HostNet(#[from] HostNetError),
+    /// The CIDR changed under live endpoints.
+    #[error(
+        "the node's pod CIDR changed from {old} to {new} while {count} endpoint(s) still use addresses from {old}: delete those pods first (weftctl endpoint list), or start with the old CIDR again (--pod-cidr {old} / restore the node manifest); to discard all state instead, stop weft-manager and remove {state_dir}"
+    )]
+    CidrChanged {
+        /// Persisted CIDR.
+        old: String,
+        /// Newly selected CIDR (or "none").
+        new: String,
+        /// Endpoints in the old pool.
+        count: usize,
+        /// State dir to remove.
+        state_dir: String,
+    },
+    /// Filesystem work around the socket or state dir.
+    #[error("{what} {path}: {source}")]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// Path.
+        path: String,
+        /// Cause.
+        source: std::io::Error,
+    },
+}
+
+fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> StartError {
+    let path = path.display().to_string();
+    move |source| StartError::Io { what, path, source }
+}
+
+/// Picks the node CIDRs and refuses a change that would orphan live endpoints.
+fn node_cidrs(config: &Config, store: &Store) -> Result<Vec<ChosenCidr>, StartError> {
+    let manifest = match &config.node_manifest {
+        Some(path) => NodeManifest::load(path)?,
+        None => NodeManifest::default(),
+    };
+    let selection = node::select(&manifest, &config.pod_cidrs)?;
+    for w in &selection.warnings {
+        tracing::warn!("{w}");
+    }
+    let chosen = selection.cidrs();
+    let previous: Vec<ChosenCidr> = store.get_meta(NODE_KEY)?.unwrap_or_default();
+    let endpoints = store.load_endpoints()?;
+    for old in &previous {
+        let new = chosen
+            .iter()
+            .find(|c| c.cidr.network().is_ipv4() == old.cidr.network().is_ipv4());
+        if new.map(|n| n.cidr) == Some(old.cidr) {
+            continue;
+        }
+        let count = endpoints
+            .iter()
+            .filter(|e| e.ips.iter().any(|ip| old.cidr.contains(&ip.address)))
+            .count();
+        if count > 0 {
+            return Err(StartError::CidrChanged {
+                old: old.cidr.to_string(),
+                new: new.map_or_else(|| "none".into(), |n| n.cidr.to_string()),
+                count,
+                state_dir: config.state_dir.display().to_string(),
+            });
+        }
+    }
+    for c in &chosen {
+        tracing::info!(cidr = %c.cidr, source = %c.source, detail = %c.detail, router = %c.router_ip(), "node pod CIDR");
+    }
+    store.put_meta(NODE_KEY, &chosen)?;
+    Ok(chosen)
+}
+
+/// Binds the API socket: parent created, stale socket replaced, mode 0600.
+fn bind_socket(path: &Path) -> Result<UnixListener, StartError> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(io("cannot create socket directory", dir))?;
+    }
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io("cannot remove stale socket", path)(e)),
+    }
+    let listener = UnixListener::bind(path).map_err(io("cannot bind socket", path))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .map_err(io("cannot chmod socket", path))?;
+    Ok(listener)
+}
+
+/// Everything before serving: returns the ready manager and its bound socket.
+pub async fn start(config: &Config) -> Result<(Arc<Manager>, UnixListener), StartError> {
+    let t0 = Instant::now();
+    std::fs::create_dir_all(&config.state_dir)
+        .map_err(io("cannot create state directory", &config.state_dir))?;
+    let store = Store::open(&config.state_dir)?;
+    let cidrs = node_cidrs(config, &store)?;
+    let hostnet: Arc<dyn HostNet> = Arc::new(NetlinkHostNet::new()?);
+    let routers: Vec<_> = cidrs.iter().map(|c| (c.router_ip(), c.cidr)).collect();
+    hostnet.ensure_host_device(&routers).await?;
+    let pools = cidrs.iter().map(|c| Pool::new(c.cidr)).collect();
+    let registry = Registry::open(store, pools)?;
+    let restored = registry.list().count();
+    let manager = Arc::new(Manager::new(
+        config.node_name.clone(),
+        cidrs,
+        registry,
+        hostnet,
+    ));
+    let listener = bind_socket(&config.socket)?;
+    manager.set_ready();
+    tracing::info!(
+        endpoints = restored,
+        elapsed_ms = t0.elapsed().as_secs_f64() * 1000.0,
+        socket = %config.socket.display(),
+        "weft-manager ready"
+    );
+    Ok((manager, listener))
+}
+
+/// Serves the API until SIGTERM or SIGINT; the datapath is left in place on exit.
+pub async fn serve(manager: Arc<Manager>, listener: UnixListener, socket: &Path) -> std::io::Result<()> {
+    let app = crate::api::router(manager);
+    let shutdown = async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("SIGTERM handler");
+        tokio::select! {
+            _ = term.recv() => {},
+            _ = tokio::signal::ctrl_c() => {},
+        }
+        tracing::info!("signal received; stopping (datapath stays in place)");
+    };
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await?;
+    let _ = std::fs::remove_file(socket);
+    Ok(())
+}

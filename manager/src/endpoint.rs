@@ -1,0 +1,365 @@
+//! The endpoint registry: who owns which endpoint id and IPs, and in which state.
+//!
+//! Ownership is the (container id, ifname) pair: every lookup that can free something goes
+//! through it, so a stale DEL for container X can never release what container Y holds now
+//! (Cilium #10065).
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+use std::time::{SystemTime, UNIX_EPOCH};
+use weft_api::{AllocateRequest, Endpoint, EndpointState, IpConfig, RegisterRequest, naming};
+
+use crate::ipam::{IpamError, Pool};
+use crate::store::{Store, StoreError};
+
+/// Registry failures.
+#[derive(Debug, thiserror::Error)]
+pub enum EndpointError {
+    /// No address left.
+    #[error(transparent)]
+    Ipam(#[from] IpamError),
+    /// Persisting failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// No endpoint with that id.
+    #[error("endpoint {0} not found")]
+    NotFound(u32),
+    /// A register for an endpoint that another container owns.
+    #[error("endpoint {id} belongs to container {owner}, not {claimed}")]
+    WrongOwner {
+        /// Endpoint id.
+        id: u32,
+        /// Real owner.
+        owner: String,
+        /// Who asked.
+        claimed: String,
+    },
+    /// The request is malformed.
+    #[error("invalid request: {0}")]
+    Invalid(String),
+}
+
+type Owner = (String, String);
+
+/// In-memory view of the store plus the pools; all mutations write through to sled first.
+pub struct Registry {
+    store: Store,
+    pools: Vec<Pool>,
+    endpoints: BTreeMap<u32, Endpoint>,
+    owners: HashMap<Owner, u32>,
+    next_id: u32,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+impl Registry {
+    /// Loads every endpoint and allocation from `store` into pools over `cidrs`.
+    /// Allocations no endpoint owns (a crash between two writes cannot produce them, but an
+    /// older version might have) are released.
+    pub fn open(store: Store, pools: Vec<Pool>) -> Result<Self, EndpointError> {
+        let mut reg = Self {
+            next_id: store.next_endpoint_id()?,
+            store,
+            pools,
+            endpoints: BTreeMap::new(),
+            owners: HashMap::new(),
+        };
+        for ep in reg.store.load_endpoints()? {
+            for ip in &ep.ips {
+                if let Some(pool) = reg.pools.iter_mut().find(|p| p.same_family(ip.address)) {
+                    pool.claim(ip.address)?;
+                }
+            }
+            reg.next_id = reg.next_id.max(ep.id + 1);
+            reg.owners
+                .insert((ep.container_id.clone(), ep.ifname.clone()), ep.id);
+            reg.endpoints.insert(ep.id, ep);
+        }
+        for (ip, id) in reg.store.load_ips()? {
+            if !reg.endpoints.contains_key(&id) {
+                tracing::warn!(ip, endpoint_id = id, "releasing allocation without endpoint");
+                reg.store.remove_ip(&ip)?;
+            }
+        }
+        Ok(reg)
+    }
+
+    /// The pools.
+    #[must_use]
+    pub fn pools(&self) -> &[Pool] {
+        &self.pools
+    }
+
+    /// Every endpoint, by id.
+    pub fn list(&self) -> impl Iterator<Item = &Endpoint> {
+        self.endpoints.values()
+    }
+
+    /// One endpoint.
+    #[must_use]
+    pub fn get(&self, id: u32) -> Option<&Endpoint> {
+        self.endpoints.get(&id)
+    }
+
+    /// The endpoint of (container id, ifname), if any.
+    #[must_use]
+    pub fn find(&self, container_id: &str, ifname: &str) -> Option<&Endpoint> {
+        self.owners
+            .get(&(container_id.to_owned(), ifname.to_owned()))
+            .and_then(|id| self.endpoints.get(id))
+    }
+
+    /// Reserves an endpoint id and one IP per pool, persisted before returning. A repeated
+    /// request for the same (container id, ifname) gets the existing allocation back.
+    pub fn allocate(&mut self, req: &AllocateRequest) -> Result<Endpoint, EndpointError> {
+        if req.container_id.is_empty() || req.ifname.is_empty() {
+            return Err(EndpointError::Invalid(
+                "container_id and ifname are required".into(),
+            ));
+        }
+        if let Some(ep) = self.find(&req.container_id, &req.ifname) {
+            return Ok(ep.clone());
+        }
+        let mut ips = Vec::with_capacity(self.pools.len());
+        for i in 0..self.pools.len() {
+            match self.pools[i].allocate() {
+                Ok(address) => ips.push(IpConfig {
+                    address,
+                    gateway: self.pools[i].router(),
+                }),
+                Err(e) => {
+                    self.release_ips(&ips);
+                    return Err(e.into());
+                }
+            }
+        }
+        let mut labels = req.labels.clone();
+        labels.sort();
+        labels.dedup();
+        let ep = Endpoint {
+            id: self.next_id,
+            container_id: req.container_id.clone(),
+            ifname: req.ifname.clone(),
+            netns: req.netns.clone(),
+            pod_namespace: req.pod_namespace.clone(),
+            pod_name: req.pod_name.clone(),
+            labels,
+            identity: 0,
+            ips,
+            host_ifname: naming::host_ifname(&req.container_id, &req.ifname),
+            host_ifindex: None,
+            host_mac: None,
+            pod_mac: None,
+            state: EndpointState::Allocated,
+            policy_revision: 0,
+            created_ms: now_ms(),
+        };
+        if let Err(e) = self.store.put_endpoint(&ep, Some(ep.id + 1)) {
+            self.release_ips(&ep.ips);
+            return Err(e.into());
+        }
+        self.next_id += 1;
+        self.owners
+            .insert((ep.container_id.clone(), ep.ifname.clone()), ep.id);
+        self.endpoints.insert(ep.id, ep.clone());
+        Ok(ep)
+    }
+
+    fn release_ips(&mut self, ips: &[IpConfig]) {
+        for ip in ips {
+            if let Some(pool) = self.pools.iter_mut().find(|p| p.same_family(ip.address)) {
+                pool.release(ip.address);
+            }
+        }
+    }
+
+    /// Records the plumbed veth; the endpoint becomes `ready` once `finish` persists it.
+    /// Returns the endpoint as it will be stored, without storing it yet, so the caller can
+    /// program the datapath first and only then declare it ready.
+    pub fn prepare_ready(&self, id: u32, reg: &RegisterRequest) -> Result<Endpoint, EndpointError> {
+        let ep = self.endpoints.get(&id).ok_or(EndpointError::NotFound(id))?;
+        if ep.container_id != reg.container_id {
+            return Err(EndpointError::WrongOwner {
+                id,
+                owner: ep.container_id.clone(),
+                claimed: reg.container_id.clone(),
+            });
+        }
+        if reg.host_ifname != ep.host_ifname {
+            return Err(EndpointError::Invalid(format!(
+                "host_ifname {} does not match the endpoint's {}",
+                reg.host_ifname, ep.host_ifname
+            )));
+        }
+        let mut ep = ep.clone();
+        ep.host_ifindex = Some(reg.host_ifindex);
+        ep.host_mac = Some(reg.host_mac.clone());
+        ep.pod_mac = Some(reg.pod_mac.clone());
+        ep.state = EndpointState::Ready;
+        Ok(ep)
+    }
+
+    /// Persists an updated endpoint (same id and owner).
+    pub fn update(&mut self, ep: Endpoint) -> Result<Endpoint, EndpointError> {
+        if !self.endpoints.contains_key(&ep.id) {
+            return Err(EndpointError::NotFound(ep.id));
+        }
+        self.store.put_endpoint(&ep, None)?;
+        self.endpoints.insert(ep.id, ep.clone());
+        Ok(ep)
+    }
+
+    /// Marks the endpoint of (container id, ifname) `deleting` (persisted) and returns it, so the
+    /// caller can tear down its datapath state before [`Registry::forget`] releases the IPs.
+    pub fn begin_delete(
+        &mut self,
+        container_id: &str,
+        ifname: &str,
+    ) -> Result<Option<Endpoint>, EndpointError> {
+        let Some(mut ep) = self.find(container_id, ifname).cloned() else {
+            return Ok(None);
+        };
+        if ep.state != EndpointState::Deleting {
+            ep.state = EndpointState::Deleting;
+            self.update(ep.clone())?;
+        }
+        Ok(Some(ep))
+    }
+
+    /// Removes the endpoint and frees its IPs.
+    pub fn forget(&mut self, id: u32) -> Result<Option<Endpoint>, EndpointError> {
+        let Some(ep) = self.endpoints.get(&id).cloned() else {
+            return Ok(None);
+        };
+        self.store.remove_endpoint(&ep)?;
+        self.release_ips(&ep.ips);
+        self.owners.remove(&(ep.container_id.clone(), ep.ifname.clone()));
+        self.endpoints.remove(&id);
+        Ok(Some(ep))
+    }
+
+    /// Who holds `addr`.
+    #[must_use]
+    pub fn owner_of(&self, addr: IpAddr) -> Option<&Endpoint> {
+        self.endpoints
+            .values()
+            .find(|e| e.ips.iter().any(|i| i.address == addr))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use weft_api::Label;
+
+    fn reg() -> Registry {
+        let pools = vec![
+            Pool::new("10.0.1.0/29".parse().unwrap()),
+            Pool::new("fd00::/120".parse().unwrap()),
+        ];
+        Registry::open(Store::temporary().unwrap(), pools).unwrap()
+    }
+
+    fn req(c: &str) -> AllocateRequest {
+        AllocateRequest {
+            container_id: c.into(),
+            ifname: "eth0".into(),
+            netns: "/run/netns/x".into(),
+            pod_namespace: Some("default".into()),
+            pod_name: Some(c.into()),
+            labels: vec![
+                Label {
+                    key: "b".into(),
+                    value: "2".into(),
+                },
+                Label {
+                    key: "a".into(),
+                    value: "1".into(),
+                },
+            ],
+        }
+    }
+
+    fn register(ep: &Endpoint) -> RegisterRequest {
+        RegisterRequest {
+            container_id: ep.container_id.clone(),
+            host_ifname: ep.host_ifname.clone(),
+            host_ifindex: 7,
+            host_mac: "02:00:00:00:00:01".into(),
+            pod_mac: "02:00:00:00:00:02".into(),
+        }
+    }
+
+    #[test]
+    fn allocate_gives_one_ip_per_family_and_is_idempotent() {
+        let mut r = reg();
+        let a = r.allocate(&req("c1")).unwrap();
+        assert_eq!(a.ips.len(), 2);
+        assert_eq!(a.ips[0].gateway.to_string(), "10.0.1.1");
+        assert_eq!(a.labels[0].key, "a", "labels are sorted");
+        assert_eq!(r.allocate(&req("c1")).unwrap(), a);
+        let b = r.allocate(&req("c2")).unwrap();
+        assert_ne!(a.ips[0].address, b.ips[0].address);
+        assert_ne!(a.id, b.id);
+    }
+
+    #[test]
+    fn exhaustion_names_the_pool_and_leaks_nothing() {
+        let mut r = reg();
+        for i in 0..5 {
+            r.allocate(&req(&format!("c{i}"))).unwrap();
+        }
+        let err = r.allocate(&req("c9")).unwrap_err().to_string();
+        assert!(err.contains("10.0.1.0/29"), "{err}");
+        assert_eq!(r.pools()[1].used(), 5, "the v6 address of the failed request is released");
+    }
+
+    #[test]
+    fn stale_delete_never_frees_another_containers_ip() {
+        let mut r = reg();
+        let x = r.allocate(&req("x")).unwrap();
+        let ep = r.begin_delete("x", "eth0").unwrap().unwrap();
+        r.forget(ep.id).unwrap();
+        let y = r.allocate(&req("y")).unwrap();
+        // A late, repeated DEL for x finds nothing, whatever IP y got.
+        assert!(r.begin_delete("x", "eth0").unwrap().is_none());
+        assert_eq!(r.find("y", "eth0").unwrap().ips, y.ips);
+        assert_ne!(x.id, y.id);
+    }
+
+    #[test]
+    fn register_checks_the_owner() {
+        let mut r = reg();
+        let a = r.allocate(&req("c1")).unwrap();
+        let mut bad = register(&a);
+        bad.container_id = "other".into();
+        assert!(matches!(
+            r.prepare_ready(a.id, &bad),
+            Err(EndpointError::WrongOwner { .. })
+        ));
+        let ready = r.prepare_ready(a.id, &register(&a)).unwrap();
+        r.update(ready).unwrap();
+        assert_eq!(r.get(a.id).unwrap().state, EndpointState::Ready);
+    }
+
+    #[test]
+    fn state_survives_reopen() {
+        let store = Store::temporary().unwrap();
+        let pools = || vec![Pool::new("10.0.1.0/29".parse().unwrap())];
+        let mut r = Registry::open(store.clone(), pools()).unwrap();
+        let a = r.allocate(&req("c1")).unwrap();
+        let b = r.allocate(&req("c2")).unwrap();
+        r.forget(b.id).unwrap();
+        drop(r);
+        let mut r = Registry::open(store, pools()).unwrap();
+        assert_eq!(r.find("c1", "eth0").unwrap(), &a);
+        assert_eq!(r.pools()[0].used(), 1);
+        let c = r.allocate(&req("c3")).unwrap();
+        assert!(c.id > b.id, "ids are never reused");
+    }
+}

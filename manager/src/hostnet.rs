@@ -1,0 +1,228 @@
+//! The node's own network plumbing, behind a seam: the `weft_host` device carrying the router
+//! IPs, the node-CIDR routes, forwarding, and link look-ups/removal for cleanup.
+
+use futures::TryStreamExt;
+use futures::future::BoxFuture;
+use ipnet::IpNet;
+use netlink_packet_route::address::{AddressAttribute, AddressFlags};
+use rtnetlink::{LinkUnspec, LinkVeth, RouteMessageBuilder};
+use std::net::IpAddr;
+
+/// The device that owns the router IPs.
+pub const HOST_DEVICE: &str = "weft_host";
+/// Its veth peer. This kernel has no `dummy` driver, so Weft uses Cilium's own layout
+/// (`cilium_host` <-> `cilium_net`): a packet routed to an unassigned pod IP goes to
+/// `weft_host`, finds no neighbour behind `weft_net` and is dropped on the node.
+pub const HOST_PEER: &str = "weft_net";
+
+/// Host plumbing failures.
+#[derive(Debug, thiserror::Error)]
+pub enum HostNetError {
+    /// A netlink request failed.
+    #[error("netlink: {op}: {detail}")]
+    Netlink {
+        /// What was being done.
+        op: String,
+        /// Kernel's answer.
+        detail: String,
+    },
+    /// A sysctl could not be written.
+    #[error("cannot enable forwarding ({path}): {source}")]
+    Sysctl {
+        /// The /proc/sys path.
+        path: String,
+        /// Cause.
+        source: std::io::Error,
+    },
+}
+
+/// Side effects on the node's network namespace.
+pub trait HostNet: Send + Sync {
+    /// Creates (or adopts) `weft_host` (and its peer `weft_net`) with the router IPs, routes each pod CIDR to it so an
+    /// unassigned pod IP is dropped on the node, and enables IPv4/IPv6 forwarding.
+    fn ensure_host_device<'a>(
+        &'a self,
+        routers: &'a [(IpAddr, IpNet)],
+    ) -> BoxFuture<'a, Result<(), HostNetError>>;
+    /// The ifindex of `name`, if it exists.
+    fn link_index<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<u32>, HostNetError>>;
+    /// Deletes `name`; a missing link is success (cleanup is idempotent).
+    fn delete_link<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<(), HostNetError>>;
+}
+
+/// The real implementation over rtnetlink, in the manager's network namespace.
+pub struct NetlinkHostNet {
+    handle: rtnetlink::Handle,
+}
+
+fn nl(op: impl Into<String>) -> impl FnOnce(rtnetlink::Error) -> HostNetError {
+    let op = op.into();
+    move |e| HostNetError::Netlink {
+        op,
+        detail: e.to_string(),
+    }
+}
+
+fn is_errno(e: &rtnetlink::Error, errno: i32) -> bool {
+    matches!(e, rtnetlink::Error::NetlinkError(m) if m.raw_code().abs() == errno)
+}
+
+impl NetlinkHostNet {
+    /// Opens a netlink connection; its driver task runs on the current tokio runtime.
+    pub fn new() -> Result<Self, HostNetError> {
+        let (conn, handle, _) = rtnetlink::new_connection().map_err(|e| HostNetError::Netlink {
+            op: "open netlink socket".into(),
+            detail: e.to_string(),
+        })?;
+        tokio::spawn(conn);
+        Ok(Self { handle })
+    }
+
+    async fn index(&self, name: &str) -> Result<Option<u32>, HostNetError> {
+        let mut links = self.handle.link().get().match_name(name).execute();
+        match links.try_next().await {
+            Ok(Some(link)) => Ok(Some(link.header.index)),
+            Ok(None) => Ok(None),
+            Err(e) if is_errno(&e, libc::ENODEV) => Ok(None),
+            Err(e) => Err(nl(format!("get link {name}"))(e)),
+        }
+    }
+
+    async fn ensure(&self, routers: &[(IpAddr, IpNet)]) -> Result<(), HostNetError> {
+        let index = if let Some(i) = self.index(HOST_DEVICE).await? {
+            i
+        } else {
+            match self
+                .handle
+                .link()
+                .add(LinkVeth::new(HOST_DEVICE, HOST_PEER).build())
+                .execute()
+                .await
+            {
+                Ok(()) => {}
+                Err(e) if is_errno(&e, libc::EEXIST) => {}
+                Err(e) => return Err(nl(format!("create {HOST_DEVICE}"))(e)),
+            }
+            self.index(HOST_DEVICE)
+                .await?
+                .ok_or_else(|| HostNetError::Netlink {
+                    op: format!("create {HOST_DEVICE}"),
+                    detail: "device vanished after creation".into(),
+                })?
+        };
+        let peer = self.index(HOST_PEER).await?;
+        for idx in std::iter::once(index).chain(peer) {
+            self.handle
+                .link()
+                .set(LinkUnspec::new_with_index(idx).up().build())
+                .execute()
+                .await
+                .map_err(nl(format!("set {HOST_DEVICE} up")))?;
+        }
+        for (router, cidr) in routers {
+            let host_len = if router.is_ipv4() { 32 } else { 128 };
+            let mut req = self
+                .handle
+                .address()
+                .add(index, *router, host_len)
+                .replace();
+            if router.is_ipv6() {
+                // Without NODAD the router address stays "tentative" for ~1 s and the first
+                // pods cannot reach their gateway.
+                req.message_mut()
+                    .attributes
+                    .push(AddressAttribute::Flags(AddressFlags::Nodad));
+            }
+            req.execute()
+                .await
+                .map_err(nl(format!("add {router} to {HOST_DEVICE}")))?;
+            let route = RouteMessageBuilder::<IpAddr>::new()
+                .destination_prefix(cidr.network(), cidr.prefix_len())
+                .map_err(|e| HostNetError::Netlink {
+                    op: format!("route {cidr}"),
+                    detail: e.to_string(),
+                })?
+                .output_interface(index)
+                .build();
+            self.handle
+                .route()
+                .add(route)
+                .replace()
+                .execute()
+                .await
+                .map_err(nl(format!("route {cidr} dev {HOST_DEVICE}")))?;
+        }
+        // /proc/sys/net is per network namespace: this enables forwarding only where the
+        // manager runs (the node's namespace).
+        for path in [
+            "/proc/sys/net/ipv4/ip_forward",
+            "/proc/sys/net/ipv6/conf/all/forwarding",
+        ] {
+            std::fs::write(path, b"1").map_err(|source| HostNetError::Sysctl {
+                path: path.into(),
+                source,
+            })?;
+        }
+        Ok(())
+    }
+
+    async fn delete(&self, name: &str) -> Result<(), HostNetError> {
+        let Some(index) = self.index(name).await? else {
+            return Ok(());
+        };
+        match self.handle.link().del(index).execute().await {
+            Ok(()) => Ok(()),
+            Err(e) if is_errno(&e, libc::ENODEV) => Ok(()),
+            Err(e) => Err(nl(format!("delete link {name}"))(e)),
+        }
+    }
+}
+
+impl HostNet for NetlinkHostNet {
+    fn ensure_host_device<'a>(
+        &'a self,
+        routers: &'a [(IpAddr, IpNet)],
+    ) -> BoxFuture<'a, Result<(), HostNetError>> {
+        Box::pin(self.ensure(routers))
+    }
+
+    fn link_index<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<u32>, HostNetError>> {
+        Box::pin(self.index(name))
+    }
+
+    fn delete_link<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<(), HostNetError>> {
+        Box::pin(self.delete(name))
+    }
+}
+
+/// An in-memory stand-in for unit tests: links are names with indexes.
+#[derive(Default)]
+pub struct FakeHostNet {
+    /// Existing links.
+    pub links: std::sync::Mutex<std::collections::BTreeMap<String, u32>>,
+    /// Router IPs ensured.
+    pub routers: std::sync::Mutex<Vec<(IpAddr, IpNet)>>,
+}
+
+impl HostNet for FakeHostNet {
+    fn ensure_host_device<'a>(
+        &'a self,
+        routers: &'a [(IpAddr, IpNet)],
+    ) -> BoxFuture<'a, Result<(), HostNetError>> {
+        *self.routers.lock().expect("lock") = routers.to_vec();
+        let mut links = self.links.lock().expect("lock");
+        let next = u32::try_from(links.len()).unwrap_or(u32::MAX) + 1;
+        links.entry(HOST_DEVICE.into()).or_insert(next);
+        Box::pin(async { Ok(()) })
+    }
+
+    fn link_index<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<u32>, HostNetError>> {
+        let idx = self.links.lock().expect("lock").get(name).copied();
+        Box::pin(async move { Ok(idx) })
+    }
+
+    fn delete_link<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<(), HostNetError>> {
+        self.links.lock().expect("lock").remove(name);
+        Box::pin(async { Ok(()) })
+    }
+}

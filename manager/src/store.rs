@@ -1,0 +1,190 @@
+//! Persistent state in sled. Every mutation is one multi-tree transaction, flushed before the
+//! caller replies, so a kill -9 at any instant leaves either the old or the new state.
+
+use sled::Transactional;
+use sled::transaction::{ConflictableTransactionError, TransactionError};
+use std::path::Path;
+use weft_api::Endpoint;
+
+/// Store failures.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// sled refused to open the database.
+    #[error(
+        "cannot open state database {path}: {source} (another weft-manager may be running with the same --state-dir; if the database is corrupt see docs/OPERATIONS.md)"
+    )]
+    Open {
+        /// Path.
+        path: String,
+        /// Cause.
+        source: sled::Error,
+    },
+    /// A read or write failed.
+    #[error("state database: {0}")]
+    Sled(#[from] sled::Error),
+    /// A stored record does not decode.
+    #[error("state database record {key} is corrupt: {detail}")]
+    Corrupt {
+        /// Which record.
+        key: String,
+        /// Decoder message.
+        detail: String,
+    },
+}
+
+impl From<TransactionError<StoreError>> for StoreError {
+    fn from(e: TransactionError<StoreError>) -> Self {
+        match e {
+            TransactionError::Abort(e) => e,
+            TransactionError::Storage(e) => Self::Sled(e),
+        }
+    }
+}
+
+/// The sled database and its trees.
+#[derive(Clone)]
+pub struct Store {
+    db: sled::Db,
+    /// endpoint id (u32 BE) → Endpoint JSON.
+    endpoints: sled::Tree,
+    /// IP (text) → endpoint id (u32 BE): the IPAM allocations.
+    ips: sled::Tree,
+    /// Singletons: node CIDRs, counters.
+    meta: sled::Tree,
+}
+
+const NEXT_ENDPOINT_ID: &[u8] = b"next_endpoint_id";
+
+impl Store {
+    /// Opens (or creates) the database under `dir`.
+    pub fn open(dir: &Path) -> Result<Self, StoreError> {
+        let path = dir.join("db");
+        let db = sled::Config::new()
+            .path(&path)
+            .open()
+            .map_err(|source| StoreError::Open {
+                path: path.display().to_string(),
+                source,
+            })?;
+        Self::from_db(db)
+    }
+
+    /// A throw-away in-memory database for unit tests.
+    pub fn temporary() -> Result<Self, StoreError> {
+        Self::from_db(sled::Config::new().temporary(true).open()?)
+    }
+
+    fn from_db(db: sled::Db) -> Result<Self, StoreError> {
+        Ok(Self {
+            endpoints: db.open_tree("endpoints")?,
+            ips: db.open_tree("ips")?,
+            meta: db.open_tree("meta")?,
+            db,
+        })
+    }
+
+    /// Reads a JSON singleton from the meta tree.
+    pub fn get_meta<T: serde::de::DeserializeOwned>(
+        &self,
+        key: &str,
+    ) -> Result<Option<T>, StoreError> {
+        self.meta
+            .get(key)?
+            .map(|v| {
+                serde_json::from_slice(&v).map_err(|e| StoreError::Corrupt {
+                    key: key.into(),
+                    detail: e.to_string(),
+                })
+            })
+            .transpose()
+    }
+
+    /// Writes a JSON singleton to the meta tree and flushes.
+    pub fn put_meta<T: serde::Serialize>(&self, key: &str, value: &T) -> Result<(), StoreError> {
+        let bytes = serde_json::to_vec(value).expect("meta values serialize");
+        self.meta.insert(key, bytes)?;
+        self.db.flush()?;
+        Ok(())
+    }
+
+    /// The next endpoint id to hand out.
+    pub fn next_endpoint_id(&self) -> Result<u32, StoreError> {
+        Ok(self
+            .meta
+            .get(NEXT_ENDPOINT_ID)?
+            .and_then(|v| v.as_ref().try_into().ok().map(u32::from_be_bytes))
+            .unwrap_or(1))
+    }
+
+    /// Every endpoint and the IP allocations that reference it.
+    pub fn load_endpoints(&self) -> Result<Vec<Endpoint>, StoreError> {
+        self.endpoints
+            .iter()
+            .map(|kv| {
+                let (k, v) = kv?;
+                serde_json::from_slice(&v).map_err(|e| StoreError::Corrupt {
+                    key: format!("endpoints/{k:?}"),
+                    detail: e.to_string(),
+                })
+            })
+            .collect()
+    }
+
+    /// IP allocations as (ip text, endpoint id).
+    pub fn load_ips(&self) -> Result<Vec<(String, u32)>, StoreError> {
+        self.ips
+            .iter()
+            .map(|kv| {
+                let (k, v) = kv?;
+                let id = v.as_ref().try_into().map(u32::from_be_bytes).map_err(|_| {
+                    StoreError::Corrupt {
+                        key: format!("ips/{}", String::from_utf8_lossy(&k)),
+                        detail: "endpoint id is not 4 bytes".into(),
+                    }
+                })?;
+                Ok((String::from_utf8_lossy(&k).into_owned(), id))
+            })
+            .collect()
+    }
+
+    /// Writes `ep` and its IP allocations in one transaction; `next_id` advances the id counter.
+    pub fn put_endpoint(&self, ep: &Endpoint, next_id: Option<u32>) -> Result<(), StoreError> {
+        let value = serde_json::to_vec(ep).expect("endpoints serialize");
+        (&self.endpoints, &self.ips, &self.meta).transaction(|(eps, ips, meta)| {
+            eps.insert(&ep.id.to_be_bytes(), value.as_slice())?;
+            for ip in &ep.ips {
+                ips.insert(ip.address.to_string().as_bytes(), &ep.id.to_be_bytes())?;
+            }
+            if let Some(n) = next_id {
+                meta.insert(NEXT_ENDPOINT_ID, &n.to_be_bytes())?;
+            }
+            Ok::<_, ConflictableTransactionError<StoreError>>(())
+        })?;
+        self.db.flush()?;
+        Ok(())
+    }
+
+    /// Removes `ep` and releases its IPs in one transaction.
+    pub fn remove_endpoint(&self, ep: &Endpoint) -> Result<(), StoreError> {
+        (&self.endpoints, &self.ips).transaction(|(eps, ips)| {
+            eps.remove(&ep.id.to_be_bytes())?;
+            for ip in &ep.ips {
+                let key = ip.address.to_string();
+                // Only release an allocation this endpoint owns.
+                if ips.get(key.as_bytes())?.as_deref() == Some(&ep.id.to_be_bytes()[..]) {
+                    ips.remove(key.as_bytes())?;
+                }
+            }
+            Ok::<_, ConflictableTransactionError<StoreError>>(())
+        })?;
+        self.db.flush()?;
+        Ok(())
+    }
+
+    /// Removes an IP allocation that no endpoint owns (found at restore).
+    pub fn remove_ip(&self, ip: &str) -> Result<(), StoreError> {
+        self.ips.remove(ip.as_bytes())?;
+        self.db.flush()?;
+        Ok(())
+    }
+}
