@@ -400,3 +400,54 @@ mod tests {
         assert_eq!(sel.v6.unwrap().router_ip().to_string(), "fd00::1");
     }
 }
+
+#[cfg(test)]
+mod testdata {
+    use super::*;
+
+    fn load(name: &str) -> NodeManifest {
+        NodeManifest::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/nodes").join(name))
+            .unwrap()
+    }
+
+    fn pick(name: &str) -> Result<Vec<(String, CidrSource, String)>, NodeError> {
+        Ok(select(&load(name), &[])?
+            .cidrs()
+            .into_iter()
+            .map(|c| (c.cidr.to_string(), c.source, c.detail))
+            .collect())
+    }
+
+    #[test]
+    fn every_testdata_manifest_gives_its_documented_outcome() {
+        use CidrSource::{Annotation, SpecPodCidr, SpecPodCidrs};
+        let s = |a: &str| a.to_string();
+        assert_eq!(
+            pick("podcidrs-dual-stack.json").unwrap(),
+            [
+                (s("10.0.2.0/24"), SpecPodCidrs, s("spec.podCIDRs")),
+                (s("fd00:10:2::/64"), SpecPodCidrs, s("spec.podCIDRs"))
+            ]
+        );
+        assert_eq!(
+            pick("podcidr-only.yaml").unwrap(),
+            [(s("10.0.3.0/24"), SpecPodCidr, s("spec.podCIDR"))]
+        );
+        assert_eq!(
+            pick("annotation-only.json").unwrap(),
+            [
+                (s("10.0.4.0/24"), Annotation, s("network.weft.io/ipv4-pod-cidr")),
+                (s("fd00:10:4::/64"), Annotation, s("network.cilium.io/ipv6-pod-cidr"))
+            ]
+        );
+        assert_eq!(
+            pick("podcidr-and-annotation.json").unwrap(),
+            [(s("10.0.1.0/24"), SpecPodCidr, s("spec.podCIDR"))]
+        );
+        assert_eq!(
+            pick("invalid-podcidr-valid-annotation.yaml").unwrap(),
+            [(s("10.0.5.0/24"), Annotation, s("io.cilium.network.ipv4-pod-cidr"))]
+        );
+        assert!(matches!(pick("no-cidr.json"), Err(NodeError::NoCidr)));
+    }
+}
