@@ -6,6 +6,8 @@
 
 #[cfg(feature = "client")]
 pub mod client;
+#[cfg(feature = "client")]
+pub mod delete_queue;
 pub mod naming;
 
 use serde::{Deserialize, Serialize};

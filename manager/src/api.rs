@@ -10,7 +10,6 @@ use axum::routing::{get, post};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 use weft_api::{AllocateRequest, ApiError, GcRequest, RegisterRequest};
 
 use crate::endpoint::EndpointError;
@@ -66,6 +65,10 @@ impl From<ManagerError> for HttpError {
 
 type Reply = Result<Response, HttpError>;
 
+#[expect(
+    clippy::unnecessary_wraps,
+    reason = "lets handlers end with `json(..)` like every other reply"
+)]
 fn json<T: serde::Serialize>(v: &T) -> Reply {
     Ok(axum::Json(v).into_response())
 }
@@ -78,12 +81,6 @@ fn body<T: DeserializeOwned>(bytes: &Bytes) -> Result<T, HttpError> {
             format!("request body is not valid JSON for this call: {e}"),
         )
     })
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// The API's routes over `manager`.
@@ -111,7 +108,11 @@ pub fn router(manager: Shared) -> Router {
 
 async fn healthz(State(m): State<Shared>) -> Response {
     if m.is_ready() {
-        (StatusCode::OK, axum::Json(serde_json::json!({"status": "ready"}))).into_response()
+        (
+            StatusCode::OK,
+            axum::Json(serde_json::json!({"status": "ready"})),
+        )
+            .into_response()
     } else {
         HttpError::from(ManagerError::NotReady).into_response()
     }
@@ -169,7 +170,7 @@ async fn delete_endpoint(State(m): State<Shared>, Query(q): Query<OwnerQuery>) -
 
 async fn gc(State(m): State<Shared>, bytes: Bytes) -> Reply {
     let req: GcRequest = body(&bytes)?;
-    json(&m.gc(&req.valid_attachments, now_ms()).await?)
+    json(&m.gc(&req.valid_attachments, crate::clock::now_ms()).await?)
 }
 
 async fn ipam(State(m): State<Shared>) -> Reply {

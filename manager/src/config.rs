@@ -41,7 +41,11 @@ pub enum LogFormat {
 
 /// `weft-manager` flags. Each also settable in `--config`.
 #[derive(Debug, Parser, Default)]
-#[command(name = "weft-manager", version, about = "Weft node manager: IPAM, endpoints, identities, policy and the eBPF datapath")]
+#[command(
+    name = "weft-manager",
+    version,
+    about = "Weft node manager: IPAM, endpoints, identities, policy and the eBPF datapath"
+)]
 pub struct Cli {
     /// TOML config file; flags override it.
     #[arg(long)]

@@ -5,6 +5,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::net::UnixListener;
+use weft_api::delete_queue::DeleteQueue;
 
 use crate::config::Config;
 use crate::endpoint::{EndpointError, Registry};
@@ -14,7 +15,7 @@ use crate::node::{self, ChosenCidr, NodeError, NodeManifest};
 use crate::service::Manager;
 use crate::store::{Store, StoreError};
 
-/// Persisted node record (the "AnnotateNode" write-back).
+/// Persisted node record (the `AnnotateNode` write-back).
 const NODE_KEY: &str = "node";
 
 /// Start-up failures; each message says what to do.
@@ -29,6 +30,9 @@ pub enum StartError {
     /// Restoring endpoints.
     #[error(transparent)]
     Endpoint(#[from] EndpointError),
+    /// Validating restored endpoints.
+    #[error("restoring endpoints: {0}")]
+    Restore(#[from] crate::service::ManagerError),
     /// Node plumbing.
     #[error(transparent)]
     HostNet(#[from] HostNetError),
@@ -131,17 +135,22 @@ pub async fn start(config: &Config) -> Result<(Arc<Manager>, UnixListener), Star
     hostnet.ensure_host_device(&routers).await?;
     let pools = cidrs.iter().map(|c| Pool::new(c.cidr)).collect();
     let registry = Registry::open(store, pools)?;
-    let restored = registry.list().count();
     let manager = Arc::new(Manager::new(
         config.node_name.clone(),
         cidrs,
         registry,
-        hostnet,
+        hostnet.clone(),
     ));
+    let (kept, removed) =
+        crate::restore::restore_endpoints(&manager, &*hostnet, crate::clock::now_ms()).await?;
+    let queue = DeleteQueue::for_socket(&config.socket);
+    let drained = crate::restore::drain_delete_queue(&manager, &queue).await;
     let listener = bind_socket(&config.socket)?;
     manager.set_ready();
     tracing::info!(
-        endpoints = restored,
+        endpoints = kept,
+        removed_at_restore = removed,
+        queued_deletes = drained,
         elapsed_ms = t0.elapsed().as_secs_f64() * 1000.0,
         socket = %config.socket.display(),
         "weft-manager ready"
@@ -150,7 +159,15 @@ pub async fn start(config: &Config) -> Result<(Arc<Manager>, UnixListener), Star
 }
 
 /// Serves the API until SIGTERM or SIGINT; the datapath is left in place on exit.
-pub async fn serve(manager: Arc<Manager>, listener: UnixListener, socket: &Path) -> std::io::Result<()> {
+pub async fn serve(
+    manager: Arc<Manager>,
+    listener: UnixListener,
+    socket: &Path,
+) -> std::io::Result<()> {
+    tokio::spawn(crate::restore::reap_abandoned(
+        manager.clone(),
+        std::time::Duration::from_secs(30),
+    ));
     let app = crate::api::router(manager);
     let shutdown = async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())

@@ -6,7 +6,6 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
-use std::time::{SystemTime, UNIX_EPOCH};
 use weft_api::{AllocateRequest, Endpoint, EndpointState, IpConfig, RegisterRequest, naming};
 
 use crate::ipam::{IpamError, Pool};
@@ -50,13 +49,6 @@ pub struct Registry {
     next_id: u32,
 }
 
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
-}
-
 impl Registry {
     /// Loads every endpoint and allocation from `store` into pools over `cidrs`.
     /// Allocations no endpoint owns (a crash between two writes cannot produce them, but an
@@ -82,7 +74,11 @@ impl Registry {
         }
         for (ip, id) in reg.store.load_ips()? {
             if !reg.endpoints.contains_key(&id) {
-                tracing::warn!(ip, endpoint_id = id, "releasing allocation without endpoint");
+                tracing::warn!(
+                    ip,
+                    endpoint_id = id,
+                    "releasing allocation without endpoint"
+                );
                 reg.store.remove_ip(&ip)?;
             }
         }
@@ -157,7 +153,7 @@ impl Registry {
             pod_mac: None,
             state: EndpointState::Allocated,
             policy_revision: 0,
-            created_ms: now_ms(),
+            created_ms: crate::clock::now_ms(),
         };
         if let Err(e) = self.store.put_endpoint(&ep, Some(ep.id + 1)) {
             self.release_ips(&ep.ips);
@@ -238,7 +234,8 @@ impl Registry {
         };
         self.store.remove_endpoint(&ep)?;
         self.release_ips(&ep.ips);
-        self.owners.remove(&(ep.container_id.clone(), ep.ifname.clone()));
+        self.owners
+            .remove(&(ep.container_id.clone(), ep.ifname.clone()));
         self.endpoints.remove(&id);
         Ok(Some(ep))
     }
@@ -316,7 +313,11 @@ mod tests {
         }
         let err = r.allocate(&req("c9")).unwrap_err().to_string();
         assert!(err.contains("10.0.1.0/29"), "{err}");
-        assert_eq!(r.pools()[1].used(), 5, "the v6 address of the failed request is released");
+        assert_eq!(
+            r.pools()[1].used(),
+            5,
+            "the v6 address of the failed request is released"
+        );
     }
 
     #[test]

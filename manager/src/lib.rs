@@ -5,6 +5,7 @@
 //! `service` the operations; `api` HTTP; `daemon` start-up order and serving; `datapath` eBPF.
 
 pub mod api;
+pub mod clock;
 pub mod config;
 pub mod ctl;
 pub mod daemon;
@@ -13,5 +14,6 @@ pub mod endpoint;
 pub mod hostnet;
 pub mod ipam;
 pub mod node;
+pub mod restore;
 pub mod service;
 pub mod store;

@@ -160,31 +160,27 @@ const MAX_PREFIX_V4: u8 = 30;
 const MAX_PREFIX_V6: u8 = 126;
 
 fn parse_cidr(raw: &str, origin: &str, warnings: &mut Vec<String>) -> Option<IpNet> {
-    match raw.trim().parse::<IpNet>() {
-        Ok(net) => {
-            let too_small = match net {
-                IpNet::V4(n) => n.prefix_len() > MAX_PREFIX_V4,
-                IpNet::V6(n) => n.prefix_len() > MAX_PREFIX_V6,
-            };
-            if too_small {
-                warnings.push(format!(
-                    "{origin}: {raw} is too small for a pod pool (at most /{MAX_PREFIX_V4} for IPv4, /{MAX_PREFIX_V6} for IPv6); ignored"
-                ));
-                return None;
-            }
-            if net.trunc() != net {
-                warnings.push(format!(
-                    "{origin}: {raw} has host bits set; using {}",
-                    net.trunc()
-                ));
-            }
-            Some(net.trunc())
-        }
-        Err(_) => {
-            warnings.push(format!("{origin}: {raw:?} is not a valid CIDR; ignored"));
-            None
-        }
+    let Ok(net) = raw.trim().parse::<IpNet>() else {
+        warnings.push(format!("{origin}: {raw:?} is not a valid CIDR; ignored"));
+        return None;
+    };
+    let too_small = match net {
+        IpNet::V4(n) => n.prefix_len() > MAX_PREFIX_V4,
+        IpNet::V6(n) => n.prefix_len() > MAX_PREFIX_V6,
+    };
+    if too_small {
+        warnings.push(format!(
+            "{origin}: {raw} is too small for a pod pool (at most /{MAX_PREFIX_V4} for IPv4, /{MAX_PREFIX_V6} for IPv6); ignored"
+        ));
+        return None;
     }
+    if net.trunc() != net {
+        warnings.push(format!(
+            "{origin}: {raw} has host bits set; using {}",
+            net.trunc()
+        ));
+    }
+    Some(net.trunc())
 }
 
 /// One candidate per (source, family), in priority order.
@@ -194,7 +190,11 @@ struct Candidate {
     detail: String,
 }
 
-fn candidates(node: &NodeManifest, config: &[String], warnings: &mut Vec<String>) -> Vec<Candidate> {
+fn candidates(
+    node: &NodeManifest,
+    config: &[String],
+    warnings: &mut Vec<String>,
+) -> Vec<Candidate> {
     let mut out = Vec::new();
     let spec = &node.spec;
     if spec.pod_cidrs.len() > 2 {
@@ -334,7 +334,10 @@ mod tests {
 
     #[test]
     fn cilium_annotation_names_are_accepted() {
-        for name in ["network.cilium.io/ipv4-pod-cidr", "io.cilium.network.ipv4-pod-cidr"] {
+        for name in [
+            "network.cilium.io/ipv4-pod-cidr",
+            "io.cilium.network.ipv4-pod-cidr",
+        ] {
             let n = node(&format!(
                 r#"{{"metadata":{{"annotations":{{"{name}":"10.7.0.0/24"}}}}}}"#
             ));
@@ -345,7 +348,8 @@ mod tests {
 
     #[test]
     fn annotation_of_wrong_family_is_skipped() {
-        let n = node(r#"{"metadata":{"annotations":{"network.weft.io/ipv4-pod-cidr":"fd00::/64"}}}"#);
+        let n =
+            node(r#"{"metadata":{"annotations":{"network.weft.io/ipv4-pod-cidr":"fd00::/64"}}}"#);
         let sel = select(&n, &["10.1.0.0/24".into()]).unwrap();
         assert_eq!(v4(&sel), ("10.1.0.0/24".into(), CidrSource::Config));
         assert!(sel.v6.is_none());
@@ -394,8 +398,11 @@ mod tests {
 
     #[test]
     fn router_ip_is_first_usable() {
-        let sel = select(&NodeManifest::default(), &["10.0.1.0/24".into(), "fd00::/64".into()])
-            .unwrap();
+        let sel = select(
+            &NodeManifest::default(),
+            &["10.0.1.0/24".into(), "fd00::/64".into()],
+        )
+        .unwrap();
         assert_eq!(sel.v4.unwrap().router_ip().to_string(), "10.0.1.1");
         assert_eq!(sel.v6.unwrap().router_ip().to_string(), "fd00::1");
     }
@@ -406,8 +413,12 @@ mod testdata {
     use super::*;
 
     fn load(name: &str) -> NodeManifest {
-        NodeManifest::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/nodes").join(name))
-            .unwrap()
+        NodeManifest::load(
+            &Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../testdata/nodes")
+                .join(name),
+        )
+        .unwrap()
     }
 
     fn pick(name: &str) -> Result<Vec<(String, CidrSource, String)>, NodeError> {
@@ -436,8 +447,16 @@ mod testdata {
         assert_eq!(
             pick("annotation-only.json").unwrap(),
             [
-                (s("10.0.4.0/24"), Annotation, s("network.weft.io/ipv4-pod-cidr")),
-                (s("fd00:10:4::/64"), Annotation, s("network.cilium.io/ipv6-pod-cidr"))
+                (
+                    s("10.0.4.0/24"),
+                    Annotation,
+                    s("network.weft.io/ipv4-pod-cidr")
+                ),
+                (
+                    s("fd00:10:4::/64"),
+                    Annotation,
+                    s("network.cilium.io/ipv6-pod-cidr")
+                )
             ]
         );
         assert_eq!(
@@ -446,7 +465,11 @@ mod testdata {
         );
         assert_eq!(
             pick("invalid-podcidr-valid-annotation.yaml").unwrap(),
-            [(s("10.0.5.0/24"), Annotation, s("io.cilium.network.ipv4-pod-cidr"))]
+            [(
+                s("10.0.5.0/24"),
+                Annotation,
+                s("io.cilium.network.ipv4-pod-cidr")
+            )]
         );
         assert!(matches!(pick("no-cidr.json"), Err(NodeError::NoCidr)));
     }

@@ -130,7 +130,12 @@ impl Manager {
         };
         let deleted = reg.forget(ep.id)?;
         if let Some(ep) = &deleted {
-            tracing::info!(endpoint_id = ep.id, container_id, ifname, "endpoint deleted");
+            tracing::info!(
+                endpoint_id = ep.id,
+                container_id,
+                ifname,
+                "endpoint deleted"
+            );
         }
         Ok(DeleteResponse { deleted })
     }
@@ -155,13 +160,31 @@ impl Manager {
         };
         let mut released = Vec::new();
         for ep in doomed {
-            if let Some(gone) = self.delete(&ep.container_id, &ep.ifname)?.deleted {
-                self.hostnet.delete_link(&gone.host_ifname).await?;
-                tracing::info!(endpoint_id = gone.id, container_id = %gone.container_id, "released by GC");
-                released.push(gone);
-            }
+            self.remove_fully(&ep).await?;
+            tracing::info!(endpoint_id = ep.id, container_id = %ep.container_id, "released by GC");
+            released.push(ep);
         }
         Ok(GcResponse { released })
+    }
+
+    /// Tears an endpoint down completely on the manager's own initiative (restore, GC, reaper,
+    /// queued DEL): state `deleting` first, then the host veth, then the record and its IPs.
+    pub async fn remove_fully(&self, ep: &Endpoint) -> Result<(), ManagerError> {
+        if self
+            .registry()
+            .begin_delete(&ep.container_id, &ep.ifname)?
+            .is_none()
+        {
+            return Ok(());
+        }
+        self.hostnet.delete_link(&ep.host_ifname).await?;
+        self.registry().forget(ep.id)?;
+        Ok(())
+    }
+
+    /// Deletes a host link left without an endpoint (missing is fine).
+    pub async fn delete_host_link(&self, name: &str) -> Result<(), ManagerError> {
+        Ok(self.hostnet.delete_link(name).await?)
     }
 
     /// Every endpoint.
@@ -213,10 +236,14 @@ mod tests {
 
     fn manager() -> (Manager, Arc<FakeHostNet>) {
         let net = Arc::new(FakeHostNet::default());
-        let cidr = crate::node::select(&crate::node::NodeManifest::default(), &["10.0.1.0/24".into()])
-            .unwrap()
-            .cidrs();
-        let reg = Registry::open(Store::temporary().unwrap(), vec![Pool::new(cidr[0].cidr)]).unwrap();
+        let cidr = crate::node::select(
+            &crate::node::NodeManifest::default(),
+            &["10.0.1.0/24".into()],
+        )
+        .unwrap()
+        .cidrs();
+        let reg =
+            Registry::open(Store::temporary().unwrap(), vec![Pool::new(cidr[0].cidr)]).unwrap();
         (Manager::new("n".into(), cidr, reg, net.clone()), net)
     }
 
@@ -254,7 +281,10 @@ mod tests {
         let inflight = alloc(&m, "inflight");
         make_ready(&m, &keep);
         make_ready(&m, &stale);
-        net.links.lock().unwrap().insert(stale.host_ifname.clone(), 5);
+        net.links
+            .lock()
+            .unwrap()
+            .insert(stale.host_ifname.clone(), 5);
         let valid = [Attachment {
             container_id: "keep".into(),
             ifname: "eth0".into(),
@@ -262,10 +292,16 @@ mod tests {
         let out = m.gc(&valid, inflight.created_ms + 1000).await.unwrap();
         assert_eq!(out.released.len(), 1);
         assert_eq!(out.released[0].container_id, "stale");
-        assert!(m.find("inflight", "eth0").is_some(), "ADD in flight survives GC");
+        assert!(
+            m.find("inflight", "eth0").is_some(),
+            "ADD in flight survives GC"
+        );
         assert!(!net.links.lock().unwrap().contains_key(&stale.host_ifname));
         // Once past the grace period, an abandoned allocation goes too.
-        let out = m.gc(&valid, inflight.created_ms + ADD_GRACE_MS + 1).await.unwrap();
+        let out = m
+            .gc(&valid, inflight.created_ms + ADD_GRACE_MS + 1)
+            .await
+            .unwrap();
         assert_eq!(out.released[0].container_id, "inflight");
         assert_eq!(m.status().pools[0].used, 1);
     }

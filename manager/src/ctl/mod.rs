@@ -19,7 +19,11 @@ pub enum Output {
 
 /// weftctl command line.
 #[derive(Debug, Parser)]
-#[command(name = "weftctl", version, about = "Operate a Weft node through weft-manager's API")]
+#[command(
+    name = "weftctl",
+    version,
+    about = "Operate a Weft node through weft-manager's API"
+)]
 pub struct Cli {
     /// weft-manager's API socket.
     #[arg(long, global = true, default_value = "/run/weft/manager.sock")]
@@ -128,7 +132,10 @@ async fn wait_ready(client: &Client, secs: u64) -> Result<(), CtlError> {
     loop {
         let last = match client.get_status("/v1/healthz").await {
             Ok((200, _)) => return Ok(()),
-            Ok((code, body)) => format!("healthz answered {code}: {}", String::from_utf8_lossy(&body)),
+            Ok((code, body)) => format!(
+                "healthz answered {code}: {}",
+                String::from_utf8_lossy(&body)
+            ),
             Err(e) => e.to_string(),
         };
         if Instant::now() >= deadline {
@@ -194,7 +201,16 @@ fn endpoint_table(eps: &[Endpoint]) -> String {
         })
         .collect();
     table::render(
-        &["ID", "STATE", "IPS", "HOST-IF", "IDENTITY", "POD", "CONTAINER", "LABELS"],
+        &[
+            "ID",
+            "STATE",
+            "IPS",
+            "HOST-IF",
+            "IDENTITY",
+            "POD",
+            "CONTAINER",
+            "LABELS",
+        ],
         &rows,
     )
 }
@@ -212,5 +228,8 @@ fn ipam_table(allocs: &[Allocation]) -> String {
             ]
         })
         .collect();
-    table::render(&["ADDRESS", "POOL", "ENDPOINT", "CONTAINER", "IFNAME"], &rows)
+    table::render(
+        &["ADDRESS", "POOL", "ENDPOINT", "CONTAINER", "IFNAME"],
+        &rows,
+    )
 }

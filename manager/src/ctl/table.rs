@@ -1,5 +1,7 @@
 //! Plain aligned tables for weftctl's default output.
 
+use std::fmt::Write;
+
 /// Renders rows under headers, columns padded to their widest cell.
 #[must_use]
 pub fn render(headers: &[&str], rows: &[Vec<String>]) -> String {
@@ -15,7 +17,7 @@ pub fn render(headers: &[&str], rows: &[Vec<String>]) -> String {
             if i + 1 == cells.len() {
                 s.push_str(cell);
             } else {
-                s.push_str(&format!("{cell:<w$}  "));
+                let _ = write!(s, "{cell:<w$}  ");
             }
         }
         s.trim_end().to_string()
@@ -35,7 +37,10 @@ mod tests {
     fn columns_align() {
         let t = super::render(
             &["ID", "NAME"],
-            &[vec!["1".into(), "a".into()], vec!["100".into(), "bb".into()]],
+            &[
+                vec!["1".into(), "a".into()],
+                vec!["100".into(), "bb".into()],
+            ],
         );
         assert_eq!(t, "ID   NAME\n1    a\n100  bb\n");
     }

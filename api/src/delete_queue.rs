@@ -1,0 +1,257 @@
+//! The durable delete queue (Cilium's `deletion_queue.go`): a DEL that cannot reach the manager
+//! leaves a request here and succeeds; the manager drains the queue at start, before serving.
+//!
+//! Layout: `<dir of the manager socket>/delete-queue/`, one `<host ifname>.json` file per
+//! (container id, ifname), written to a temp name and renamed so a reader never sees half a
+//! request. Writers and the draining manager serialise on an `flock` of `.lock` in that dir.
+//! The queue is bounded: when full, the DEL fails with "try again later" so the runtime retries.
+
+use nix::fcntl::{Flock, FlockArg};
+use serde::{Deserialize, Serialize};
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use crate::naming;
+
+/// Most requests the queue holds.
+pub const MAX_ENTRIES: usize = 1024;
+
+/// One queued DEL.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeleteRequest {
+    /// `CNI_CONTAINERID`.
+    pub container_id: String,
+    /// `CNI_IFNAME`.
+    pub ifname: String,
+}
+
+/// Queue failures.
+#[derive(Debug, thiserror::Error)]
+pub enum QueueError {
+    /// The queue holds [`MAX_ENTRIES`] requests already.
+    #[error("delete queue {dir} is full ({MAX_ENTRIES} requests): start weft-manager so it drains")]
+    Full {
+        /// Queue dir.
+        dir: PathBuf,
+    },
+    /// Filesystem failure.
+    #[error("delete queue {path}: {source}")]
+    Io {
+        /// Path involved.
+        path: PathBuf,
+        /// Cause.
+        source: std::io::Error,
+    },
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> QueueError + '_ {
+    move |source| QueueError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// The queue next to a manager socket.
+#[derive(Debug, Clone)]
+pub struct DeleteQueue {
+    dir: PathBuf,
+}
+
+impl DeleteQueue {
+    /// The queue belonging to the manager listening on `socket`.
+    #[must_use]
+    pub fn for_socket(socket: &Path) -> Self {
+        let run_dir = socket.parent().unwrap_or_else(|| Path::new("/run/weft"));
+        Self {
+            dir: run_dir.join("delete-queue"),
+        }
+    }
+
+    /// The queue directory.
+    #[must_use]
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn lock(&self) -> Result<Flock<File>, QueueError> {
+        fs::create_dir_all(&self.dir).map_err(io(&self.dir))?;
+        let path = self.dir.join(".lock");
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(io(&path))?;
+        Flock::lock(file, FlockArg::LockExclusive).map_err(|(_, errno)| QueueError::Io {
+            path,
+            source: std::io::Error::from(errno),
+        })
+    }
+
+    fn entries(&self) -> Result<Vec<PathBuf>, QueueError> {
+        let mut out: Vec<PathBuf> = fs::read_dir(&self.dir)
+            .map_err(io(&self.dir))?
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|e| e == "json"))
+            .collect();
+        out.sort();
+        Ok(out)
+    }
+
+    /// Appends a request (a repeat for the same pair replaces the earlier one).
+    pub fn push(&self, req: &DeleteRequest) -> Result<(), QueueError> {
+        let _lock = self.lock()?;
+        let name = format!(
+            "{}.json",
+            naming::host_ifname(&req.container_id, &req.ifname)
+        );
+        let path = self.dir.join(&name);
+        if !path.exists() && self.entries()?.len() >= MAX_ENTRIES {
+            return Err(QueueError::Full {
+                dir: self.dir.clone(),
+            });
+        }
+        let tmp = self.dir.join(format!(".{name}.tmp"));
+        let mut f = File::create(&tmp).map_err(io(&tmp))?;
+        f.write_all(&serde_json::to_vec(req).expect("requests serialize"))
+            .map_err(io(&tmp))?;
+        // The DEL reports success only once the request is on disk.
+        f.sync_all().map_err(io(&tmp))?;
+        fs::rename(&tmp, &path).map_err(io(&path))?;
+        Ok(())
+    }
+
+    /// Hands every queued request to `handle`, removing each one `handle` accepts. Requests that
+    /// do not parse are moved aside (`.bad`) and reported in the returned list.
+    pub fn drain(
+        &self,
+        mut handle: impl FnMut(&DeleteRequest) -> bool,
+    ) -> Result<DrainReport, QueueError> {
+        let _lock = self.lock()?;
+        let mut report = DrainReport::default();
+        for path in self.entries()? {
+            let parsed = fs::read(&path)
+                .ok()
+                .and_then(|b| serde_json::from_slice::<DeleteRequest>(&b).ok());
+            let Some(req) = parsed else {
+                let bad = path.with_extension("bad");
+                fs::rename(&path, &bad).map_err(io(&path))?;
+                report.corrupt.push(bad);
+                continue;
+            };
+            if handle(&req) {
+                fs::remove_file(&path).map_err(io(&path))?;
+                report.done.push(req);
+            } else {
+                report.kept += 1;
+            }
+        }
+        Ok(report)
+    }
+
+    /// Requests waiting.
+    pub fn len(&self) -> Result<usize, QueueError> {
+        if !self.dir.exists() {
+            return Ok(0);
+        }
+        Ok(self.entries()?.len())
+    }
+
+    /// True when nothing waits.
+    pub fn is_empty(&self) -> Result<bool, QueueError> {
+        Ok(self.len()? == 0)
+    }
+}
+
+/// What a drain did.
+#[derive(Debug, Default)]
+pub struct DrainReport {
+    /// Requests handled and removed.
+    pub done: Vec<DeleteRequest>,
+    /// Requests the handler could not complete (left for the next drain).
+    pub kept: usize,
+    /// Files that did not parse, moved aside.
+    pub corrupt: Vec<PathBuf>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn queue() -> (tempdir::Dir, DeleteQueue) {
+        let d = tempdir::Dir::new();
+        let q = DeleteQueue::for_socket(&d.0.join("manager.sock"));
+        (d, q)
+    }
+
+    mod tempdir {
+        pub struct Dir(pub std::path::PathBuf);
+        impl Dir {
+            pub fn new() -> Self {
+                let p = std::env::temp_dir().join(format!(
+                    "weft-dq-{}-{:?}",
+                    std::process::id(),
+                    std::thread::current().id()
+                ));
+                let _ = std::fs::remove_dir_all(&p);
+                std::fs::create_dir_all(&p).unwrap();
+                Self(p)
+            }
+        }
+        impl Drop for Dir {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_dir_all(&self.0);
+            }
+        }
+    }
+
+    fn req(c: &str) -> DeleteRequest {
+        DeleteRequest {
+            container_id: c.into(),
+            ifname: "eth0".into(),
+        }
+    }
+
+    #[test]
+    fn push_then_drain_round_trips_and_dedups() {
+        let (_d, q) = queue();
+        q.push(&req("a")).unwrap();
+        q.push(&req("a")).unwrap();
+        q.push(&req("b")).unwrap();
+        assert_eq!(q.len().unwrap(), 2);
+        let mut seen = vec![];
+        let r = q
+            .drain(|r| {
+                seen.push(r.container_id.clone());
+                r.container_id == "a"
+            })
+            .unwrap();
+        assert_eq!(r.done, vec![req("a")]);
+        assert_eq!(r.kept, 1);
+        assert_eq!(seen.len(), 2);
+        assert_eq!(q.len().unwrap(), 1, "b stays for the next drain");
+    }
+
+    #[test]
+    fn corrupt_entries_are_moved_aside() {
+        let (_d, q) = queue();
+        q.push(&req("a")).unwrap();
+        std::fs::write(q.dir().join("zzz.json"), b"{nope").unwrap();
+        let r = q.drain(|_| true).unwrap();
+        assert_eq!(r.done.len(), 1);
+        assert_eq!(r.corrupt.len(), 1);
+        assert!(q.is_empty().unwrap());
+    }
+
+    #[test]
+    fn a_full_queue_refuses_new_requests() {
+        let (_d, q) = queue();
+        std::fs::create_dir_all(q.dir()).unwrap();
+        for i in 0..MAX_ENTRIES {
+            std::fs::write(q.dir().join(format!("f{i}.json")), b"{}").unwrap();
+        }
+        assert!(matches!(q.push(&req("x")), Err(QueueError::Full { .. })));
+    }
+}

@@ -1,0 +1,219 @@
+//! Start-up reconciliation of persisted endpoints against the node (Cilium's
+//! `restoreOldEndpoints`), the delete-queue drain, and the reaper of abandoned ADDs.
+
+use std::path::Path;
+use std::time::Duration;
+use weft_api::delete_queue::DeleteQueue;
+use weft_api::{Endpoint, EndpointState, naming};
+
+use crate::hostnet::HostNet;
+use crate::service::{ADD_GRACE_MS, Manager, ManagerError};
+
+/// Why a persisted endpoint cannot be kept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Invalid {
+    /// Its DEL started but never finished.
+    Deleting,
+    /// The host veth is gone (the pod's netns was deleted, which destroys the pair).
+    VethMissing,
+    /// A link with that name exists, but it is not the one registered.
+    VethReplaced {
+        /// Recorded ifindex.
+        recorded: u32,
+        /// Current ifindex.
+        found: u32,
+    },
+    /// The pod's netns file is gone.
+    NetnsMissing,
+    /// An ADD that never registered, older than the grace period.
+    Abandoned,
+}
+
+impl std::fmt::Display for Invalid {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Deleting => f.write_str("delete was interrupted"),
+            Self::VethMissing => f.write_str("host veth no longer exists"),
+            Self::VethReplaced { recorded, found } => write!(
+                f,
+                "host veth has ifindex {found}, not the recorded {recorded}"
+            ),
+            Self::NetnsMissing => f.write_str("pod netns no longer exists"),
+            Self::Abandoned => f.write_str("ADD never completed within the grace period"),
+        }
+    }
+}
+
+/// Decides whether `ep` survives a restart. `link_index` is the host veth's current ifindex.
+#[must_use]
+pub fn validate(
+    ep: &Endpoint,
+    link_index: Option<u32>,
+    netns_exists: bool,
+    now_ms: u64,
+) -> Option<Invalid> {
+    match ep.state {
+        EndpointState::Deleting => Some(Invalid::Deleting),
+        EndpointState::Allocated => {
+            (now_ms.saturating_sub(ep.created_ms) > ADD_GRACE_MS).then_some(Invalid::Abandoned)
+        }
+        EndpointState::Ready => match (link_index, ep.host_ifindex) {
+            (None, _) => Some(Invalid::VethMissing),
+            (Some(found), Some(recorded)) if found != recorded => {
+                Some(Invalid::VethReplaced { recorded, found })
+            }
+            _ if !netns_exists => Some(Invalid::NetnsMissing),
+            _ => None,
+        },
+    }
+}
+
+/// Validates every persisted endpoint and removes the invalid ones completely.
+/// Returns (kept, removed).
+pub async fn restore_endpoints(
+    manager: &Manager,
+    hostnet: &dyn HostNet,
+    now_ms: u64,
+) -> Result<(usize, usize), ManagerError> {
+    let (mut kept, mut removed) = (0, 0);
+    for ep in manager.endpoints() {
+        let link = hostnet.link_index(&ep.host_ifname).await?;
+        let netns = Path::new(&ep.netns).exists();
+        match validate(&ep, link, netns, now_ms) {
+            None => kept += 1,
+            Some(why) => {
+                tracing::warn!(endpoint_id = ep.id, container_id = %ep.container_id, reason = %why, "removing endpoint at restore");
+                manager.remove_fully(&ep).await?;
+                removed += 1;
+            }
+        }
+    }
+    Ok((kept, removed))
+}
+
+/// Completes every DEL that was queued while the manager was down.
+pub async fn drain_delete_queue(manager: &Manager, queue: &DeleteQueue) -> usize {
+    let mut pending = Vec::new();
+    let report = queue.drain(|req| {
+        pending.push(req.clone());
+        true
+    });
+    let report = match report {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::error!("cannot drain the delete queue: {e}");
+            return 0;
+        }
+    };
+    for bad in &report.corrupt {
+        tracing::warn!(path = %bad.display(), "unreadable delete request moved aside");
+    }
+    for req in &pending {
+        let result = match manager.find(&req.container_id, &req.ifname) {
+            Some(ep) => manager.remove_fully(&ep).await,
+            None => {
+                manager
+                    .delete_host_link(&naming::host_ifname(&req.container_id, &req.ifname))
+                    .await
+            }
+        };
+        match result {
+            Ok(()) => {
+                tracing::info!(container_id = %req.container_id, ifname = %req.ifname, "queued DEL completed")
+            }
+            // The request file is gone; a later restore validation still catches the leftovers.
+            Err(e) => tracing::error!(container_id = %req.container_id, "queued DEL failed: {e}"),
+        }
+    }
+    pending.len()
+}
+
+/// Periodically removes allocations whose ADD never registered (the CNI was killed, e.g. by a
+/// kubelet timeout). Under the registry lock an endpoint that registered meanwhile is `ready`
+/// and is left alone; a CNI that registers after the reap gets "not found" and rolls back.
+pub async fn reap_abandoned(manager: std::sync::Arc<Manager>, every: Duration) {
+    let mut tick = tokio::time::interval(every);
+    loop {
+        tick.tick().await;
+        let now = crate::clock::now_ms();
+        for ep in manager.endpoints() {
+            if validate(&ep, None, true, now) == Some(Invalid::Abandoned)
+                && let Err(e) = manager.remove_fully(&ep).await
+            {
+                tracing::error!(
+                    endpoint_id = ep.id,
+                    "reaping abandoned endpoint failed: {e}"
+                );
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use weft_api::IpConfig;
+
+    fn ep(state: EndpointState, ifindex: Option<u32>) -> Endpoint {
+        Endpoint {
+            id: 1,
+            container_id: "c".into(),
+            ifname: "eth0".into(),
+            netns: "/x".into(),
+            pod_namespace: None,
+            pod_name: None,
+            labels: vec![],
+            identity: 0,
+            ips: vec![IpConfig {
+                address: "10.0.0.2".parse().unwrap(),
+                gateway: "10.0.0.1".parse().unwrap(),
+            }],
+            host_ifname: "weftx".into(),
+            host_ifindex: ifindex,
+            host_mac: None,
+            pod_mac: None,
+            state,
+            policy_revision: 0,
+            created_ms: 1_000,
+        }
+    }
+
+    #[test]
+    fn ready_endpoint_with_its_veth_and_netns_is_kept() {
+        assert_eq!(
+            validate(&ep(EndpointState::Ready, Some(5)), Some(5), true, 2_000),
+            None
+        );
+    }
+
+    #[test]
+    fn invalid_endpoints_are_named() {
+        let ready = ep(EndpointState::Ready, Some(5));
+        assert_eq!(validate(&ready, None, true, 0), Some(Invalid::VethMissing));
+        assert_eq!(
+            validate(&ready, Some(6), true, 0),
+            Some(Invalid::VethReplaced {
+                recorded: 5,
+                found: 6
+            })
+        );
+        assert_eq!(
+            validate(&ready, Some(5), false, 0),
+            Some(Invalid::NetnsMissing)
+        );
+        assert_eq!(
+            validate(&ep(EndpointState::Deleting, Some(5)), Some(5), true, 0),
+            Some(Invalid::Deleting)
+        );
+    }
+
+    #[test]
+    fn allocations_in_flight_survive_until_the_grace_period_ends() {
+        let a = ep(EndpointState::Allocated, None);
+        assert_eq!(validate(&a, None, false, 1_000 + ADD_GRACE_MS), None);
+        assert_eq!(
+            validate(&a, None, false, 1_001 + ADD_GRACE_MS),
+            Some(Invalid::Abandoned)
+        );
+    }
+}
