@@ -1,4 +1,15 @@
 //! Weft's policy engine: pure logic, no I/O.
+//!
+//! Flow for the manager: [`parse::parse_policy_file`] → [`repository::Repository::add`] →
+//! [`selectorcache::SelectorCache::sync`] → [`compute::compute`] per affected endpoint →
+//! [`diff::plan`] against what is installed. Identities come from
+//! [`identity::IdentityAllocator`]; every allocation or release is reported to the selector
+//! cache, which says which selectors (and so which endpoints) changed.
 #![warn(missing_docs)]
 
+pub mod identity;
+pub mod labels;
 pub mod mapstate;
+pub mod parse;
+pub mod rule;
+pub mod selector;
