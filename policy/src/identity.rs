@@ -212,7 +212,10 @@ impl IdentityAllocator {
         store: &mut dyn IdentityStore,
         id: Identity,
     ) -> Result<bool, IdentityError> {
-        let slot = self.by_id.get_mut(&id).ok_or(IdentityError::NotAllocated(id))?;
+        let slot = self
+            .by_id
+            .get_mut(&id)
+            .ok_or(IdentityError::NotAllocated(id))?;
         if slot.refs > 1 {
             slot.refs -= 1;
             return Ok(false);
@@ -289,13 +292,22 @@ mod tests {
         let x = a.acquire(&mut store, &lbl("web")).unwrap();
         assert_eq!(x, Acquired { id: 256, new: true });
         let y = a.acquire(&mut store, &lbl("web")).unwrap();
-        assert_eq!(y, Acquired { id: 256, new: false });
+        assert_eq!(
+            y,
+            Acquired {
+                id: 256,
+                new: false
+            }
+        );
         assert_eq!(a.acquire(&mut store, &lbl("db")).unwrap().id, 257);
         assert!(!a.release(&mut store, 256).unwrap());
         assert!(store.saved.contains_key(&256));
         assert!(a.release(&mut store, 256).unwrap());
         assert!(!store.saved.contains_key(&256));
-        assert_eq!(a.release(&mut store, 256), Err(IdentityError::NotAllocated(256)));
+        assert_eq!(
+            a.release(&mut store, 256),
+            Err(IdentityError::NotAllocated(256))
+        );
         // Not reused right away.
         assert_eq!(a.acquire(&mut store, &lbl("web")).unwrap().id, 258);
     }
@@ -306,7 +318,10 @@ mod tests {
         let mut a = IdentityAllocator::new();
         let k = IdentityKey::Cidr("10.0.0.0/8".parse().unwrap());
         assert_eq!(a.acquire(&mut store, &k).unwrap().id, reserved::FIRST_CIDR);
-        assert_eq!(a.cidr_identities().collect::<Vec<_>>(), [("10.0.0.0/8".parse().unwrap(), 1 << 24)]);
+        assert_eq!(
+            a.cidr_identities().collect::<Vec<_>>(),
+            [("10.0.0.0/8".parse().unwrap(), 1 << 24)]
+        );
     }
 
     #[test]
@@ -317,7 +332,13 @@ mod tests {
             a.acquire(&mut store, &lbl(app)).unwrap();
         }
         let mut b = IdentityAllocator::restore(store.saved.clone()).unwrap();
-        assert_eq!(b.acquire(&mut store, &lbl("b")).unwrap(), Acquired { id: 257, new: false });
+        assert_eq!(
+            b.acquire(&mut store, &lbl("b")).unwrap(),
+            Acquired {
+                id: 257,
+                new: false
+            }
+        );
         assert_eq!(b.release_unused(&mut store).unwrap(), vec![256, 258]);
         assert_eq!(store.saved.keys().copied().collect::<Vec<_>>(), vec![257]);
         // New ids continue after the highest restored one.
@@ -327,16 +348,25 @@ mod tests {
     #[test]
     fn restore_rejects_conflicts() {
         let dup = [(256, lbl("a")), (300, lbl("a"))];
-        assert!(matches!(IdentityAllocator::restore(dup), Err(IdentityError::RestoreConflict { id: 300, .. })));
+        assert!(matches!(
+            IdentityAllocator::restore(dup),
+            Err(IdentityError::RestoreConflict { id: 300, .. })
+        ));
         let out = [(5, lbl("a"))];
         assert!(IdentityAllocator::restore(out).is_err());
     }
 
     #[test]
     fn store_failure_allocates_nothing() {
-        let mut store = MemoryStore { fail: true, ..MemoryStore::default() };
+        let mut store = MemoryStore {
+            fail: true,
+            ..MemoryStore::default()
+        };
         let mut a = IdentityAllocator::new();
-        assert!(matches!(a.acquire(&mut store, &lbl("x")), Err(IdentityError::Store(_))));
+        assert!(matches!(
+            a.acquire(&mut store, &lbl("x")),
+            Err(IdentityError::Store(_))
+        ));
         assert_eq!(a.lookup(&lbl("x")), None);
         store.fail = false;
         assert_eq!(a.acquire(&mut store, &lbl("x")).unwrap().id, 256);

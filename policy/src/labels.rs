@@ -73,7 +73,7 @@ impl Label {
     pub fn parse_with_source(s: &str, default_source: &str) -> Result<Self, LabelError> {
         let (kpart, value) = s.split_once('=').unwrap_or((s, ""));
         let (source, key) = match kpart.split_once(':') {
-            Some((src, _)) if src.is_empty() => return Err(LabelError::EmptySource(s.into())),
+            Some(("", _)) => return Err(LabelError::EmptySource(s.into())),
             Some((src, key)) => (src, key),
             None => (default_source, kpart),
         };
@@ -138,7 +138,10 @@ impl LabelSet {
     /// The namespace labels are set last and any user-supplied label with the same key is
     /// dropped: a pod must not be able to claim another namespace through `args.cni.labels`.
     #[must_use]
-    pub fn for_pod<'a>(namespace: &str, labels: impl IntoIterator<Item = (&'a str, &'a str)>) -> Self {
+    pub fn for_pod<'a>(
+        namespace: &str,
+        labels: impl IntoIterator<Item = (&'a str, &'a str)>,
+    ) -> Self {
         let ns_name_key = format!("{}{}", keys::NAMESPACE_LABELS_PREFIX, keys::NAMESPACE_NAME);
         let mut set: Self = labels
             .into_iter()
@@ -162,7 +165,8 @@ impl LabelSet {
 
     /// Adds a label, replacing one with the same source and key.
     pub fn insert(&mut self, label: Label) {
-        self.0.retain(|l| !(l.source == label.source && l.key == label.key));
+        self.0
+            .retain(|l| !(l.source == label.source && l.key == label.key));
         self.0.insert(label);
     }
 
@@ -246,11 +250,20 @@ mod tests {
             ("app", "dflt", "app", ""),
             ("k8s:app", "k8s", "app", ""),
             ("url=http://x", "dflt", "url", "http://x"),
-            ("k8s:io.kubernetes.pod.namespace=default", "k8s", "io.kubernetes.pod.namespace", "default"),
+            (
+                "k8s:io.kubernetes.pod.namespace=default",
+                "k8s",
+                "io.kubernetes.pod.namespace",
+                "default",
+            ),
         ];
         for (s, src, k, v) in cases {
             let l = Label::parse_with_source(s, "dflt").unwrap();
-            assert_eq!((l.source.as_str(), l.key.as_str(), l.value.as_str()), (src, k, v), "{s}");
+            assert_eq!(
+                (l.source.as_str(), l.key.as_str(), l.value.as_str()),
+                (src, k, v),
+                "{s}"
+            );
         }
         assert!(Label::parse_with_source("=x", "d").is_err());
         assert!(Label::parse_with_source(":k=x", "d").is_err());
@@ -275,8 +288,17 @@ mod tests {
 
     #[test]
     fn pod_labels_cannot_spoof_namespace() {
-        let s = LabelSet::for_pod("prod", [("app", "web"), ("io.kubernetes.pod.namespace", "kube-system")]);
-        assert_eq!(s.values_of("k8s", keys::POD_NAMESPACE).collect::<Vec<_>>(), ["prod"]);
+        let s = LabelSet::for_pod(
+            "prod",
+            [
+                ("app", "web"),
+                ("io.kubernetes.pod.namespace", "kube-system"),
+            ],
+        );
+        assert_eq!(
+            s.values_of("k8s", keys::POD_NAMESPACE).collect::<Vec<_>>(),
+            ["prod"]
+        );
         assert!(s.contains(&Label::new("k8s", "app", "web")));
         assert_eq!(s.len(), 3);
     }

@@ -4,12 +4,17 @@
 //! [`selectorcache::SelectorCache::sync`] → [`compute::compute`] per affected endpoint →
 //! [`diff::plan`] against what is installed. Identities come from
 //! [`identity::IdentityAllocator`]; every allocation or release is reported to the selector
-//! cache, which says which selectors (and so which endpoints) changed.
+//! cache, which says which selectors (and so which endpoints) changed. See `docs/POLICY.md`.
 #![warn(missing_docs)]
 
+pub mod compute;
+pub mod diff;
 pub mod identity;
 pub mod labels;
 pub mod mapstate;
 pub mod parse;
+pub mod repository;
 pub mod rule;
 pub mod selector;
+pub mod selectorcache;
+pub mod trace;

@@ -35,10 +35,12 @@ impl Entity {
             "cluster" => Ok(Self::Cluster),
             "all" => Ok(Self::All),
             "remote-node" | "init" | "health" | "unmanaged" | "none" | "kube-apiserver"
-            | "ingress" | "world-ipv4" | "world-ipv6" => {
-                Err(format!("not supported yet: entity {s:?} (supported: host, world, cluster, all)"))
-            }
-            _ => Err(format!("unknown entity {s:?} (supported: host, world, cluster, all)")),
+            | "ingress" | "world-ipv4" | "world-ipv6" => Err(format!(
+                "not supported yet: entity {s:?} (supported: host, world, cluster, all)"
+            )),
+            _ => Err(format!(
+                "unknown entity {s:?} (supported: host, world, cluster, all)"
+            )),
         }
     }
 }
@@ -125,6 +127,31 @@ impl PortProto {
     }
 }
 
+/// How a rule affects the enforcement of the endpoints it selects, per direction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Enforcement {
+    /// The rule says nothing about this direction.
+    NotApplied,
+    /// Selected endpoints are enforced with default deny (the normal case).
+    DefaultDeny,
+    /// Selected endpoints are enforced but keep default allow, so only the rule's denies bite
+    /// (Cilium `enableDefaultDeny: false`).
+    DefaultAllow,
+}
+
+impl Enforcement {
+    /// The mode of a direction that has entries (or not), with Cilium's default deny flag.
+    #[must_use]
+    pub fn from_flags(applies: bool, default_deny: bool) -> Self {
+        match (applies, default_deny) {
+            (false, _) => Self::NotApplied,
+            (true, true) => Self::DefaultDeny,
+            (true, false) => Self::DefaultAllow,
+        }
+    }
+}
+
 /// Peers and ports of one ingress/egress (allow or deny) section entry.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PeerRule {
@@ -147,15 +174,10 @@ pub struct Rule {
     pub egress: Vec<PeerRule>,
     /// Egress deny entries.
     pub egress_deny: Vec<PeerRule>,
-    /// The rule applies at ingress (selected endpoints become enforced for ingress).
-    pub applies_ingress: bool,
-    /// The rule applies at egress.
-    pub applies_egress: bool,
-    /// When applying at ingress, whether it puts the endpoint into default deny
-    /// (Cilium `enableDefaultDeny.ingress`, default true).
-    pub default_deny_ingress: bool,
+    /// What the rule does to selected endpoints' ingress enforcement.
+    pub ingress_mode: Enforcement,
     /// Same for egress.
-    pub default_deny_egress: bool,
+    pub egress_mode: Enforcement,
     /// Rule labels (identify it for replace, delete and trace).
     pub labels: LabelSet,
     /// Free text.
@@ -172,10 +194,8 @@ impl Rule {
             ingress_deny: Vec::new(),
             egress: Vec::new(),
             egress_deny: Vec::new(),
-            applies_ingress: false,
-            applies_egress: false,
-            default_deny_ingress: true,
-            default_deny_egress: true,
+            ingress_mode: Enforcement::NotApplied,
+            egress_mode: Enforcement::NotApplied,
             labels,
             description: String::new(),
         }
@@ -193,27 +213,35 @@ impl Rule {
     /// Whether the rule applies in `dir`.
     #[must_use]
     pub fn applies(&self, dir: Direction) -> bool {
+        self.mode(dir) != Enforcement::NotApplied
+    }
+
+    /// The enforcement mode of `dir`.
+    #[must_use]
+    pub fn mode(&self, dir: Direction) -> Enforcement {
         match dir {
-            Direction::Ingress => self.applies_ingress,
-            Direction::Egress => self.applies_egress,
+            Direction::Ingress => self.ingress_mode,
+            Direction::Egress => self.egress_mode,
         }
     }
 
     /// Whether the rule asks for default deny in `dir` (only meaningful when it applies).
     #[must_use]
     pub fn default_deny(&self, dir: Direction) -> bool {
-        match dir {
-            Direction::Ingress => self.default_deny_ingress,
-            Direction::Egress => self.default_deny_egress,
-        }
+        self.mode(dir) == Enforcement::DefaultDeny
     }
 
     /// Every peer selector of the rule.
     pub fn peers(&self) -> impl Iterator<Item = &PeerSelector> {
-        [&self.ingress, &self.ingress_deny, &self.egress, &self.egress_deny]
-            .into_iter()
-            .flatten()
-            .flat_map(|p| p.peers.iter())
+        [
+            &self.ingress,
+            &self.ingress_deny,
+            &self.egress,
+            &self.egress_deny,
+        ]
+        .into_iter()
+        .flatten()
+        .flat_map(|p| p.peers.iter())
     }
 
     /// Mutable access to every peer selector (used to namespace Kubernetes rules).

@@ -127,7 +127,9 @@ impl Selector {
     /// reserved identities (host, world), mirroring Cilium where `{}` means "all endpoints".
     #[must_use]
     pub fn mentions_reserved(&self) -> bool {
-        self.requirements.iter().any(|r| r.source == source::RESERVED)
+        self.requirements
+            .iter()
+            .any(|r| r.source == source::RESERVED)
     }
 
     /// True when every requirement holds for `labels`.
@@ -175,7 +177,9 @@ mod tests {
     }
 
     fn labels(v: &[&str]) -> LabelSet {
-        v.iter().map(|s| Label::parse_with_source(s, "k8s").unwrap()).collect()
+        v.iter()
+            .map(|s| Label::parse_with_source(s, "k8s").unwrap())
+            .collect()
     }
 
     #[test]
@@ -183,14 +187,42 @@ mod tests {
         let web = labels(&["app=web", "tier=front"]);
         let db = labels(&["app=db"]);
         let cases: Vec<(Requirement, bool, bool)> = vec![
-            (Requirement::new("app", Operator::In(set(&["web", "x"]))), true, false),
-            (Requirement::new("app", Operator::NotIn(set(&["web"]))), false, true),
-            (Requirement::new("tier", Operator::NotIn(set(&["front"]))), false, true),
+            (
+                Requirement::new("app", Operator::In(set(&["web", "x"]))),
+                true,
+                false,
+            ),
+            (
+                Requirement::new("app", Operator::NotIn(set(&["web"]))),
+                false,
+                true,
+            ),
+            (
+                Requirement::new("tier", Operator::NotIn(set(&["front"]))),
+                false,
+                true,
+            ),
             (Requirement::new("tier", Operator::Exists), true, false),
-            (Requirement::new("tier", Operator::DoesNotExist), false, true),
-            (Requirement::new("k8s:app", Operator::In(set(&["db"]))), false, true),
-            (Requirement::new("any:app", Operator::In(set(&["db"]))), false, true),
-            (Requirement::new("unspec:app", Operator::In(set(&["db"]))), false, false),
+            (
+                Requirement::new("tier", Operator::DoesNotExist),
+                false,
+                true,
+            ),
+            (
+                Requirement::new("k8s:app", Operator::In(set(&["db"]))),
+                false,
+                true,
+            ),
+            (
+                Requirement::new("any:app", Operator::In(set(&["db"]))),
+                false,
+                true,
+            ),
+            (
+                Requirement::new("unspec:app", Operator::In(set(&["db"]))),
+                false,
+                false,
+            ),
         ];
         for (req, on_web, on_db) in cases {
             let s = Selector::from_requirements([req.clone()]);

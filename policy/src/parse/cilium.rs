@@ -4,7 +4,7 @@
 use super::walk::{self, FieldError, Obj, Res};
 use crate::labels::{Label, LabelSet, source};
 use crate::mapstate::Direction;
-use crate::rule::{CidrSelector, Entity, PeerRule, PeerSelector, PortProto, Rule};
+use crate::rule::{CidrSelector, Enforcement, Entity, PeerRule, PeerSelector, PortProto, Rule};
 use serde_json::Value;
 
 /// `rule 2 (name "x")`: the index plus the rule's `name` label when it has one.
@@ -34,28 +34,41 @@ pub fn parse_rule(v: &Value, path: &str) -> Res<Rule> {
     let endpoint_selector = match o.get("endpointSelector") {
         Some(s) => walk::selector(s, &sel_path)?,
         None if o.has("nodeSelector") => {
-            return Err(FieldError::new(o.at("nodeSelector"), "not supported yet: field \"nodeSelector\" (host policies)"));
+            return Err(FieldError::new(
+                o.at("nodeSelector"),
+                "not supported yet: field \"nodeSelector\" (host policies)",
+            ));
         }
-        None => return Err(FieldError::new(sel_path, "missing (every rule needs an endpointSelector)")),
+        None => {
+            return Err(FieldError::new(
+                sel_path,
+                "missing (every rule needs an endpointSelector)",
+            ));
+        }
     };
     let mut rule = Rule::new(endpoint_selector, LabelSet::new());
     for (p, l) in o.array("labels")?.unwrap_or_default() {
         rule.labels.insert(rule_label(l, &p)?);
     }
-    rule.description = o.str("description")?.unwrap_or_default().to_owned();
+    o.str("description")?
+        .unwrap_or_default()
+        .clone_into(&mut rule.description);
     rule.ingress = section(&mut o, "ingress", Direction::Ingress, false)?;
     rule.ingress_deny = section(&mut o, "ingressDeny", Direction::Ingress, true)?;
     rule.egress = section(&mut o, "egress", Direction::Egress, false)?;
     rule.egress_deny = section(&mut o, "egressDeny", Direction::Egress, true)?;
     // "If omitted or empty, this rule does not apply at ingress" (Cilium api.Rule docs).
-    rule.applies_ingress = !rule.ingress.is_empty() || !rule.ingress_deny.is_empty();
-    rule.applies_egress = !rule.egress.is_empty() || !rule.egress_deny.is_empty();
+    let applies_ingress = !rule.ingress.is_empty() || !rule.ingress_deny.is_empty();
+    let applies_egress = !rule.egress.is_empty() || !rule.egress_deny.is_empty();
+    let (mut dd_ingress, mut dd_egress) = (true, true);
     if let Some(dd) = o.get("enableDefaultDeny") {
         let mut d = Obj::new(dd, &o.at("enableDefaultDeny"))?;
-        rule.default_deny_ingress = d.bool("ingress")?.unwrap_or(true);
-        rule.default_deny_egress = d.bool("egress")?.unwrap_or(true);
+        dd_ingress = d.bool("ingress")?.unwrap_or(true);
+        dd_egress = d.bool("egress")?.unwrap_or(true);
         d.finish(&[])?;
     }
+    rule.ingress_mode = Enforcement::from_flags(applies_ingress, dd_ingress);
+    rule.egress_mode = Enforcement::from_flags(applies_egress, dd_egress);
     o.finish(&["nodeSelector"])?;
     Ok(rule)
 }
@@ -63,7 +76,8 @@ pub fn parse_rule(v: &Value, path: &str) -> Res<Rule> {
 /// A rule label: `{"key","value","source"}` or Cilium's short string form `src:key=value`.
 fn rule_label(v: &Value, path: &str) -> Res<Label> {
     if let Value::String(s) = v {
-        return Label::parse_with_source(s, source::UNSPEC).map_err(|e| FieldError::new(path, e.to_string()));
+        return Label::parse_with_source(s, source::UNSPEC)
+            .map_err(|e| FieldError::new(path, e.to_string()));
     }
     let mut o = Obj::new(v, path)?;
     let key = o.str("key")?.unwrap_or_default();
@@ -71,7 +85,10 @@ fn rule_label(v: &Value, path: &str) -> Res<Label> {
         return Err(FieldError::new(o.at("key"), "missing or empty"));
     }
     let value = o.str("value")?.unwrap_or_default();
-    let src = o.str("source")?.filter(|s| !s.is_empty()).unwrap_or(source::UNSPEC);
+    let src = o
+        .str("source")?
+        .filter(|s| !s.is_empty())
+        .unwrap_or(source::UNSPEC);
     o.finish(&[])?;
     Ok(Label::new(src, key, value))
 }
@@ -84,7 +101,13 @@ fn section(o: &mut Obj<'_>, field: &'static str, dir: Direction, deny: bool) -> 
         .collect()
 }
 
-const INGRESS_UNSUPPORTED: &[&str] = &["fromRequires", "fromGroups", "fromNodes", "icmps", "authentication"];
+const INGRESS_UNSUPPORTED: &[&str] = &[
+    "fromRequires",
+    "fromGroups",
+    "fromNodes",
+    "icmps",
+    "authentication",
+];
 const EGRESS_UNSUPPORTED: &[&str] = &[
     "toRequires",
     "toGroups",
@@ -98,8 +121,20 @@ const EGRESS_UNSUPPORTED: &[&str] = &[
 fn peer_rule(v: &Value, path: &str, dir: Direction, deny: bool) -> Res<PeerRule> {
     let mut o = Obj::new(v, path)?;
     let (eps, cidrs, cidrsets, entities, unsupported) = match dir {
-        Direction::Ingress => ("fromEndpoints", "fromCIDR", "fromCIDRSet", "fromEntities", INGRESS_UNSUPPORTED),
-        Direction::Egress => ("toEndpoints", "toCIDR", "toCIDRSet", "toEntities", EGRESS_UNSUPPORTED),
+        Direction::Ingress => (
+            "fromEndpoints",
+            "fromCIDR",
+            "fromCIDRSet",
+            "fromEntities",
+            INGRESS_UNSUPPORTED,
+        ),
+        Direction::Egress => (
+            "toEndpoints",
+            "toCIDR",
+            "toCIDRSet",
+            "toEntities",
+            EGRESS_UNSUPPORTED,
+        ),
     };
     let mut peers = Vec::new();
     let mut has_l3 = false;
@@ -127,8 +162,12 @@ fn peer_rule(v: &Value, path: &str, dir: Direction, deny: bool) -> Res<PeerRule>
     if let Some(list) = o.array(entities)? {
         has_l3 = true;
         for (p, e) in list {
-            let name = e.as_str().ok_or_else(|| FieldError::new(&p, "expected an entity name"))?;
-            peers.push(PeerSelector::Entity(Entity::parse(name).map_err(|m| FieldError::new(&p, m))?));
+            let name = e
+                .as_str()
+                .ok_or_else(|| FieldError::new(&p, "expected an entity name"))?;
+            peers.push(PeerSelector::Entity(
+                Entity::parse(name).map_err(|m| FieldError::new(&p, m))?,
+            ));
         }
     }
     let mut ports = Vec::new();
@@ -157,7 +196,10 @@ pub fn cidr_rule(v: &Value, path: &str) -> Res<CidrSelector> {
     let cidr = match o.get("cidr") {
         Some(c) => walk::cidr(c, &cidr_path)?,
         None if o.has("cidrGroupRef") || o.has("cidrGroupSelector") => {
-            return Err(FieldError::new(path, "not supported yet: CIDR groups (cidrGroupRef, cidrGroupSelector)"));
+            return Err(FieldError::new(
+                path,
+                "not supported yet: CIDR groups (cidrGroupRef, cidrGroupSelector)",
+            ));
         }
         None => return Err(FieldError::new(cidr_path, "missing")),
     };
@@ -165,7 +207,10 @@ pub fn cidr_rule(v: &Value, path: &str) -> Res<CidrSelector> {
     for (p, e) in o.array("except")?.unwrap_or_default() {
         let ex = walk::cidr(e, &p)?;
         if !cidr.contains(&ex) {
-            return Err(FieldError::new(p, format!("except {ex} is not inside {cidr}")));
+            return Err(FieldError::new(
+                p,
+                format!("except {ex} is not inside {cidr}"),
+            ));
         }
         except.push(ex);
     }
@@ -200,7 +245,13 @@ fn port_rule(v: &Value, path: &str, deny: bool) -> Res<Vec<PortProto>> {
     let unsupported: &[&str] = if deny {
         &[]
     } else {
-        &["rules", "originatingTLS", "terminatingTLS", "serverNames", "listener"]
+        &[
+            "rules",
+            "originatingTLS",
+            "terminatingTLS",
+            "serverNames",
+            "listener",
+        ]
     };
     o.finish(unsupported)?;
     if out.is_empty() {

@@ -4,7 +4,8 @@
 use super::walk::{self, FieldError, Obj, Res};
 use super::{DocError, cilium, join_loc};
 use crate::labels::{Label, LabelSet, keys, source};
-use crate::rule::{CidrSelector, Entity, PeerRule, PeerSelector, PortProto, Rule};
+use crate::mapstate::Direction;
+use crate::rule::{CidrSelector, Enforcement, Entity, PeerRule, PeerSelector, PortProto, Rule};
 use crate::selector::{Requirement, Selector};
 use serde_json::Value;
 
@@ -17,14 +18,19 @@ struct Meta {
 /// Object metadata is read leniently: `kubectl get -o yaml` output carries many fields
 /// (resourceVersion, managedFields, ...) that do not affect policy.
 fn meta(v: &Value) -> Res<Meta> {
-    let m = v.get("metadata").ok_or_else(|| FieldError::new("metadata", "missing"))?;
+    let m = v
+        .get("metadata")
+        .ok_or_else(|| FieldError::new("metadata", "missing"))?;
     let name = m
         .get("name")
         .and_then(Value::as_str)
         .filter(|s| !s.is_empty())
         .ok_or_else(|| FieldError::new("metadata.name", "missing"))?;
     // kubectl applies namespaced objects without a namespace to "default".
-    let namespace = m.get("namespace").and_then(Value::as_str).unwrap_or("default");
+    let namespace = m
+        .get("namespace")
+        .and_then(Value::as_str)
+        .unwrap_or("default");
     Ok(Meta {
         name: name.to_owned(),
         namespace: namespace.to_owned(),
@@ -36,7 +42,11 @@ fn derived_labels(kind: &str, m: &Meta) -> LabelSet {
     let mut set = LabelSet::new();
     set.insert(Label::new(source::K8S, keys::POLICY_DERIVED_FROM, kind));
     set.insert(Label::new(source::K8S, keys::POLICY_NAME, &m.name));
-    set.insert(Label::new(source::K8S, keys::POLICY_NAMESPACE, &m.namespace));
+    set.insert(Label::new(
+        source::K8S,
+        keys::POLICY_NAMESPACE,
+        &m.namespace,
+    ));
     if let Some(uid) = &m.uid {
         set.insert(Label::new(source::K8S, keys::POLICY_UID, uid));
     }
@@ -47,7 +57,13 @@ fn api_version(o: &mut Obj<'_>, expected: &[&str]) -> Res<()> {
     let path = o.at("apiVersion");
     match o.str("apiVersion")? {
         Some(v) if expected.contains(&v) => Ok(()),
-        Some(v) => Err(FieldError::new(path, format!("unsupported apiVersion {v:?} (expected {})", expected.join(" or ")))),
+        Some(v) => Err(FieldError::new(
+            path,
+            format!(
+                "unsupported apiVersion {v:?} (expected {})",
+                expected.join(" or ")
+            ),
+        )),
         None => Err(FieldError::new(path, "missing")),
     }
 }
@@ -57,7 +73,10 @@ const POD_NS: &str = "k8s:io.kubernetes.pod.namespace";
 /// Restricts a selector to one namespace unless it already names one (Cilium's
 /// `getEndpointSelector`): a namespace label, a namespace-labels key or a reserved label.
 fn namespaced(sel: &Selector, ns: &str) -> Selector {
-    if sel.has_key(keys::POD_NAMESPACE) || sel.has_key_prefix(keys::NAMESPACE_LABELS_PREFIX) || sel.mentions_reserved() {
+    if sel.has_key(keys::POD_NAMESPACE)
+        || sel.has_key_prefix(keys::NAMESPACE_LABELS_PREFIX)
+        || sel.mentions_reserved()
+    {
         return sel.clone();
     }
     let mut s = sel.clone();
@@ -65,7 +84,7 @@ fn namespaced(sel: &Selector, ns: &str) -> Selector {
     s
 }
 
-/// A CiliumNetworkPolicy: `spec` and/or `specs`, each a Cilium rule, namespaced.
+/// A `CiliumNetworkPolicy`: `spec` and/or `specs`, each a Cilium rule, namespaced.
 pub fn parse_cnp(v: &Value, prefix: &str, out: &mut Vec<Rule>) -> Result<(), DocError> {
     let name_loc = |m: Option<&Meta>| {
         let id = m.map_or_else(String::new, |m| format!(" \"{}/{}\"", m.namespace, m.name));
@@ -88,7 +107,10 @@ pub fn parse_cnp(v: &Value, prefix: &str, out: &mut Vec<Rule>) -> Result<(), Doc
     }
     o.finish(&[]).map_err(fail)?;
     if specs.is_empty() {
-        return Err(fail(FieldError::new("spec", "missing (a CiliumNetworkPolicy needs spec or specs)")));
+        return Err(fail(FieldError::new(
+            "spec",
+            "missing (a CiliumNetworkPolicy needs spec or specs)",
+        )));
     }
     let derived = derived_labels("CiliumNetworkPolicy", &m);
     for (p, s) in specs {
@@ -119,10 +141,12 @@ pub fn parse_cnp(v: &Value, prefix: &str, out: &mut Vec<Rule>) -> Result<(), Doc
 /// Keys in Kubernetes label selectors have no source; Cilium gives them the `k8s` source.
 fn k8s_selector(v: &Value, path: &str) -> Res<Selector> {
     let sel = walk::selector(v, path)?;
-    Ok(Selector::from_requirements(sel.requirements().map(|r| Requirement {
-        source: source::K8S.to_owned(),
-        key: r.key.clone(),
-        op: r.op.clone(),
+    Ok(Selector::from_requirements(sel.requirements().map(|r| {
+        Requirement {
+            source: source::K8S.to_owned(),
+            key: r.key.clone(),
+            op: r.op.clone(),
+        }
     })))
 }
 
@@ -134,7 +158,10 @@ fn k8s_selector(v: &Value, path: &str) -> Res<Selector> {
 fn namespace_selector(v: &Value, path: &str) -> Res<Vec<Requirement>> {
     let sel = walk::selector(v, path)?;
     if sel.is_wildcard() {
-        return Ok(vec![Requirement::new(POD_NS, crate::selector::Operator::Exists)]);
+        return Ok(vec![Requirement::new(
+            POD_NS,
+            crate::selector::Operator::Exists,
+        )]);
     }
     sel.requirements()
         .map(|r| {
@@ -162,18 +189,28 @@ fn np_peer(v: &Value, path: &str, ns: &str) -> Res<PeerSelector> {
     let pod = o.get("podSelector");
     let nsel = o.get("namespaceSelector");
     let ip = o.get("ipBlock");
-    let (pod_path, ns_path, ip_path) = (o.at("podSelector"), o.at("namespaceSelector"), o.at("ipBlock"));
+    let (pod_path, ns_path, ip_path) = (
+        o.at("podSelector"),
+        o.at("namespaceSelector"),
+        o.at("ipBlock"),
+    );
     o.finish(&[])?;
     if let Some(ip) = ip {
         if pod.is_some() || nsel.is_some() {
-            return Err(FieldError::new(ip_path, "ipBlock cannot be combined with podSelector or namespaceSelector"));
+            return Err(FieldError::new(
+                ip_path,
+                "ipBlock cannot be combined with podSelector or namespaceSelector",
+            ));
         }
         return Ok(PeerSelector::Cidr(cidr_block(ip, &ip_path)?));
     }
     let mut sel = match pod {
         Some(p) => k8s_selector(p, &pod_path)?,
         None if nsel.is_none() => {
-            return Err(FieldError::new(path, "a peer needs podSelector, namespaceSelector or ipBlock"));
+            return Err(FieldError::new(
+                path,
+                "a peer needs podSelector, namespaceSelector or ipBlock",
+            ));
         }
         None => Selector::all(),
     };
@@ -210,7 +247,10 @@ fn np_ports(list: Option<Vec<(String, &Value)>>) -> Res<Vec<PortProto>> {
         let protos = match o.str("protocol")? {
             Some(name @ ("TCP" | "UDP" | "SCTP")) => walk::protocols(name, &proto_path)?,
             Some(other) => {
-                return Err(FieldError::new(proto_path, format!("unknown protocol {other:?} (expected TCP, UDP or SCTP)")));
+                return Err(FieldError::new(
+                    proto_path,
+                    format!("unknown protocol {other:?} (expected TCP, UDP or SCTP)"),
+                ));
             }
             None => walk::protocols("TCP", &proto_path)?,
         };
@@ -222,7 +262,11 @@ fn np_ports(list: Option<Vec<(String, &Value)>>) -> Res<Vec<PortProto>> {
     Ok(out)
 }
 
-fn np_section(list: Option<Vec<(String, &Value)>>, peers_field: &'static str, ns: &str) -> Res<Vec<PeerRule>> {
+fn np_section(
+    list: Option<Vec<(String, &Value)>>,
+    peers_field: &'static str,
+    ns: &str,
+) -> Res<Vec<PeerRule>> {
     let mut rules = Vec::new();
     for (p, v) in list.unwrap_or_default() {
         let mut o = Obj::new(v, &p)?;
@@ -243,17 +287,22 @@ fn np_section(list: Option<Vec<(String, &Value)>>, peers_field: &'static str, ns
     Ok(rules)
 }
 
-/// A Kubernetes NetworkPolicy.
+/// A Kubernetes `NetworkPolicy`.
 pub fn parse_network_policy(v: &Value, prefix: &str, out: &mut Vec<Rule>) -> Result<(), DocError> {
     let m = meta(v).map_err(|e| (join_loc(prefix, "NetworkPolicy"), e))?;
-    let loc = join_loc(prefix, &format!("NetworkPolicy \"{}/{}\"", m.namespace, m.name));
+    let loc = join_loc(
+        prefix,
+        &format!("NetworkPolicy \"{}/{}\"", m.namespace, m.name),
+    );
     let fail = |e| (loc.clone(), e);
     let mut o = Obj::new(v, "").map_err(fail)?;
     api_version(&mut o, &["networking.k8s.io/v1"]).map_err(fail)?;
     o.get("kind");
     o.get("metadata");
     o.get("status");
-    let spec = o.get("spec").ok_or_else(|| fail(FieldError::new("spec", "missing")))?;
+    let spec = o
+        .get("spec")
+        .ok_or_else(|| fail(FieldError::new("spec", "missing")))?;
     o.finish(&[]).map_err(fail)?;
     let rule = np_spec(spec, &m).map_err(fail)?;
     out.push(rule);
@@ -265,7 +314,12 @@ fn np_spec(spec: &Value, m: &Meta) -> Res<Rule> {
     let ps_path = s.at("podSelector");
     let mut es = match s.get("podSelector") {
         Some(p) => k8s_selector(p, &ps_path)?,
-        None => return Err(FieldError::new(ps_path, "missing (use {} to select every pod in the namespace)")),
+        None => {
+            return Err(FieldError::new(
+                ps_path,
+                "missing (use {} to select every pod in the namespace)",
+            ));
+        }
     };
     es.add_match(POD_NS, &m.namespace);
     let ingress = s.array("ingress")?;
@@ -286,13 +340,13 @@ fn np_spec(spec: &Value, m: &Meta) -> Res<Rule> {
         }
     }
     let mut rule = Rule::new(es, derived_labels("NetworkPolicy", m));
-    rule.applies_ingress = types.contains(&"Ingress");
-    rule.applies_egress = types.contains(&"Egress");
+    rule.ingress_mode = Enforcement::from_flags(types.contains(&"Ingress"), true);
+    rule.egress_mode = Enforcement::from_flags(types.contains(&"Egress"), true);
     // Rules of a direction not listed in policyTypes have no effect in Kubernetes.
-    if rule.applies_ingress {
+    if rule.applies(Direction::Ingress) {
         rule.ingress = np_section(ingress, "from", &m.namespace)?;
     }
-    if rule.applies_egress {
+    if rule.applies(Direction::Egress) {
         rule.egress = np_section(egress, "to", &m.namespace)?;
     }
     Ok(rule)

@@ -55,11 +55,18 @@ pub fn parse_policy_file(file: &str, text: &str) -> Result<Vec<Rule>, ParseError
     let many = docs.len() > 1;
     let mut rules = Vec::new();
     for (d, doc) in docs.iter().enumerate() {
-        let prefix = if many { format!("document {d}") } else { String::new() };
+        let prefix = if many {
+            format!("document {d}")
+        } else {
+            String::new()
+        };
         parse_value(doc, &prefix, &mut rules).map_err(|(loc, e)| fail(loc, e))?;
     }
     if rules.is_empty() {
-        return Err(fail(String::new(), FieldError::new("", "no policy rules in file")));
+        return Err(fail(
+            String::new(),
+            FieldError::new("", "no policy rules in file"),
+        ));
     }
     Ok(rules)
 }
@@ -90,7 +97,10 @@ fn parse_value(v: &Value, prefix: &str, out: &mut Vec<Rule>) -> Result<(), DocEr
                 Some("NetworkPolicy") => k8s::parse_network_policy(v, prefix, out),
                 Some(k) if k == "List" || k.ends_with("List") => {
                     let items = map.get("items").and_then(Value::as_array).ok_or_else(|| {
-                        (prefix.to_owned(), FieldError::new("items", "a List needs an items array"))
+                        (
+                            prefix.to_owned(),
+                            FieldError::new("items", "a List needs an items array"),
+                        )
                     })?;
                     for (i, item) in items.iter().enumerate() {
                         parse_value(item, &join_loc(prefix, &format!("item {i}")), out)?;

@@ -52,7 +52,12 @@ impl<'v> Obj<'v> {
         let map = match v {
             Value::Object(m) => m,
             Value::Null => EMPTY.get_or_init(Map::new),
-            other => return Err(FieldError::new(path, format!("expected an object, got {}", kind(other)))),
+            other => {
+                return Err(FieldError::new(
+                    path,
+                    format!("expected an object, got {}", kind(other)),
+                ));
+            }
         };
         Ok(Self {
             map,
@@ -82,7 +87,10 @@ impl<'v> Obj<'v> {
         match self.get(field) {
             None => Ok(None),
             Some(Value::String(s)) => Ok(Some(s)),
-            Some(other) => Err(FieldError::new(self.at(field), format!("expected a string, got {}", kind(other)))),
+            Some(other) => Err(FieldError::new(
+                self.at(field),
+                format!("expected a string, got {}", kind(other)),
+            )),
         }
     }
 
@@ -92,9 +100,17 @@ impl<'v> Obj<'v> {
             None => Ok(None),
             Some(Value::Array(a)) => {
                 let base = self.at(field);
-                Ok(Some(a.iter().enumerate().map(|(i, v)| (format!("{base}[{i}]"), v)).collect()))
+                Ok(Some(
+                    a.iter()
+                        .enumerate()
+                        .map(|(i, v)| (format!("{base}[{i}]"), v))
+                        .collect(),
+                ))
             }
-            Some(other) => Err(FieldError::new(self.at(field), format!("expected a list, got {}", kind(other)))),
+            Some(other) => Err(FieldError::new(
+                self.at(field),
+                format!("expected a list, got {}", kind(other)),
+            )),
         }
     }
 
@@ -103,17 +119,27 @@ impl<'v> Obj<'v> {
         match self.get(field) {
             None => Ok(None),
             Some(Value::Bool(b)) => Ok(Some(*b)),
-            Some(other) => Err(FieldError::new(self.at(field), format!("expected true or false, got {}", kind(other)))),
+            Some(other) => Err(FieldError::new(
+                self.at(field),
+                format!("expected true or false, got {}", kind(other)),
+            )),
         }
     }
 
     /// Rejects fields not taken: `unsupported` lists fields the format defines but Weft does
     /// not implement; anything else is unknown (Cilium rejects unknown fields too).
     pub fn finish(self, unsupported: &[&str]) -> Res<()> {
-        let mut rest: Vec<&String> = self.map.keys().filter(|k| !self.taken.contains(k.as_str())).collect();
+        let mut rest: Vec<&String> = self
+            .map
+            .keys()
+            .filter(|k| !self.taken.contains(k.as_str()))
+            .collect();
         rest.sort();
         if let Some(k) = rest.iter().find(|k| unsupported.contains(&k.as_str())) {
-            return Err(FieldError::new(self.at(k), format!("not supported yet: field {k:?}")));
+            return Err(FieldError::new(
+                self.at(k),
+                format!("not supported yet: field {k:?}"),
+            ));
         }
         match rest.first() {
             None => Ok(()),
@@ -141,10 +167,14 @@ pub fn selector(v: &Value, path: &str) -> Res<Selector> {
     if let Some(ml) = o.get("matchLabels") {
         let p = o.at("matchLabels");
         let Value::Object(m) = ml else {
-            return Err(FieldError::new(p, format!("expected an object, got {}", kind(ml))));
+            return Err(FieldError::new(
+                p,
+                format!("expected an object, got {}", kind(ml)),
+            ));
         };
         for (k, val) in m {
-            let val = scalar_string(val).ok_or_else(|| FieldError::new(join(&p, k), "expected a string value"))?;
+            let val = scalar_string(val)
+                .ok_or_else(|| FieldError::new(join(&p, k), "expected a string value"))?;
             check_key(k, &join(&p, k))?;
             sel.add_match(k, &val);
         }
@@ -176,10 +206,14 @@ fn scalar_string(v: &Value) -> Option<String> {
 
 fn expression(v: &Value, path: &str) -> Res<Requirement> {
     let mut o = Obj::new(v, path)?;
-    let key = o.str("key")?.ok_or_else(|| FieldError::new(o.at("key"), "missing"))?;
+    let key = o
+        .str("key")?
+        .ok_or_else(|| FieldError::new(o.at("key"), "missing"))?;
     check_key(key, &o.at("key"))?;
     let op_path = o.at("operator");
-    let op = o.str("operator")?.ok_or_else(|| FieldError::new(&op_path, "missing"))?;
+    let op = o
+        .str("operator")?
+        .ok_or_else(|| FieldError::new(&op_path, "missing"))?;
     let mut values = BTreeSet::new();
     for (p, val) in o.array("values")?.unwrap_or_default() {
         values.insert(scalar_string(val).ok_or_else(|| FieldError::new(p, "expected a string"))?);
@@ -188,10 +222,16 @@ fn expression(v: &Value, path: &str) -> Res<Requirement> {
     o.finish(&[])?;
     let op = match op {
         "In" | "NotIn" if values.is_empty() => {
-            return Err(FieldError::new(vpath, format!("operator {op} needs at least one value")));
+            return Err(FieldError::new(
+                vpath,
+                format!("operator {op} needs at least one value"),
+            ));
         }
         "Exists" | "DoesNotExist" if !values.is_empty() => {
-            return Err(FieldError::new(vpath, format!("operator {op} takes no values")));
+            return Err(FieldError::new(
+                vpath,
+                format!("operator {op} takes no values"),
+            ));
         }
         "In" => Operator::In(values),
         "NotIn" => Operator::NotIn(values),
@@ -210,13 +250,21 @@ fn expression(v: &Value, path: &str) -> Res<Requirement> {
 /// A prefix; a bare address means a host prefix. Host bits must be clear, as Cilium demands.
 pub fn cidr(v: &Value, path: &str) -> Res<IpNet> {
     let Value::String(s) = v else {
-        return Err(FieldError::new(path, format!("expected a CIDR string, got {}", kind(v))));
+        return Err(FieldError::new(
+            path,
+            format!("expected a CIDR string, got {}", kind(v)),
+        ));
     };
     let net = match s.parse::<IpNet>() {
         Ok(n) => n,
         Err(_) => match s.parse::<IpAddr>() {
             Ok(a) => IpNet::from(a),
-            Err(_) => return Err(FieldError::new(path, format!("{s:?} is not a CIDR (e.g. 10.0.0.0/8)"))),
+            Err(_) => {
+                return Err(FieldError::new(
+                    path,
+                    format!("{s:?} is not a CIDR (e.g. 10.0.0.0/8)"),
+                ));
+            }
         },
     };
     if net.trunc() != net {
@@ -233,17 +281,24 @@ pub fn port_number(v: &Value, path: &str, allow_zero: bool) -> Res<u16> {
     let text = match v {
         Value::String(s) => s.clone(),
         Value::Number(n) => n.to_string(),
-        other => return Err(FieldError::new(path, format!("expected a port number, got {}", kind(other)))),
+        other => {
+            return Err(FieldError::new(
+                path,
+                format!("expected a port number, got {}", kind(other)),
+            ));
+        }
     };
     match text.parse::<u32>() {
         Ok(0) if allow_zero => Ok(0),
         Ok(n @ 1..=65535) => Ok(u16::try_from(n).expect("range checked")),
-        Ok(_) => Err(FieldError::new(path, format!("{text:?} is not a port number (1-65535)"))),
         Err(_) if text.chars().any(|c| c.is_ascii_alphabetic()) => Err(FieldError::new(
             path,
             format!("{text:?} is not a port number (1-65535); named ports are not supported yet"),
         )),
-        Err(_) => Err(FieldError::new(path, format!("{text:?} is not a port number (1-65535)"))),
+        Ok(_) | Err(_) => Err(FieldError::new(
+            path,
+            format!("{text:?} is not a port number (1-65535)"),
+        )),
     }
 }
 
@@ -255,7 +310,10 @@ pub fn protocols(name: &str, path: &str) -> Res<Vec<u8>> {
         "UDP" => Ok(vec![proto::UDP]),
         "SCTP" => Ok(vec![proto::SCTP]),
         "ANY" => Ok(vec![proto::ANY]),
-        "ICMP" | "ICMPV6" => Err(FieldError::new(path, format!("not supported yet: protocol {name:?} in ports"))),
+        "ICMP" | "ICMPV6" => Err(FieldError::new(
+            path,
+            format!("not supported yet: protocol {name:?} in ports"),
+        )),
         _ => Err(FieldError::new(
             path,
             format!("unknown protocol {name:?} (expected TCP, UDP, SCTP or ANY)"),
@@ -264,13 +322,21 @@ pub fn protocols(name: &str, path: &str) -> Res<Vec<u8>> {
 }
 
 /// Turns one (protocols, port, endPort) triple into port entries.
-pub fn port_entries(protos: &[u8], port: u16, end: Option<u16>, end_path: &str) -> Res<Vec<PortProto>> {
+pub fn port_entries(
+    protos: &[u8],
+    port: u16,
+    end: Option<u16>,
+    end_path: &str,
+) -> Res<Vec<PortProto>> {
     let (lo, hi) = match (port, end) {
         (0, Some(_)) => return Err(FieldError::new(end_path, "endPort needs a port")),
         (0, None) => (0, u16::MAX),
         (p, None) => (p, p),
         (p, Some(e)) if e < p => {
-            return Err(FieldError::new(end_path, format!("endPort {e} is below port {p}")));
+            return Err(FieldError::new(
+                end_path,
+                format!("endPort {e} is below port {p}"),
+            ));
         }
         (p, Some(e)) => (p, e),
     };
