@@ -22,7 +22,8 @@ fn ok(name: &str) -> Vec<Rule> {
 }
 
 fn has_label(r: &Rule, s: &str) -> bool {
-    r.labels.contains(&Label::parse_with_source(s, "unspec").unwrap())
+    r.labels
+        .contains(&Label::parse_with_source(s, "unspec").unwrap())
 }
 
 #[test]
@@ -48,28 +49,68 @@ fn getting_started_rule() {
     assert!(r.applies(Direction::Ingress) && !r.applies(Direction::Egress));
     assert_eq!(r.ingress[0].peers.len(), 1);
     assert_eq!(r.ingress[0].peers[0].to_string(), "endpoints(any:id=app2)");
-    assert_eq!(r.ingress[0].ports, [PortProto { proto: proto::TCP, lo: 80, hi: 80 }]);
+    assert_eq!(
+        r.ingress[0].ports,
+        [PortProto {
+            proto: proto::TCP,
+            lo: 80,
+            hi: 80
+        }]
+    );
 }
 
 #[test]
 fn cilium_cidr_entities_ports() {
     let rules = ok("cilium-cidr-entities.json");
     let egress = &rules[0].egress;
-    assert_eq!(egress[0].peers[0].to_string(), "cidr(10.0.0.0/8 except 10.96.0.0/12)");
+    assert_eq!(
+        egress[0].peers[0].to_string(),
+        "cidr(10.0.0.0/8 except 10.96.0.0/12)"
+    );
     // ANY with a port: TCP, UDP and SCTP; toPorts without peers: every peer.
     assert_eq!(egress[1].peers, [PeerSelector::Entity(Entity::All)]);
     let protos: Vec<u8> = egress[1].ports.iter().map(|p| p.proto).collect();
     assert_eq!(protos, [proto::TCP, proto::UDP, proto::SCTP]);
-    assert_eq!(egress[2].peers, [PeerSelector::Entity(Entity::Host), PeerSelector::Entity(Entity::Cluster)]);
+    assert_eq!(
+        egress[2].peers,
+        [
+            PeerSelector::Entity(Entity::Host),
+            PeerSelector::Entity(Entity::Cluster)
+        ]
+    );
     let ingress = &rules[1].ingress;
     assert!(has_label(&rules[1], "k8s:team=frontend"));
     assert_eq!(ingress[1].peers.len(), 2, "a bare address is a /32");
-    assert!(ingress[1].peers.iter().any(|p| p.to_string() == "cidr(172.16.1.1/32)"));
-    assert_eq!(ingress[1].ports, [PortProto { proto: proto::TCP, lo: 8000, hi: 8080 }]);
+    assert!(
+        ingress[1]
+            .peers
+            .iter()
+            .any(|p| p.to_string() == "cidr(172.16.1.1/32)")
+    );
+    assert_eq!(
+        ingress[1].ports,
+        [PortProto {
+            proto: proto::TCP,
+            lo: 8000,
+            hi: 8080
+        }]
+    );
     let mut repo = Repository::new();
     repo.add(rules);
-    let prefixes: Vec<String> = repo.cidr_prefixes().iter().map(ToString::to_string).collect();
-    assert_eq!(prefixes, ["10.0.0.0/8", "10.96.0.0/12", "172.16.1.1/32", "192.168.0.0/16"]);
+    let prefixes: Vec<String> = repo
+        .cidr_prefixes()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(
+        prefixes,
+        [
+            "10.0.0.0/8",
+            "10.96.0.0/12",
+            "172.16.1.1/32",
+            "192.168.0.0/16"
+        ]
+    );
 }
 
 #[test]
@@ -78,7 +119,10 @@ fn cilium_deny_and_default_deny_switch() {
     assert!(has_label(r, "unspec:name=deny-world-ssh"));
     assert!(r.default_deny(Direction::Ingress));
     assert!(r.applies(Direction::Egress) && !r.default_deny(Direction::Egress));
-    assert_eq!(r.ingress_deny[0].peers, [PeerSelector::Entity(Entity::World)]);
+    assert_eq!(
+        r.ingress_deny[0].peers,
+        [PeerSelector::Entity(Entity::World)]
+    );
 }
 
 #[test]
@@ -112,7 +156,11 @@ fn cnp_specs_in_a_list() {
     let rules = ok("cnp-specs-list.yaml");
     assert_eq!(rules.len(), 2);
     assert!(rules[0].applies(Direction::Egress));
-    assert_eq!(rules[0].egress[0].ports.len(), 3, "no protocol = ANY = TCP/UDP/SCTP");
+    assert_eq!(
+        rules[0].egress[0].ports.len(),
+        3,
+        "no protocol = ANY = TCP/UDP/SCTP"
+    );
     assert!(rules[1].applies(Direction::Ingress) && rules[1].ingress.is_empty());
     // Re-importing the object replaces both specs.
     let mut repo = Repository::new();
@@ -126,19 +174,37 @@ fn k8s_default_deny() {
     let r = &ok("k8s-default-deny.yaml")[0];
     assert!(r.default_deny(Direction::Ingress) && r.default_deny(Direction::Egress));
     assert!(r.ingress.is_empty() && r.egress.is_empty());
-    assert!(has_label(r, "k8s:io.cilium.k8s.policy.derived-from=NetworkPolicy"));
+    assert!(has_label(
+        r,
+        "k8s:io.cilium.k8s.policy.derived-from=NetworkPolicy"
+    ));
 }
 
 #[test]
 fn k8s_namespace_selector() {
     let r = &ok("k8s-allow-from-namespace.yaml")[0];
-    assert!(!r.applies(Direction::Egress), "policyTypes defaults to Ingress only");
+    assert!(
+        !r.applies(Direction::Egress),
+        "policyTypes defaults to Ingress only"
+    );
     let peers: Vec<String> = r.ingress[0].peers.iter().map(ToString::to_string).collect();
     assert!(peers.contains(
         &"endpoints(k8s:app=prom,k8s:io.cilium.k8s.namespace.labels.kubernetes.io/metadata.name=monitoring)".to_owned()
     ), "{peers:?}");
-    assert!(peers.contains(&"endpoints(k8s:app=client,k8s:io.kubernetes.pod.namespace=default)".to_owned()), "{peers:?}");
-    assert_eq!(r.ingress[0].ports, [PortProto { proto: proto::TCP, lo: 8080, hi: 8080 }]);
+    assert!(
+        peers.contains(
+            &"endpoints(k8s:app=client,k8s:io.kubernetes.pod.namespace=default)".to_owned()
+        ),
+        "{peers:?}"
+    );
+    assert_eq!(
+        r.ingress[0].ports,
+        [PortProto {
+            proto: proto::TCP,
+            lo: 8080,
+            hi: 8080
+        }]
+    );
     let prom = LabelSet::for_pod("monitoring", [("app", "prom")]);
     let sel = match &r.ingress[0].peers[0] {
         PeerSelector::Endpoints(s) => s,
@@ -150,12 +216,23 @@ fn k8s_namespace_selector() {
 #[test]
 fn k8s_ipblock_and_port_range() {
     let r = &ok("k8s-ipblock-egress.yaml")[0];
-    assert_eq!(r.ingress[0].peers[0].to_string(), "cidr(172.17.0.0/16 except 172.17.1.0/24)");
+    assert_eq!(
+        r.ingress[0].peers[0].to_string(),
+        "cidr(172.17.0.0/16 except 172.17.1.0/24)"
+    );
     assert_eq!(
         r.egress[0].ports,
         [
-            PortProto { proto: proto::TCP, lo: 32000, hi: 32768 },
-            PortProto { proto: proto::UDP, lo: 53, hi: 53 },
+            PortProto {
+                proto: proto::TCP,
+                lo: 32000,
+                hi: 32768
+            },
+            PortProto {
+                proto: proto::UDP,
+                lo: 53,
+                hi: 53
+            },
         ]
     );
 }
@@ -164,7 +241,11 @@ fn k8s_ipblock_and_port_range() {
 fn multi_document_file() {
     let rules = ok("multi-doc.yaml");
     assert_eq!(rules.len(), 2);
-    assert_eq!(rules[0].ingress[0].peers, [PeerSelector::Entity(Entity::All)], "ingress: [{{}}] allows all");
+    assert_eq!(
+        rules[0].ingress[0].peers,
+        [PeerSelector::Entity(Entity::All)],
+        "ingress: [{{}}] allows all"
+    );
     assert!(rules[0].ingress[0].ports.is_empty());
 }
 
@@ -175,28 +256,64 @@ fn invalid_files_fail_with_clear_errors() {
             "bad-port.json",
             r#"invalid/bad-port.json: rule 2 (name "x"): ingress[0].toPorts[0].ports[0].port: "abc" is not a port number (1-65535)"#,
         ),
-        ("port-out-of-range.json", r#"rule 0: egress[0].toPorts[0].ports[0].port: "70000" is not a port number (1-65535)"#),
-        ("endport-below-port.json", "egress[0].toPorts[0].ports[0].endPort: endPort 8000 is below port 8080"),
-        ("unknown-field.json", r#"rule 0: ingress[0].fromEndpoint: unknown field "fromEndpoint""#),
-        ("unsupported-entity.json", r#"ingress[0].fromEntities[0]: not supported yet: entity "remote-node""#),
+        (
+            "port-out-of-range.json",
+            r#"rule 0: egress[0].toPorts[0].ports[0].port: "70000" is not a port number (1-65535)"#,
+        ),
+        (
+            "endport-below-port.json",
+            "egress[0].toPorts[0].ports[0].endPort: endPort 8000 is below port 8080",
+        ),
+        (
+            "unknown-field.json",
+            r#"rule 0: ingress[0].fromEndpoint: unknown field "fromEndpoint""#,
+        ),
+        (
+            "unsupported-entity.json",
+            r#"ingress[0].fromEntities[0]: not supported yet: entity "remote-node""#,
+        ),
         ("unknown-entity.json", r#"unknown entity "everything""#),
-        ("cidr-host-bits.json", r#"egress[0].toCIDR[0]: "10.0.0.1/8" has host bits set (did you mean 10.0.0.0/8?)"#),
-        ("except-outside.json", "toCIDRSet[0].except[0]: except 192.168.0.0/16 is not inside 10.0.0.0/8"),
-        ("l7-rules.json", r#"ingress[0].toPorts[0].rules: not supported yet: field "rules""#),
-        ("fqdn.json", r#"egress[0].toFQDNs: not supported yet: field "toFQDNs""#),
+        (
+            "cidr-host-bits.json",
+            r#"egress[0].toCIDR[0]: "10.0.0.1/8" has host bits set (did you mean 10.0.0.0/8?)"#,
+        ),
+        (
+            "except-outside.json",
+            "toCIDRSet[0].except[0]: except 192.168.0.0/16 is not inside 10.0.0.0/8",
+        ),
+        (
+            "l7-rules.json",
+            r#"ingress[0].toPorts[0].rules: not supported yet: field "rules""#,
+        ),
+        (
+            "fqdn.json",
+            r#"egress[0].toFQDNs: not supported yet: field "toFQDNs""#,
+        ),
         ("missing-selector.json", "rule 0: endpointSelector: missing"),
-        ("syntax-error.json", "invalid/syntax-error.json: invalid JSON"),
+        (
+            "syntax-error.json",
+            "invalid/syntax-error.json: invalid JSON",
+        ),
         (
             "bad-operator.yaml",
             r#"CiliumNetworkPolicy "default/bad-op": spec.endpointSelector.matchExpressions[0].operator: unknown operator "Equals""#,
         ),
-        ("cnp-no-spec.yaml", "spec: missing (a CiliumNetworkPolicy needs spec or specs)"),
+        (
+            "cnp-no-spec.yaml",
+            "spec: missing (a CiliumNetworkPolicy needs spec or specs)",
+        ),
         (
             "np-namespace-label.yaml",
             r#"NetworkPolicy "default/team-ns": spec.ingress[0].from[0].namespaceSelector: not supported yet: namespaceSelector key "team""#,
         ),
-        ("np-named-port.yaml", "spec.ingress[0].ports[0].port: \"http\" is not a port number (1-65535); named ports are not supported yet"),
-        ("np-ipblock-mixed.yaml", "ipBlock cannot be combined with podSelector or namespaceSelector"),
+        (
+            "np-named-port.yaml",
+            "spec.ingress[0].ports[0].port: \"http\" is not a port number (1-65535); named ports are not supported yet",
+        ),
+        (
+            "np-ipblock-mixed.yaml",
+            "ipBlock cannot be combined with podSelector or namespaceSelector",
+        ),
         ("kind-pod.yaml", r#"kind: unsupported kind "Pod""#),
         (
             "second-doc-bad.yaml",
@@ -207,7 +324,10 @@ fn invalid_files_fail_with_clear_errors() {
     let listed: Vec<&str> = cases.iter().map(|c| c.0).collect();
     for e in std::fs::read_dir(dir().join("invalid")).unwrap() {
         let name = e.unwrap().file_name().into_string().unwrap();
-        assert!(listed.contains(&name.as_str()), "invalid/{name} has no expected error");
+        assert!(
+            listed.contains(&name.as_str()),
+            "invalid/{name} has no expected error"
+        );
     }
     for (file, want) in cases {
         let err = load(&format!("invalid/{file}")).expect_err(file);
