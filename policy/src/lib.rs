@@ -7,6 +7,7 @@
 //! cache, which says which selectors (and so which endpoints) changed. See `docs/POLICY.md`.
 #![warn(missing_docs)]
 
+pub mod cidr;
 pub mod compute;
 pub mod diff;
 pub mod identity;

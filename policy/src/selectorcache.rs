@@ -129,6 +129,8 @@ impl SelectorCache {
 
     /// Records a new identity; returns the tracked selectors whose identity set changed.
     pub fn identity_added(&mut self, id: Identity, key: &IdentityKey) -> BTreeSet<PeerSelector> {
+        // Re-adding an id (e.g. after a restore) replaces what was known about it.
+        let mut changed_before = self.identity_removed(id);
         let known = match key {
             IdentityKey::Labels(l) => Known::Labels(l.clone()),
             IdentityKey::Cidr(p) => Known::Cidr(*p),
@@ -143,7 +145,13 @@ impl SelectorCache {
         for p in &changed {
             self.entries.get_mut(p).expect("listed above").insert(id);
         }
-        changed.into_iter().collect()
+        // A selector that lost and regained the id did not change.
+        for p in changed {
+            if !changed_before.remove(&p) {
+                changed_before.insert(p);
+            }
+        }
+        changed_before
     }
 
     /// Forgets an identity; returns the tracked selectors whose identity set changed.
@@ -277,6 +285,20 @@ mod tests {
             *c.identities(&PeerSelector::Entity(Entity::All)),
             BTreeSet::from([0])
         );
+    }
+
+    #[test]
+    fn re_adding_an_identity_reports_only_real_changes() {
+        let repo = repo_with(vec![sel("web"), sel("db")]);
+        let mut c = SelectorCache::new();
+        c.sync(&repo);
+        c.identity_added(256, &ep("web"));
+        assert!(c.identity_added(256, &ep("web")).is_empty());
+        assert_eq!(
+            c.identity_added(256, &ep("db")),
+            BTreeSet::from([sel("web"), sel("db")])
+        );
+        assert!(c.identities(&sel("web")).is_empty());
     }
 
     #[test]

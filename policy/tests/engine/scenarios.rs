@@ -191,17 +191,10 @@ fn cidr_identities_follow_the_repository() {
     let change = w.repo.delete(&[Label::parse_filter("name=c").unwrap()]);
     assert_eq!(change.removed.len(), 1);
     // The manager releases identities of prefixes no longer in use.
-    let wanted = w.repo.cidr_prefixes();
-    let stale: Vec<(ipnet::IpNet, u32)> = w
-        .alloc
-        .cidr_identities()
-        .filter(|(p, _)| !wanted.contains(p))
-        .collect();
-    assert_eq!(stale.len(), 2);
-    for (_, id) in stale {
-        assert!(w.alloc.release(&mut w.store, id).unwrap());
-        w.cache.identity_removed(id);
-    }
+    let sync = w.sync_cidrs();
+    assert_eq!(sync.released.len(), 2);
+    assert!(sync.added.is_empty());
+    assert_eq!(w.alloc.cidr_identities().count(), 0);
     w.cache.sync(&w.repo);
     assert_eq!(w.cache.selectors().count(), 0);
     assert_eq!(w.policy("web"), EndpointPolicy::default());

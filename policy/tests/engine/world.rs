@@ -4,6 +4,7 @@
 use ipnet::IpNet;
 use std::collections::BTreeMap;
 use std::net::IpAddr;
+use weft_policy::cidr::{CidrReferences, CidrSync};
 use weft_policy::compute::{ComputeOptions, compute};
 use weft_policy::identity::{IdentityAllocator, IdentityKey, MemoryStore};
 use weft_policy::labels::LabelSet;
@@ -20,6 +21,7 @@ pub struct World {
     pub repo: Repository,
     pub eps: BTreeMap<String, (Identity, LabelSet)>,
     pub opts: ComputeOptions,
+    pub cidrs: CidrReferences,
 }
 
 /// (name, namespace, labels) of a test endpoint.
@@ -47,6 +49,7 @@ impl World {
             repo: Repository::new(),
             eps: BTreeMap::new(),
             opts: ComputeOptions::default(),
+            cidrs: CidrReferences::new(),
         };
         for (name, ns, labels) in ENDPOINTS {
             w.add_endpoint(name, LabelSet::for_pod(ns, labels.iter().copied()));
@@ -80,15 +83,13 @@ impl World {
         self.cache.sync(&self.repo);
     }
 
-    /// Gives every prefix the repository uses a CIDR identity (the manager's job).
-    pub fn sync_cidrs(&mut self) {
-        for p in self.repo.cidr_prefixes() {
-            let key = IdentityKey::Cidr(p);
-            if self.alloc.lookup(&key).is_none() {
-                let a = self.alloc.acquire(&mut self.store, &key).unwrap();
-                self.cache.identity_added(a.id, &key);
-            }
-        }
+    /// Gives every prefix the repository uses a CIDR identity and frees unused ones (the
+    /// manager's job after each import or delete).
+    pub fn sync_cidrs(&mut self) -> CidrSync {
+        let wanted = self.repo.cidr_prefixes();
+        self.cidrs
+            .sync(&wanted, &mut self.alloc, &mut self.store, &mut self.cache)
+            .unwrap()
     }
 
     /// What the ipcache would say for an address: the longest CIDR identity prefix, else world.
