@@ -349,3 +349,18 @@ fn rejected_import_leaves_repository_unchanged() {
     assert_eq!(repo, before);
     assert_eq!(repo.revision(), 2);
 }
+
+#[test]
+fn repository_with_every_example_roundtrips_through_json() {
+    let mut repo = Repository::new();
+    for e in std::fs::read_dir(dir()).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_file() {
+            repo.add(ok(p.file_name().unwrap().to_str().unwrap()));
+        }
+    }
+    let json = serde_json::to_string(&repo).unwrap();
+    let back: Repository = serde_json::from_str(&json).unwrap();
+    assert_eq!(back, repo);
+    assert!(repo.rules().len() >= 10);
+}

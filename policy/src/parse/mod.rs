@@ -157,3 +157,104 @@ fn yaml_documents(text: &str) -> Result<Vec<Value>, String> {
     }
     Ok(docs)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::labels::{Label, LabelSet};
+    use crate::mapstate::Direction;
+
+    fn err(text: &str) -> String {
+        parse_policy_file("f", text).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn single_rule_object_and_short_labels() {
+        let r = parse_policy_file(
+            "f",
+            r#"{"endpointSelector":{},"labels":["k8s:team=a","name=b"],"egress":[{}]}"#,
+        )
+        .unwrap();
+        assert!(r[0].labels.contains(&Label::new("k8s", "team", "a")));
+        assert!(r[0].labels.contains(&Label::new("unspec", "name", "b")));
+        assert!(r[0].applies(Direction::Egress) && r[0].egress[0].peers.is_empty());
+    }
+
+    #[test]
+    fn yaml_scalars_become_label_values() {
+        let r = parse_policy_file(
+            "f",
+            "- endpointSelector: {matchLabels: {version: 2, canary: true}}\n  ingress: [{}]\n",
+        )
+        .unwrap();
+        let pod: LabelSet = [("version", "2"), ("canary", "true")]
+            .into_iter()
+            .map(|(k, v)| Label::new("k8s", k, v))
+            .collect();
+        assert!(r[0].endpoint_selector.matches(&pod));
+    }
+
+    #[test]
+    fn empty_ingress_list_does_not_apply() {
+        let r = parse_policy_file("f", r#"[{"endpointSelector":{},"ingress":[]}]"#).unwrap();
+        assert!(!r[0].applies(Direction::Ingress));
+    }
+
+    #[test]
+    fn error_table() {
+        let cases = [
+            (
+                r#"[{"endpointSelector":{},"enableDefaultDeny":{"ingres":false}}]"#,
+                r#"rule 0: enableDefaultDeny.ingres: unknown field "ingres""#,
+            ),
+            (
+                r#"[{"endpointSelector":{"matchLabels":{"":"x"}}}]"#,
+                "endpointSelector.matchLabels.: empty label key",
+            ),
+            (
+                r#"[{"endpointSelector":{},"ingress":[{"fromCIDR":"10.0.0.0/8"}]}]"#,
+                "ingress[0].fromCIDR: expected a list, got a string",
+            ),
+            (
+                r#"[{"endpointSelector":{},"ingress":[{"toPorts":[{"ports":[{"port":"53","protocol":"ICMP"}]}]}]}]"#,
+                r#"not supported yet: protocol "ICMP""#,
+            ),
+            (
+                r#"[{"endpointSelector":{},"ingress":[{"toPorts":[{"ports":[{"port":"53","protocol":"TCPX"}]}]}]}]"#,
+                r#"unknown protocol "TCPX""#,
+            ),
+            (
+                r#"[{"endpointSelector":{},"ingress":[{"toPorts":[{"ports":[{"endPort":90}]}]}]}]"#,
+                "endPort: endPort needs a port",
+            ),
+            (
+                r#"[{"endpointSelector":{"matchExpressions":[{"key":"a","operator":"Exists","values":["x"]}]}}]"#,
+                "operator Exists takes no values",
+            ),
+            (
+                r#"[{"endpointSelector":{"matchExpressions":[{"key":"a","operator":"In"}]}}]"#,
+                "operator In needs at least one value",
+            ),
+            (
+                r#"[{"endpointSelector":{},"nodeSelector":{}}]"#,
+                r#"nodeSelector: not supported yet: field "nodeSelector""#,
+            ),
+            (r#"{"kind":"List"}"#, "items: a List needs an items array"),
+            ("42", "expected a rule list, a policy object or a List"),
+            ("[]", "no policy rules in file"),
+            ("a: [b", "invalid YAML"),
+        ];
+        for (text, want) in cases {
+            let got = err(text);
+            assert!(got.contains(want), "{text}\n  got:  {got}\n  want: {want}");
+            assert!(got.starts_with("f: "), "{got}");
+        }
+    }
+
+    #[test]
+    fn list_of_network_policies() {
+        let text = "kind: NetworkPolicyList\napiVersion: networking.k8s.io/v1\nitems:\n- apiVersion: networking.k8s.io/v1\n  kind: NetworkPolicy\n  metadata: {name: a}\n  spec: {podSelector: {}}\n- apiVersion: networking.k8s.io/v1\n  kind: NetworkPolicy\n  metadata: {name: b}\n  spec: {podSelector: {}, egress: [{to: [{ipBlock: {cidr: 10.0.0.0/33}}]}]}\n";
+        let e = err(text);
+        assert!(e.contains(r#"item 1, NetworkPolicy "default/b": spec.egress[0].to[0].ipBlock.cidr: "10.0.0.0/33" is not a CIDR"#), "{e}");
+    }
+}
