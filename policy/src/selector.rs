@@ -123,8 +123,8 @@ impl Selector {
         self.requirements.iter().any(|r| r.key.starts_with(prefix))
     }
 
-    /// True when some requirement names the `reserved` source: only such selectors may match
-    /// reserved identities (host, world), mirroring Cilium where `{}` means "all endpoints".
+    /// True when some requirement names the `reserved` source (such selectors are never
+    /// namespaced, as in Cilium).
     #[must_use]
     pub fn mentions_reserved(&self) -> bool {
         self.requirements

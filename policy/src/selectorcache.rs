@@ -72,14 +72,10 @@ impl SelectorCache {
 
     fn matches(&self, peer: &PeerSelector, id: Identity, known: &Known) -> bool {
         match (peer, known) {
-            (PeerSelector::Endpoints(s), Known::Labels(l)) => s.matches(l),
-            // `{}` means all endpoints; reserved identities need an explicit `reserved:` key.
-            (PeerSelector::Endpoints(s), Known::Reserved(l)) => {
-                s.mentions_reserved() && s.matches(l)
-            }
-            (PeerSelector::Endpoints(s), Known::Cidr(_)) => {
-                s.mentions_reserved() && s.matches(&self.world_labels)
-            }
+            // As in Cilium, reserved identities are matched by their labels (`reserved:host`)
+            // like any other; a CIDR identity carries `reserved:world`.
+            (PeerSelector::Endpoints(s), Known::Labels(l) | Known::Reserved(l)) => s.matches(l),
+            (PeerSelector::Endpoints(s), Known::Cidr(_)) => s.matches(&self.world_labels),
             (PeerSelector::Cidr(c), Known::Cidr(p)) => c.covers(p),
             // The ipcache maps 0.0.0.0/0 and ::/0 to world itself.
             (PeerSelector::Cidr(c), Known::Reserved(_)) => {
@@ -101,8 +97,18 @@ impl SelectorCache {
         }
     }
 
+    /// Cilium turns the wildcard selector `{}` into an L3 wildcard (identity 0): it matches
+    /// every identity, present and future, host and world included.
+    fn is_wildcard(peer: &PeerSelector) -> bool {
+        match peer {
+            PeerSelector::Entity(Entity::All) => true,
+            PeerSelector::Endpoints(s) => s.is_wildcard(),
+            _ => false,
+        }
+    }
+
     fn compute(&self, peer: &PeerSelector) -> BTreeSet<Identity> {
-        if matches!(peer, PeerSelector::Entity(Entity::All)) {
+        if Self::is_wildcard(peer) {
             return BTreeSet::from([reserved::ANY]);
         }
         self.universe
@@ -138,7 +144,7 @@ impl SelectorCache {
         let changed: Vec<PeerSelector> = self
             .entries
             .keys()
-            .filter(|p| self.matches(p, id, &known))
+            .filter(|p| !Self::is_wildcard(p) && self.matches(p, id, &known))
             .cloned()
             .collect();
         self.universe.insert(id, known);
@@ -180,7 +186,7 @@ impl SelectorCache {
     /// Whether a peer matches one identity (used by trace).
     #[must_use]
     pub fn peer_matches(&self, peer: &PeerSelector, id: Identity) -> bool {
-        if matches!(peer, PeerSelector::Entity(Entity::All)) {
+        if Self::is_wildcard(peer) {
             return true;
         }
         self.universe
@@ -274,7 +280,17 @@ mod tests {
         let mut c = SelectorCache::new();
         c.identity_added(256, &ep("web"));
         let all_eps = PeerSelector::Endpoints(Selector::all());
-        assert_eq!(*c.identities(&all_eps), BTreeSet::from([256]));
+        assert_eq!(*c.identities(&all_eps), BTreeSet::from([0]));
+        let mut not_db = Selector::all();
+        not_db.add(crate::selector::Requirement::new(
+            "app",
+            crate::selector::Operator::NotIn(BTreeSet::from(["db".to_owned()])),
+        ));
+        // Reserved identities have labels too, and match like any other (Cilium).
+        assert_eq!(
+            *c.identities(&PeerSelector::Endpoints(not_db)),
+            BTreeSet::from([1, 2, 3, 256])
+        );
         let mut host = Selector::all();
         host.add_match("reserved:host", "");
         assert_eq!(

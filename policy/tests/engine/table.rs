@@ -127,6 +127,9 @@ fn cases() -> Vec<Case> {
         r#""fromEndpoints":[{"matchExpressions":[{"key":"app","operator":"In","values":["db","prom"]},{"key":"tier","operator":"DoesNotExist"}]}]"#,
     );
     let ingress_empty = ingress_from("");
+    let wildcard = ingress_from(r#""fromEndpoints":[{}]"#);
+    let reserved_host = egress_to(r#""toEndpoints":[{"matchLabels":{"reserved:host":""}}]"#);
+    let cnp_wildcard = "apiVersion: cilium.io/v2\nkind: CiliumNetworkPolicy\nmetadata: {name: w}\nspec:\n  endpointSelector: {matchLabels: {app: web}}\n  ingress: [{fromEndpoints: [{}]}]\n";
     vec![
         c("l3/l4 allows client:80/tcp", &[L3_L4], "web", Ingress, "ep:client", TCP, 80, Allow),
         c("l3/l4 denies other port", &[L3_L4], "web", Ingress, "ep:client", TCP, 81, Deny),
@@ -163,6 +166,12 @@ fn cases() -> Vec<Case> {
         c("no toPorts = all ports and protocols", &[&no_ports], "web", Ingress, "ep:client", UDP, 5000, Allow),
         c("matchExpressions In + DoesNotExist", &[&in_expr], "web", Ingress, "ep:prom", TCP, 1, Allow),
         c("matchExpressions DoesNotExist excludes", &[&in_expr], "web", Ingress, "ep:db", TCP, 1, Deny),
+        c("plain fromEndpoints {} is the L3 wildcard", &[&wildcard], "web", Ingress, "ip:8.8.8.8", TCP, 80, Allow),
+        c("CNP fromEndpoints {}: own namespace", &[cnp_wildcard], "web", Ingress, "ep:client", TCP, 80, Allow),
+        c("CNP fromEndpoints {}: not other namespaces", &[cnp_wildcard], "web", Ingress, "ep:prod-client", TCP, 80, Deny),
+        c("CNP fromEndpoints {}: not world", &[cnp_wildcard], "web", Ingress, "ip:8.8.8.8", TCP, 80, Deny),
+        c("reserved:host selector", &[&reserved_host], "web", Egress, "host", TCP, 22, Allow),
+        c("reserved:host selector: not endpoints", &[&reserved_host], "web", Egress, "ep:db", TCP, 22, Deny),
         c("ingress [{}] enforces, allows nothing", &[&ingress_empty], "web", Ingress, "ep:client", TCP, 80, Deny),
         c("deny beats allow-all", &[deny_client], "web", Ingress, "ep:client", TCP, 80, Deny),
         c("deny leaves others allowed", &[deny_client], "web", Ingress, "ep:db", TCP, 80, Allow),
