@@ -43,6 +43,9 @@ pub enum LabelError {
     /// Empty source before the `:`.
     #[error("label {0:?} has an empty source before ':'")]
     EmptySource(String),
+    /// A key the manager owns (the namespace labels) cannot be changed by users.
+    #[error("label key {0:?} is set by Weft from the pod's namespace and cannot be changed")]
+    Managed(String),
 }
 
 /// One label. Endpoint labels always carry a concrete source; `any` appears only in filters.
@@ -153,6 +156,37 @@ impl LabelSet {
         // pods under this prefix, which is what namespaceSelector translates to.
         set.insert(Label::new(source::K8S, &ns_name_key, namespace));
         set
+    }
+
+    /// Applies a user's label change (`weftctl endpoint labels --add k=v --remove k`) to a
+    /// pod's security labels. User labels have source `k8s`, like pod labels; the namespace
+    /// labels cannot be added or removed this way.
+    pub fn with_user_changes(
+        &self,
+        add: &[(&str, &str)],
+        remove: &[&str],
+    ) -> Result<Self, LabelError> {
+        let ns_name_key = format!("{}{}", keys::NAMESPACE_LABELS_PREFIX, keys::NAMESPACE_NAME);
+        let managed = |k: &str| k == keys::POD_NAMESPACE || k == ns_name_key;
+        if let Some(k) = add
+            .iter()
+            .map(|(k, _)| *k)
+            .chain(remove.iter().copied())
+            .find(|k| managed(k))
+        {
+            return Err(LabelError::Managed(k.to_owned()));
+        }
+        if let Some((k, _)) = add.iter().find(|(k, _)| k.is_empty()) {
+            return Err(LabelError::EmptyKey((*k).to_owned()));
+        }
+        let mut out = self.clone();
+        for k in remove {
+            out.remove_key(source::K8S, k);
+        }
+        for (k, v) in add {
+            out.insert(Label::new(source::K8S, k, v));
+        }
+        Ok(out)
     }
 
     /// Parses a comma-separated or whitespace-separated list, e.g. `k8s:app=web,tier=db`.
@@ -301,6 +335,21 @@ mod tests {
         );
         assert!(s.contains(&Label::new("k8s", "app", "web")));
         assert_eq!(s.len(), 3);
+    }
+
+    #[test]
+    fn user_changes_keep_namespace() {
+        let s = LabelSet::for_pod("prod", [("app", "web"), ("tier", "front")]);
+        let t = s.with_user_changes(&[("app", "api")], &["tier"]).unwrap();
+        assert_eq!(
+            t.to_string(),
+            "k8s:app=api,k8s:io.cilium.k8s.namespace.labels.kubernetes.io/metadata.name=prod,k8s:io.kubernetes.pod.namespace=prod"
+        );
+        assert_eq!(
+            s.with_user_changes(&[], &["io.kubernetes.pod.namespace"]),
+            Err(LabelError::Managed("io.kubernetes.pod.namespace".into()))
+        );
+        assert!(s.with_user_changes(&[("", "x")], &[]).is_err());
     }
 
     #[test]

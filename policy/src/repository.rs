@@ -96,14 +96,15 @@ impl Repository {
     /// (Cilium's `SearchRLocked` subset match); rules without labels replace nothing.
     /// Always bumps the revision.
     pub fn add(&mut self, rules: Vec<Rule>) -> RepoChange {
-        let mut removed = Vec::new();
-        for key in rules.iter().map(replace_key).filter(|k| !k.is_empty()) {
-            let (gone, kept): (Vec<Rule>, Vec<Rule>) = std::mem::take(&mut self.rules)
-                .into_iter()
-                .partition(|r| r.labels.contains_all(&key));
-            self.rules = kept;
-            removed.extend(gone);
-        }
+        let keys: BTreeSet<Vec<Label>> = rules
+            .iter()
+            .map(replace_key)
+            .filter(|k| !k.is_empty())
+            .collect();
+        let (removed, kept): (Vec<Rule>, Vec<Rule>) = std::mem::take(&mut self.rules)
+            .into_iter()
+            .partition(|r| keys.iter().any(|k| r.labels.contains_all(k)));
+        self.rules = kept;
         self.rules.extend(rules.iter().cloned());
         self.revision += 1;
         RepoChange {
