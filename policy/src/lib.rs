@@ -1,8 +1,9 @@
 //! Weft's policy engine: pure logic, no I/O.
 //!
 //! Flow for the manager: [`parse::parse_policy_file`] → [`repository::Repository::add`] →
-//! [`selectorcache::SelectorCache::sync`] → [`compute::compute`] per affected endpoint →
-//! [`diff::plan`] against what is installed. Identities come from
+//! [`cidr::CidrReferences::sync`] → [`selectorcache::SelectorCache::sync`] →
+//! [`compute::compute`] per affected endpoint → [`diff::plan`] against what is installed.
+//! [`trace::trace`] explains a single flow. Identities come from
 //! [`identity::IdentityAllocator`]; every allocation or release is reported to the selector
 //! cache, which says which selectors (and so which endpoints) changed. See `docs/POLICY.md`.
 #![warn(missing_docs)]
