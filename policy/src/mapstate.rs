@@ -99,3 +99,80 @@ pub struct EndpointPolicy {
     /// Entries. Where an allow and a deny both match a packet, deny wins.
     pub entries: BTreeMap<PolicyEntry, Verdict>,
 }
+
+impl PolicyEntry {
+    /// True when a packet from/to `identity` with that protocol and destination port matches.
+    #[must_use]
+    pub fn matches(&self, direction: Direction, identity: Identity, proto: u8, port: u16) -> bool {
+        self.direction == direction
+            && (self.identity == reserved::ANY || self.identity == identity)
+            && (self.proto == proto::ANY || self.proto == proto)
+            && (self.port_lo..=self.port_hi).contains(&port)
+    }
+}
+
+impl EndpointPolicy {
+    /// Reference semantics of the map: not enforced → allow; any matching deny → deny; any
+    /// matching allow → allow; else default deny. Replies of allowed connections are the
+    /// conntrack's business and not modelled here.
+    #[must_use]
+    pub fn lookup(
+        &self,
+        direction: Direction,
+        identity: Identity,
+        proto: u8,
+        port: u16,
+    ) -> Verdict {
+        let enforced = match direction {
+            Direction::Ingress => self.ingress_enforced,
+            Direction::Egress => self.egress_enforced,
+        };
+        if !enforced {
+            return Verdict::Allow;
+        }
+        let mut allowed = false;
+        for (e, v) in &self.entries {
+            if e.matches(direction, identity, proto, port) {
+                match v {
+                    Verdict::Deny => return Verdict::Deny,
+                    Verdict::Allow => allowed = true,
+                }
+            }
+        }
+        if allowed {
+            Verdict::Allow
+        } else {
+            Verdict::Deny
+        }
+    }
+
+    /// Allow entries that a deny of the same identity (or of identity 0) overlaps without a
+    /// deny entry at the allow's identity for the overlapping part; must be empty (see the
+    /// deny invariant in `compute`).
+    #[must_use]
+    pub fn deny_shadowing_violations(&self) -> Vec<(PolicyEntry, PolicyEntry)> {
+        let denies: Vec<&PolicyEntry> = self
+            .entries
+            .iter()
+            .filter(|(_, v)| **v == Verdict::Deny)
+            .map(|(e, _)| e)
+            .collect();
+        let mut out = Vec::new();
+        for (a, v) in &self.entries {
+            if *v != Verdict::Allow {
+                continue;
+            }
+            for d in &denies {
+                if a.identity == reserved::ANY && d.identity != reserved::ANY {
+                    continue;
+                }
+                if let Some(x) = crate::compute::overlap(a, d)
+                    && self.entries.get(&x) != Some(&Verdict::Deny)
+                {
+                    out.push((*a, **d));
+                }
+            }
+        }
+        out
+    }
+}

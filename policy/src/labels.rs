@@ -1,0 +1,363 @@
+//! Cilium's source-prefixed labels (`k8s:app=web`) and the sorted label set that keys identities.
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use std::collections::BTreeSet;
+use std::fmt;
+
+/// Well-known label sources (Cilium `pkg/labels`).
+pub mod source {
+    /// Labels derived from Kubernetes objects (pods, policies).
+    pub const K8S: &str = "k8s";
+    /// Matches any source; only meaningful in selectors and filters.
+    pub const ANY: &str = "any";
+    /// Labels of reserved identities (`reserved:host`, `reserved:world`).
+    pub const RESERVED: &str = "reserved";
+    /// Rule labels given without a source (`cilium policy import`).
+    pub const UNSPEC: &str = "unspec";
+}
+
+/// Well-known label keys.
+pub mod keys {
+    /// The pod's namespace; always present on endpoints, set by the manager.
+    pub const POD_NAMESPACE: &str = "io.kubernetes.pod.namespace";
+    /// Prefix Cilium uses to expose the labels of a pod's namespace on the pod.
+    pub const NAMESPACE_LABELS_PREFIX: &str = "io.cilium.k8s.namespace.labels.";
+    /// The namespace label Kubernetes (>= 1.21) sets on every namespace.
+    pub const NAMESPACE_NAME: &str = "kubernetes.io/metadata.name";
+    /// Derived rule label: the kind of object a rule came from.
+    pub const POLICY_DERIVED_FROM: &str = "io.cilium.k8s.policy.derived-from";
+    /// Derived rule label: the policy object's name.
+    pub const POLICY_NAME: &str = "io.cilium.k8s.policy.name";
+    /// Derived rule label: the policy object's namespace.
+    pub const POLICY_NAMESPACE: &str = "io.cilium.k8s.policy.namespace";
+    /// Derived rule label: the policy object's uid.
+    pub const POLICY_UID: &str = "io.cilium.k8s.policy.uid";
+}
+
+/// Why a label string was rejected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LabelError {
+    /// Empty key.
+    #[error("label {0:?} has an empty key")]
+    EmptyKey(String),
+    /// Empty source before the `:`.
+    #[error("label {0:?} has an empty source before ':'")]
+    EmptySource(String),
+    /// A key the manager owns (the namespace labels) cannot be changed by users.
+    #[error("label key {0:?} is set by Weft from the pod's namespace and cannot be changed")]
+    Managed(String),
+}
+
+/// One label. Endpoint labels always carry a concrete source; `any` appears only in filters.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Label {
+    /// Where the label comes from (`k8s`, `reserved`, `unspec`, ...).
+    pub source: String,
+    /// Key without the source.
+    pub key: String,
+    /// Value; may be empty.
+    pub value: String,
+}
+
+impl Label {
+    /// Builds a label from parts.
+    #[must_use]
+    pub fn new(source: &str, key: &str, value: &str) -> Self {
+        Self {
+            source: source.to_owned(),
+            key: key.to_owned(),
+            value: value.to_owned(),
+        }
+    }
+
+    /// Parses `src:key=value`, `key=value` or `key`; a missing source becomes `default_source`.
+    ///
+    /// The source separator only counts before the first `=`, so values may contain `:`.
+    pub fn parse_with_source(s: &str, default_source: &str) -> Result<Self, LabelError> {
+        let (kpart, value) = s.split_once('=').unwrap_or((s, ""));
+        let (source, key) = match kpart.split_once(':') {
+            Some(("", _)) => return Err(LabelError::EmptySource(s.into())),
+            Some((src, key)) => (src, key),
+            None => (default_source, kpart),
+        };
+        if key.is_empty() {
+            return Err(LabelError::EmptyKey(s.into()));
+        }
+        Ok(Self::new(source, key, value))
+    }
+
+    /// Parses a label for use as a filter: no source means any source.
+    pub fn parse_filter(s: &str) -> Result<Self, LabelError> {
+        Self::parse_with_source(s, source::ANY)
+    }
+
+    /// True when `self`, used as a filter, matches `target` (`any` matches every source).
+    #[must_use]
+    pub fn matches(&self, target: &Label) -> bool {
+        (self.source == source::ANY || self.source == target.source)
+            && self.key == target.key
+            && self.value == target.value
+    }
+}
+
+impl fmt::Display for Label {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.source, self.key)?;
+        if !self.value.is_empty() {
+            write!(f, "={}", self.value)?;
+        }
+        Ok(())
+    }
+}
+
+impl Serialize for Label {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Label {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        Label::parse_with_source(&s, source::UNSPEC).map_err(serde::de::Error::custom)
+    }
+}
+
+/// A sorted, deduplicated set of labels: the key of a security identity.
+#[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct LabelSet(BTreeSet<Label>);
+
+impl LabelSet {
+    /// The empty set.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Security labels of a pod: its CNI labels (source `k8s`, as Cilium gives pod labels) plus
+    /// the namespace labels the manager owns.
+    ///
+    /// The namespace labels are set last and any user-supplied label with the same key is
+    /// dropped: a pod must not be able to claim another namespace through `args.cni.labels`.
+    #[must_use]
+    pub fn for_pod<'a>(
+        namespace: &str,
+        labels: impl IntoIterator<Item = (&'a str, &'a str)>,
+    ) -> Self {
+        let ns_name_key = format!("{}{}", keys::NAMESPACE_LABELS_PREFIX, keys::NAMESPACE_NAME);
+        let mut set: Self = labels
+            .into_iter()
+            .filter(|(k, _)| *k != keys::POD_NAMESPACE && *k != ns_name_key)
+            .map(|(k, v)| Label::new(source::K8S, k, v))
+            .collect();
+        set.insert(Label::new(source::K8S, keys::POD_NAMESPACE, namespace));
+        // Kubernetes labels every namespace with its name; Cilium exposes namespace labels on
+        // pods under this prefix, which is what namespaceSelector translates to.
+        set.insert(Label::new(source::K8S, &ns_name_key, namespace));
+        set
+    }
+
+    /// Applies a user's label change (`weftctl endpoint labels --add k=v --remove k`) to a
+    /// pod's security labels. User labels have source `k8s`, like pod labels; the namespace
+    /// labels cannot be added or removed this way.
+    pub fn with_user_changes(
+        &self,
+        add: &[(&str, &str)],
+        remove: &[&str],
+    ) -> Result<Self, LabelError> {
+        let ns_name_key = format!("{}{}", keys::NAMESPACE_LABELS_PREFIX, keys::NAMESPACE_NAME);
+        let managed = |k: &str| k == keys::POD_NAMESPACE || k == ns_name_key;
+        if let Some(k) = add
+            .iter()
+            .map(|(k, _)| *k)
+            .chain(remove.iter().copied())
+            .find(|k| managed(k))
+        {
+            return Err(LabelError::Managed(k.to_owned()));
+        }
+        if let Some((k, _)) = add.iter().find(|(k, _)| k.is_empty()) {
+            return Err(LabelError::EmptyKey((*k).to_owned()));
+        }
+        let mut out = self.clone();
+        for k in remove {
+            out.remove_key(source::K8S, k);
+        }
+        for (k, v) in add {
+            out.insert(Label::new(source::K8S, k, v));
+        }
+        Ok(out)
+    }
+
+    /// Parses a comma-separated or whitespace-separated list, e.g. `k8s:app=web,tier=db`.
+    pub fn parse_list(s: &str, default_source: &str) -> Result<Self, LabelError> {
+        s.split([',', ' ', '\n', '\t'])
+            .filter(|p| !p.is_empty())
+            .map(|p| Label::parse_with_source(p, default_source))
+            .collect()
+    }
+
+    /// Adds a label, replacing one with the same source and key.
+    pub fn insert(&mut self, label: Label) {
+        self.0
+            .retain(|l| !(l.source == label.source && l.key == label.key));
+        self.0.insert(label);
+    }
+
+    /// Removes every label with that key (any source when `source` is `any`).
+    pub fn remove_key(&mut self, source: &str, key: &str) -> bool {
+        let before = self.0.len();
+        self.0
+            .retain(|l| !(l.key == key && (source == source::ANY || l.source == source)));
+        before != self.0.len()
+    }
+
+    /// Iterates in sorted order.
+    pub fn iter(&self) -> impl Iterator<Item = &Label> {
+        self.0.iter()
+    }
+
+    /// Number of labels.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// True when there are no labels.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Values of `key` in this set; `source` may be `any`.
+    pub fn values_of<'a>(&'a self, source: &'a str, key: &'a str) -> impl Iterator<Item = &'a str> {
+        self.0
+            .iter()
+            .filter(move |l| l.key == key && (source == source::ANY || l.source == source))
+            .map(|l| l.value.as_str())
+    }
+
+    /// True when every filter label matches some label of this set (Cilium's subset match).
+    #[must_use]
+    pub fn contains_all(&self, filter: &[Label]) -> bool {
+        filter.iter().all(|f| self.0.iter().any(|l| f.matches(l)))
+    }
+
+    /// True when the set contains exactly this label.
+    #[must_use]
+    pub fn contains(&self, label: &Label) -> bool {
+        self.0.contains(label)
+    }
+}
+
+impl FromIterator<Label> for LabelSet {
+    fn from_iter<T: IntoIterator<Item = Label>>(iter: T) -> Self {
+        let mut set = Self::new();
+        for l in iter {
+            set.insert(l);
+        }
+        set
+    }
+}
+
+impl fmt::Display for LabelSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, l) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            write!(f, "{l}")?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_forms() {
+        let cases = [
+            ("k8s:app=web", "k8s", "app", "web"),
+            ("app=web", "dflt", "app", "web"),
+            ("app", "dflt", "app", ""),
+            ("k8s:app", "k8s", "app", ""),
+            ("url=http://x", "dflt", "url", "http://x"),
+            (
+                "k8s:io.kubernetes.pod.namespace=default",
+                "k8s",
+                "io.kubernetes.pod.namespace",
+                "default",
+            ),
+        ];
+        for (s, src, k, v) in cases {
+            let l = Label::parse_with_source(s, "dflt").unwrap();
+            assert_eq!(
+                (l.source.as_str(), l.key.as_str(), l.value.as_str()),
+                (src, k, v),
+                "{s}"
+            );
+        }
+        assert!(Label::parse_with_source("=x", "d").is_err());
+        assert!(Label::parse_with_source(":k=x", "d").is_err());
+    }
+
+    #[test]
+    fn display_roundtrip() {
+        let l = Label::parse_with_source("k8s:app=web", "x").unwrap();
+        assert_eq!(l.to_string(), "k8s:app=web");
+        let j = serde_json::to_string(&l).unwrap();
+        assert_eq!(serde_json::from_str::<Label>(&j).unwrap(), l);
+    }
+
+    #[test]
+    fn set_is_sorted_and_dedup_by_key() {
+        let s: LabelSet = ["k8s:b=1", "k8s:a=1", "k8s:b=2"]
+            .iter()
+            .map(|x| Label::parse_with_source(x, "k8s").unwrap())
+            .collect();
+        assert_eq!(s.to_string(), "k8s:a=1,k8s:b=2");
+    }
+
+    #[test]
+    fn pod_labels_cannot_spoof_namespace() {
+        let s = LabelSet::for_pod(
+            "prod",
+            [
+                ("app", "web"),
+                ("io.kubernetes.pod.namespace", "kube-system"),
+            ],
+        );
+        assert_eq!(
+            s.values_of("k8s", keys::POD_NAMESPACE).collect::<Vec<_>>(),
+            ["prod"]
+        );
+        assert!(s.contains(&Label::new("k8s", "app", "web")));
+        assert_eq!(s.len(), 3);
+    }
+
+    #[test]
+    fn user_changes_keep_namespace() {
+        let s = LabelSet::for_pod("prod", [("app", "web"), ("tier", "front")]);
+        let t = s.with_user_changes(&[("app", "api")], &["tier"]).unwrap();
+        assert_eq!(
+            t.to_string(),
+            "k8s:app=api,k8s:io.cilium.k8s.namespace.labels.kubernetes.io/metadata.name=prod,k8s:io.kubernetes.pod.namespace=prod"
+        );
+        assert_eq!(
+            s.with_user_changes(&[], &["io.kubernetes.pod.namespace"]),
+            Err(LabelError::Managed("io.kubernetes.pod.namespace".into()))
+        );
+        assert!(s.with_user_changes(&[("", "x")], &[]).is_err());
+    }
+
+    #[test]
+    fn filter_any_source() {
+        let s = LabelSet::for_pod("ns", [("app", "web")]);
+        assert!(s.contains_all(&[Label::parse_filter("app=web").unwrap()]));
+        assert!(s.contains_all(&[Label::parse_filter("k8s:app=web").unwrap()]));
+        assert!(!s.contains_all(&[Label::parse_filter("unspec:app=web").unwrap()]));
+        assert!(!s.contains_all(&[Label::parse_filter("app=db").unwrap()]));
+    }
+}

@@ -1,0 +1,355 @@
+//! Walking a value tree with the field path at hand, plus pieces shared by the formats.
+
+use crate::mapstate::proto;
+use crate::rule::PortProto;
+use crate::selector::{Operator, Requirement, Selector};
+use ipnet::IpNet;
+use serde_json::{Map, Value};
+use std::collections::{BTreeSet, HashSet};
+use std::net::IpAddr;
+
+/// An error at a field path inside one rule or object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldError {
+    /// Dotted path with `[i]` indices.
+    pub path: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl FieldError {
+    /// Builds an error.
+    pub fn new(path: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            path: path.into(),
+            message: message.into(),
+        }
+    }
+}
+
+pub type Res<T> = Result<T, FieldError>;
+
+/// Appends a field name to a path.
+pub fn join(path: &str, field: &str) -> String {
+    if path.is_empty() {
+        field.to_owned()
+    } else {
+        format!("{path}.{field}")
+    }
+}
+
+/// An object being read: fields are taken one by one and [`Obj::finish`] reports the rest.
+pub struct Obj<'v> {
+    map: &'v Map<String, Value>,
+    path: String,
+    taken: HashSet<&'static str>,
+}
+
+impl<'v> Obj<'v> {
+    /// Opens `v` as an object; YAML's empty value (`ingress:\n  - `) counts as `{}`.
+    pub fn new(v: &'v Value, path: &str) -> Res<Self> {
+        static EMPTY: std::sync::OnceLock<Map<String, Value>> = std::sync::OnceLock::new();
+        let map = match v {
+            Value::Object(m) => m,
+            Value::Null => EMPTY.get_or_init(Map::new),
+            other => {
+                return Err(FieldError::new(
+                    path,
+                    format!("expected an object, got {}", kind(other)),
+                ));
+            }
+        };
+        Ok(Self {
+            map,
+            path: path.to_owned(),
+            taken: HashSet::new(),
+        })
+    }
+
+    /// Path of a field of this object.
+    pub fn at(&self, field: &str) -> String {
+        join(&self.path, field)
+    }
+
+    /// Takes a field; `null` counts as absent.
+    pub fn get(&mut self, field: &'static str) -> Option<&'v Value> {
+        self.taken.insert(field);
+        self.map.get(field).filter(|v| !v.is_null())
+    }
+
+    /// True when the field is present (even if null).
+    pub fn has(&self, field: &str) -> bool {
+        self.map.contains_key(field)
+    }
+
+    /// Takes an optional string field.
+    pub fn str(&mut self, field: &'static str) -> Res<Option<&'v str>> {
+        match self.get(field) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s)),
+            Some(other) => Err(FieldError::new(
+                self.at(field),
+                format!("expected a string, got {}", kind(other)),
+            )),
+        }
+    }
+
+    /// Takes an optional array field, with the path of each element.
+    pub fn array(&mut self, field: &'static str) -> Res<Option<Vec<(String, &'v Value)>>> {
+        match self.get(field) {
+            None => Ok(None),
+            Some(Value::Array(a)) => {
+                let base = self.at(field);
+                Ok(Some(
+                    a.iter()
+                        .enumerate()
+                        .map(|(i, v)| (format!("{base}[{i}]"), v))
+                        .collect(),
+                ))
+            }
+            Some(other) => Err(FieldError::new(
+                self.at(field),
+                format!("expected a list, got {}", kind(other)),
+            )),
+        }
+    }
+
+    /// Takes an optional boolean field.
+    pub fn bool(&mut self, field: &'static str) -> Res<Option<bool>> {
+        match self.get(field) {
+            None => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(other) => Err(FieldError::new(
+                self.at(field),
+                format!("expected true or false, got {}", kind(other)),
+            )),
+        }
+    }
+
+    /// Rejects fields not taken: `unsupported` lists fields the format defines but Weft does
+    /// not implement; anything else is unknown (Cilium rejects unknown fields too).
+    pub fn finish(self, unsupported: &[&str]) -> Res<()> {
+        let mut rest: Vec<&String> = self
+            .map
+            .keys()
+            .filter(|k| !self.taken.contains(k.as_str()))
+            .collect();
+        rest.sort();
+        if let Some(k) = rest.iter().find(|k| unsupported.contains(&k.as_str())) {
+            return Err(FieldError::new(
+                self.at(k),
+                format!("not supported yet: field {k:?}"),
+            ));
+        }
+        match rest.first() {
+            None => Ok(()),
+            Some(k) => Err(FieldError::new(self.at(k), format!("unknown field {k:?}"))),
+        }
+    }
+}
+
+/// A short name of a value's type for messages.
+pub fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// A Kubernetes label selector (`matchLabels`, `matchExpressions`).
+pub fn selector(v: &Value, path: &str) -> Res<Selector> {
+    let mut o = Obj::new(v, path)?;
+    let mut sel = Selector::all();
+    if let Some(ml) = o.get("matchLabels") {
+        let p = o.at("matchLabels");
+        let Value::Object(m) = ml else {
+            return Err(FieldError::new(
+                p,
+                format!("expected an object, got {}", kind(ml)),
+            ));
+        };
+        for (k, val) in m {
+            let val = scalar_string(val)
+                .ok_or_else(|| FieldError::new(join(&p, k), "expected a string value"))?;
+            check_key(k, &join(&p, k))?;
+            sel.add_match(k, &val);
+        }
+    }
+    for (p, e) in o.array("matchExpressions")?.unwrap_or_default() {
+        sel.add(expression(e, &p)?);
+    }
+    o.finish(&[])?;
+    Ok(sel)
+}
+
+fn check_key(k: &str, path: &str) -> Res<()> {
+    if k.is_empty() || k.ends_with(':') {
+        return Err(FieldError::new(path, "empty label key"));
+    }
+    Ok(())
+}
+
+/// YAML turns `role: 1` or `on: yes` into numbers and booleans; label values are strings.
+fn scalar_string(v: &Value) -> Option<String> {
+    match v {
+        Value::String(s) => Some(s.clone()),
+        Value::Number(n) => Some(n.to_string()),
+        Value::Bool(b) => Some(b.to_string()),
+        Value::Null => Some(String::new()),
+        _ => None,
+    }
+}
+
+fn expression(v: &Value, path: &str) -> Res<Requirement> {
+    let mut o = Obj::new(v, path)?;
+    let key = o
+        .str("key")?
+        .ok_or_else(|| FieldError::new(o.at("key"), "missing"))?;
+    check_key(key, &o.at("key"))?;
+    let op_path = o.at("operator");
+    let op = o
+        .str("operator")?
+        .ok_or_else(|| FieldError::new(&op_path, "missing"))?;
+    let mut values = BTreeSet::new();
+    for (p, val) in o.array("values")?.unwrap_or_default() {
+        values.insert(scalar_string(val).ok_or_else(|| FieldError::new(p, "expected a string"))?);
+    }
+    let vpath = o.at("values");
+    o.finish(&[])?;
+    let op = match op {
+        "In" | "NotIn" if values.is_empty() => {
+            return Err(FieldError::new(
+                vpath,
+                format!("operator {op} needs at least one value"),
+            ));
+        }
+        "Exists" | "DoesNotExist" if !values.is_empty() => {
+            return Err(FieldError::new(
+                vpath,
+                format!("operator {op} takes no values"),
+            ));
+        }
+        "In" => Operator::In(values),
+        "NotIn" => Operator::NotIn(values),
+        "Exists" => Operator::Exists,
+        "DoesNotExist" => Operator::DoesNotExist,
+        other => {
+            return Err(FieldError::new(
+                op_path,
+                format!("unknown operator {other:?} (expected In, NotIn, Exists or DoesNotExist)"),
+            ));
+        }
+    };
+    Ok(Requirement::new(key, op))
+}
+
+/// A prefix; a bare address means a host prefix. Host bits must be clear, as Cilium demands.
+pub fn cidr(v: &Value, path: &str) -> Res<IpNet> {
+    let Value::String(s) = v else {
+        return Err(FieldError::new(
+            path,
+            format!("expected a CIDR string, got {}", kind(v)),
+        ));
+    };
+    let net = match s.parse::<IpNet>() {
+        Ok(n) => n,
+        Err(_) => match s.parse::<IpAddr>() {
+            Ok(a) => IpNet::from(a),
+            Err(_) => {
+                return Err(FieldError::new(
+                    path,
+                    format!("{s:?} is not a CIDR (e.g. 10.0.0.0/8)"),
+                ));
+            }
+        },
+    };
+    if net.trunc() != net {
+        return Err(FieldError::new(
+            path,
+            format!("{s:?} has host bits set (did you mean {}?)", net.trunc()),
+        ));
+    }
+    Ok(net)
+}
+
+/// A port number from a string or a number; `0` is "all ports" where `allow_zero`.
+pub fn port_number(v: &Value, path: &str, allow_zero: bool) -> Res<u16> {
+    let text = match v {
+        Value::String(s) => s.clone(),
+        Value::Number(n) => n.to_string(),
+        other => {
+            return Err(FieldError::new(
+                path,
+                format!("expected a port number, got {}", kind(other)),
+            ));
+        }
+    };
+    match text.parse::<u32>() {
+        Ok(0) if allow_zero => Ok(0),
+        Ok(n @ 1..=65535) => Ok(u16::try_from(n).expect("range checked")),
+        Err(_) if text.chars().any(|c| c.is_ascii_alphabetic()) => Err(FieldError::new(
+            path,
+            format!("{text:?} is not a port number (1-65535); named ports are not supported yet"),
+        )),
+        Ok(_) | Err(_) => Err(FieldError::new(
+            path,
+            format!("{text:?} is not a port number (1-65535)"),
+        )),
+    }
+}
+
+/// Protocols a port can name. `ANY` with a port expands to TCP, UDP and SCTP because the map
+/// contract only allows protocol 0 together with all ports.
+pub fn protocols(name: &str, path: &str) -> Res<Vec<u8>> {
+    match name.to_ascii_uppercase().as_str() {
+        "TCP" => Ok(vec![proto::TCP]),
+        "UDP" => Ok(vec![proto::UDP]),
+        "SCTP" => Ok(vec![proto::SCTP]),
+        "ANY" => Ok(vec![proto::ANY]),
+        "ICMP" | "ICMPV6" => Err(FieldError::new(
+            path,
+            format!("not supported yet: protocol {name:?} in ports"),
+        )),
+        _ => Err(FieldError::new(
+            path,
+            format!("unknown protocol {name:?} (expected TCP, UDP, SCTP or ANY)"),
+        )),
+    }
+}
+
+/// Turns one (protocols, port, endPort) triple into port entries.
+pub fn port_entries(
+    protos: &[u8],
+    port: u16,
+    end: Option<u16>,
+    end_path: &str,
+) -> Res<Vec<PortProto>> {
+    let (lo, hi) = match (port, end) {
+        (0, Some(_)) => return Err(FieldError::new(end_path, "endPort needs a port")),
+        (0, None) => (0, u16::MAX),
+        (p, None) => (p, p),
+        (p, Some(e)) if e < p => {
+            return Err(FieldError::new(
+                end_path,
+                format!("endPort {e} is below port {p}"),
+            ));
+        }
+        (p, Some(e)) => (p, e),
+    };
+    let all = (lo, hi) == (0, u16::MAX);
+    Ok(protos
+        .iter()
+        .flat_map(|&p| {
+            if p == proto::ANY && !all {
+                vec![proto::TCP, proto::UDP, proto::SCTP]
+            } else {
+                vec![p]
+            }
+        })
+        .map(|proto| PortProto { proto, lo, hi })
+        .collect())
+}

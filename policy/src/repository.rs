@@ -1,0 +1,252 @@
+//! The policy repository: the rule list with a revision, Cilium's add/replace/delete semantics.
+
+use crate::labels::{Label, LabelSet, keys, source};
+use crate::rule::{PeerSelector, Rule};
+use ipnet::IpNet;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
+
+/// What one add or delete did. The caller regenerates only endpoints that an added or removed
+/// rule selects ([`RepoChange::selects`]) and bumps the revision of all others.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RepoChange {
+    /// Revision after the change (unchanged when nothing changed).
+    pub revision: u64,
+    /// Rules added.
+    pub added: Vec<Rule>,
+    /// Rules removed (replaced or deleted).
+    pub removed: Vec<Rule>,
+}
+
+impl RepoChange {
+    /// True when nothing changed.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.added.is_empty() && self.removed.is_empty()
+    }
+
+    /// True when an endpoint with these labels may have a different policy now.
+    #[must_use]
+    pub fn selects(&self, endpoint_labels: &LabelSet) -> bool {
+        self.added
+            .iter()
+            .chain(&self.removed)
+            .any(|r| r.endpoint_selector.matches(endpoint_labels))
+    }
+}
+
+/// Rules plus a revision; serializable so the manager can persist it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Repository {
+    rules: Vec<Rule>,
+    revision: u64,
+}
+
+impl Default for Repository {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Labels that name a rule for replacement. Rules from Kubernetes objects are replaced as a
+/// whole object (kind, namespace, name — not uid, so a re-created object replaces its old
+/// version); other rules by all their labels.
+fn replace_key(rule: &Rule) -> Vec<Label> {
+    let derived = [
+        keys::POLICY_DERIVED_FROM,
+        keys::POLICY_NAME,
+        keys::POLICY_NAMESPACE,
+    ];
+    let k8s: Vec<Label> = rule
+        .labels
+        .iter()
+        .filter(|l| l.source == source::K8S && derived.contains(&l.key.as_str()))
+        .cloned()
+        .collect();
+    if k8s.iter().any(|l| l.key == keys::POLICY_DERIVED_FROM) {
+        k8s
+    } else {
+        rule.labels.iter().cloned().collect()
+    }
+}
+
+impl Repository {
+    /// An empty repository at revision 1 (Cilium starts there too).
+    #[must_use]
+    pub fn new() -> Self {
+        Self {
+            rules: Vec::new(),
+            revision: 1,
+        }
+    }
+
+    /// Current revision.
+    #[must_use]
+    pub fn revision(&self) -> u64 {
+        self.revision
+    }
+
+    /// All rules, in insertion order.
+    #[must_use]
+    pub fn rules(&self) -> &[Rule] {
+        &self.rules
+    }
+
+    /// Adds rules. An existing rule whose labels contain a new rule's labels is replaced
+    /// (Cilium's `SearchRLocked` subset match); rules without labels replace nothing.
+    /// Always bumps the revision.
+    pub fn add(&mut self, rules: Vec<Rule>) -> RepoChange {
+        let keys: BTreeSet<Vec<Label>> = rules
+            .iter()
+            .map(replace_key)
+            .filter(|k| !k.is_empty())
+            .collect();
+        let (removed, kept): (Vec<Rule>, Vec<Rule>) = std::mem::take(&mut self.rules)
+            .into_iter()
+            .partition(|r| keys.iter().any(|k| r.labels.contains_all(k)));
+        self.rules = kept;
+        self.rules.extend(rules.iter().cloned());
+        self.revision += 1;
+        RepoChange {
+            revision: self.revision,
+            added: rules,
+            removed,
+        }
+    }
+
+    /// Deletes every rule whose labels contain all of `filter` (a filter label without source
+    /// matches any source). An empty filter deletes nothing; use [`Self::delete_all`].
+    /// Bumps the revision only when something was deleted.
+    pub fn delete(&mut self, filter: &[Label]) -> RepoChange {
+        if filter.is_empty() {
+            return RepoChange {
+                revision: self.revision,
+                ..RepoChange::default()
+            };
+        }
+        self.remove_where(|r| r.labels.contains_all(filter))
+    }
+
+    /// Deletes every rule.
+    pub fn delete_all(&mut self) -> RepoChange {
+        self.remove_where(|_| true)
+    }
+
+    fn remove_where(&mut self, pred: impl Fn(&Rule) -> bool) -> RepoChange {
+        let (removed, kept): (Vec<Rule>, Vec<Rule>) = std::mem::take(&mut self.rules)
+            .into_iter()
+            .partition(|r| pred(r));
+        self.rules = kept;
+        if !removed.is_empty() {
+            self.revision += 1;
+        }
+        RepoChange {
+            revision: self.revision,
+            added: Vec::new(),
+            removed,
+        }
+    }
+
+    /// Rules whose labels contain all of `filter` (all rules for an empty filter).
+    pub fn search<'a>(&'a self, filter: &'a [Label]) -> impl Iterator<Item = &'a Rule> + 'a {
+        self.rules
+            .iter()
+            .filter(move |r| r.labels.contains_all(filter))
+    }
+
+    /// Rules that apply to an endpoint with these labels.
+    pub fn selecting<'a>(
+        &'a self,
+        endpoint_labels: &'a LabelSet,
+    ) -> impl Iterator<Item = &'a Rule> + 'a {
+        self.rules
+            .iter()
+            .filter(move |r| r.endpoint_selector.matches(endpoint_labels))
+    }
+
+    /// Every distinct peer selector: what the selector cache must track.
+    #[must_use]
+    pub fn peer_selectors(&self) -> BTreeSet<PeerSelector> {
+        self.rules.iter().flat_map(Rule::peers).cloned().collect()
+    }
+
+    /// Every CIDR prefix in use (excepts included): each needs a CIDR identity.
+    #[must_use]
+    pub fn cidr_prefixes(&self) -> BTreeSet<IpNet> {
+        self.rules
+            .iter()
+            .flat_map(Rule::cidr_prefixes)
+            .filter(|p| p.prefix_len() > 0)
+            .collect()
+    }
+
+    /// True when a rule applying to this endpoint uses one of `changed` as a peer, i.e. the
+    /// endpoint must be regenerated after a selector-cache update.
+    #[must_use]
+    pub fn endpoint_uses(
+        &self,
+        endpoint_labels: &LabelSet,
+        changed: &BTreeSet<PeerSelector>,
+    ) -> bool {
+        !changed.is_empty()
+            && self
+                .selecting(endpoint_labels)
+                .any(|r| r.peers().any(|p| changed.contains(p)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::selector::Selector;
+
+    fn rule(labels: &[&str]) -> Rule {
+        let l = labels
+            .iter()
+            .map(|s| Label::parse_with_source(s, source::UNSPEC).unwrap())
+            .collect();
+        Rule::new(Selector::all(), l)
+    }
+
+    #[test]
+    fn add_replaces_same_labels_and_bumps() {
+        let mut r = Repository::new();
+        assert_eq!(r.revision(), 1);
+        let c = r.add(vec![rule(&["name=a"]), rule(&["name=b"])]);
+        assert_eq!((c.revision, c.added.len(), c.removed.len()), (2, 2, 0));
+        let c = r.add(vec![rule(&["name=a"])]);
+        assert_eq!((c.revision, c.removed.len()), (3, 1));
+        assert_eq!(r.rules().len(), 2);
+        // Unlabelled rules accumulate.
+        r.add(vec![rule(&[])]);
+        r.add(vec![rule(&[])]);
+        assert_eq!(r.rules().len(), 4);
+    }
+
+    #[test]
+    fn delete_by_subset_and_all() {
+        let mut r = Repository::new();
+        r.add(vec![
+            rule(&["name=a", "team=x"]),
+            rule(&["name=b", "team=x"]),
+            rule(&["name=c"]),
+        ]);
+        let rev = r.revision();
+        let c = r.delete(&[Label::parse_filter("team=x").unwrap()]);
+        assert_eq!((c.removed.len(), c.revision), (2, rev + 1));
+        let c = r.delete(&[Label::parse_filter("team=x").unwrap()]);
+        assert!(c.is_empty());
+        assert_eq!(c.revision, rev + 1, "no change, no bump");
+        assert!(r.delete(&[]).is_empty());
+        assert_eq!(r.delete_all().removed.len(), 1);
+        assert!(r.rules().is_empty());
+    }
+
+    #[test]
+    fn serializes() {
+        let mut r = Repository::new();
+        r.add(vec![rule(&["name=a"])]);
+        let j = serde_json::to_string(&r).unwrap();
+        assert_eq!(serde_json::from_str::<Repository>(&j).unwrap(), r);
+    }
+}

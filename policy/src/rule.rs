@@ -1,0 +1,268 @@
+//! The one internal rule model every policy format is translated into.
+//!
+//! Unlike the input formats, nothing here is implicit: "any peer" is an explicit
+//! [`Entity::All`] peer, "all ports" is an empty port list, and whether a rule puts an
+//! endpoint into default deny is a flag, so Cilium's and Kubernetes' different defaults are
+//! resolved once, in the parsers.
+
+use crate::labels::LabelSet;
+use crate::mapstate::{Direction, proto};
+use crate::selector::Selector;
+use ipnet::IpNet;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// Entities Weft supports (Cilium `pkg/policy/api/entity.go`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Entity {
+    /// The local node (identity 1).
+    Host,
+    /// Outside the cluster: identity 2 and every CIDR identity.
+    World,
+    /// Inside the cluster: host, unmanaged and every endpoint identity.
+    Cluster,
+    /// Anything (identity 0).
+    All,
+}
+
+impl Entity {
+    /// Parses an entity name as written in policies.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s {
+            "host" => Ok(Self::Host),
+            "world" => Ok(Self::World),
+            "cluster" => Ok(Self::Cluster),
+            "all" => Ok(Self::All),
+            "remote-node" | "init" | "health" | "unmanaged" | "none" | "kube-apiserver"
+            | "ingress" | "world-ipv4" | "world-ipv6" => Err(format!(
+                "not supported yet: entity {s:?} (supported: host, world, cluster, all)"
+            )),
+            _ => Err(format!(
+                "unknown entity {s:?} (supported: host, world, cluster, all)"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for Entity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Host => "host",
+            Self::World => "world",
+            Self::Cluster => "cluster",
+            Self::All => "all",
+        })
+    }
+}
+
+/// A CIDR peer with carved-out sub-prefixes.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct CidrSelector {
+    /// The allowed prefix (host bits cleared).
+    pub cidr: IpNet,
+    /// Sub-prefixes that are not part of the peer (sorted, deduplicated).
+    pub except: Vec<IpNet>,
+}
+
+impl CidrSelector {
+    /// True when `prefix` (the prefix of a CIDR identity) lies inside this peer: contained in
+    /// `cidr` and in none of the `except` prefixes.
+    #[must_use]
+    pub fn covers(&self, prefix: &IpNet) -> bool {
+        self.cidr.contains(prefix) && !self.except.iter().any(|e| e.contains(prefix))
+    }
+}
+
+/// A peer: something that resolves to a set of identities through the selector cache.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum PeerSelector {
+    /// Endpoints whose labels match.
+    Endpoints(Selector),
+    /// Addresses inside a prefix.
+    Cidr(CidrSelector),
+    /// An entity.
+    Entity(Entity),
+}
+
+impl fmt::Display for PeerSelector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Endpoints(s) => write!(f, "endpoints({s})"),
+            Self::Cidr(c) if c.except.is_empty() => write!(f, "cidr({})", c.cidr),
+            Self::Cidr(c) => {
+                let ex: Vec<String> = c.except.iter().map(ToString::to_string).collect();
+                write!(f, "cidr({} except {})", c.cidr, ex.join(","))
+            }
+            Self::Entity(e) => write!(f, "entity({e})"),
+        }
+    }
+}
+
+/// One protocol and destination port range. `proto == 0` only ever comes with all ports,
+/// as the map-state contract requires.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct PortProto {
+    /// IP protocol number, 0 = any.
+    pub proto: u8,
+    /// First port (inclusive).
+    pub lo: u16,
+    /// Last port (inclusive).
+    pub hi: u16,
+}
+
+impl PortProto {
+    /// Any protocol, any port.
+    pub const ANY: Self = Self {
+        proto: proto::ANY,
+        lo: 0,
+        hi: u16::MAX,
+    };
+
+    /// True when a packet with that protocol and destination port falls in here.
+    #[must_use]
+    pub fn matches(&self, proto: u8, port: u16) -> bool {
+        (self.proto == proto::ANY || self.proto == proto) && (self.lo..=self.hi).contains(&port)
+    }
+}
+
+/// How a rule affects the enforcement of the endpoints it selects, per direction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Enforcement {
+    /// The rule says nothing about this direction.
+    NotApplied,
+    /// Selected endpoints are enforced with default deny (the normal case).
+    DefaultDeny,
+    /// Selected endpoints are enforced but keep default allow, so only the rule's denies bite
+    /// (Cilium `enableDefaultDeny: false`).
+    DefaultAllow,
+}
+
+impl Enforcement {
+    /// The mode of a direction that has entries (or not), with Cilium's default deny flag.
+    #[must_use]
+    pub fn from_flags(applies: bool, default_deny: bool) -> Self {
+        match (applies, default_deny) {
+            (false, _) => Self::NotApplied,
+            (true, true) => Self::DefaultDeny,
+            (true, false) => Self::DefaultAllow,
+        }
+    }
+}
+
+/// Peers and ports of one ingress/egress (allow or deny) section entry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerRule {
+    /// Who: an empty list selects no peer (Cilium's `ingress: [{}]`).
+    pub peers: Vec<PeerSelector>,
+    /// What: an empty list means every protocol and port.
+    pub ports: Vec<PortProto>,
+}
+
+/// A rule: which endpoints it applies to and what it allows or denies per direction.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rule {
+    /// The endpoints the rule applies to.
+    pub endpoint_selector: Selector,
+    /// Ingress allow entries.
+    pub ingress: Vec<PeerRule>,
+    /// Ingress deny entries.
+    pub ingress_deny: Vec<PeerRule>,
+    /// Egress allow entries.
+    pub egress: Vec<PeerRule>,
+    /// Egress deny entries.
+    pub egress_deny: Vec<PeerRule>,
+    /// What the rule does to selected endpoints' ingress enforcement.
+    pub ingress_mode: Enforcement,
+    /// Same for egress.
+    pub egress_mode: Enforcement,
+    /// Rule labels (identify it for replace, delete and trace).
+    pub labels: LabelSet,
+    /// Free text.
+    pub description: String,
+}
+
+impl Rule {
+    /// A rule selecting `selector` with nothing in it; it applies in no direction.
+    #[must_use]
+    pub fn new(endpoint_selector: Selector, labels: LabelSet) -> Self {
+        Self {
+            endpoint_selector,
+            ingress: Vec::new(),
+            ingress_deny: Vec::new(),
+            egress: Vec::new(),
+            egress_deny: Vec::new(),
+            ingress_mode: Enforcement::NotApplied,
+            egress_mode: Enforcement::NotApplied,
+            labels,
+            description: String::new(),
+        }
+    }
+
+    /// Allow and deny entries of one direction.
+    #[must_use]
+    pub fn sections(&self, dir: Direction) -> (&[PeerRule], &[PeerRule]) {
+        match dir {
+            Direction::Ingress => (&self.ingress, &self.ingress_deny),
+            Direction::Egress => (&self.egress, &self.egress_deny),
+        }
+    }
+
+    /// Whether the rule applies in `dir`.
+    #[must_use]
+    pub fn applies(&self, dir: Direction) -> bool {
+        self.mode(dir) != Enforcement::NotApplied
+    }
+
+    /// The enforcement mode of `dir`.
+    #[must_use]
+    pub fn mode(&self, dir: Direction) -> Enforcement {
+        match dir {
+            Direction::Ingress => self.ingress_mode,
+            Direction::Egress => self.egress_mode,
+        }
+    }
+
+    /// Whether the rule asks for default deny in `dir` (only meaningful when it applies).
+    #[must_use]
+    pub fn default_deny(&self, dir: Direction) -> bool {
+        self.mode(dir) == Enforcement::DefaultDeny
+    }
+
+    /// Every peer selector of the rule.
+    pub fn peers(&self) -> impl Iterator<Item = &PeerSelector> {
+        [
+            &self.ingress,
+            &self.ingress_deny,
+            &self.egress,
+            &self.egress_deny,
+        ]
+        .into_iter()
+        .flatten()
+        .flat_map(|p| p.peers.iter())
+    }
+
+    /// Mutable access to every peer selector (used to namespace Kubernetes rules).
+    pub fn peers_mut(&mut self) -> impl Iterator<Item = &mut PeerSelector> {
+        [
+            &mut self.ingress,
+            &mut self.ingress_deny,
+            &mut self.egress,
+            &mut self.egress_deny,
+        ]
+        .into_iter()
+        .flatten()
+        .flat_map(|p| p.peers.iter_mut())
+    }
+
+    /// Every CIDR prefix the rule references, `except` prefixes included: each needs a CIDR
+    /// identity in the ipcache so longest-prefix match can tell them apart.
+    pub fn cidr_prefixes(&self) -> impl Iterator<Item = IpNet> + '_ {
+        self.peers().flat_map(|p| match p {
+            PeerSelector::Cidr(c) => std::iter::once(c.cidr).chain(c.except.clone()).collect(),
+            _ => Vec::new(),
+        })
+    }
+}

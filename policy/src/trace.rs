@@ -1,0 +1,172 @@
+//! `policy trace`: which verdict a flow gets and which rule decided it.
+
+use crate::compute::ComputeOptions;
+use crate::labels::LabelSet;
+use crate::mapstate::{Direction, Identity, Verdict, reserved};
+use crate::repository::Repository;
+use crate::rule::{PeerRule, Rule};
+use crate::selectorcache::SelectorCache;
+use std::fmt;
+
+/// One side of a traced flow.
+#[derive(Debug, Clone, Copy)]
+pub struct TracePeer<'a> {
+    /// Its identity (as the ipcache would resolve its address).
+    pub identity: Identity,
+    /// Its security labels when it is a local endpoint subject to policy; `None` for host,
+    /// world or CIDR peers, whose own policy is not Weft's business.
+    pub labels: Option<&'a LabelSet>,
+}
+
+/// Why a direction decided what it did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// No rule selects the endpoint in this direction.
+    NotSelected,
+    /// Selected, and nothing allows the flow.
+    DefaultDeny,
+    /// Allowed by the rule with these labels.
+    AllowedBy(LabelSet),
+    /// Denied by the rule with these labels (deny beats allow).
+    DeniedBy(LabelSet),
+    /// Selected only by rules with default deny disabled.
+    DefaultDenyDisabled,
+    /// Ingress from the host, always allowed ([`ComputeOptions::allow_from_host`]).
+    HostAlwaysAllowed,
+}
+
+impl fmt::Display for Decision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::NotSelected => f.write_str("not selected (default allow)"),
+            Self::DefaultDeny => f.write_str("default deny"),
+            Self::AllowedBy(l) => write!(f, "allowed by rule [{l}]"),
+            Self::DeniedBy(l) => write!(f, "denied by rule [{l}]"),
+            Self::DefaultDenyDisabled => {
+                f.write_str("allowed (selecting rules disable default deny)")
+            }
+            Self::HostAlwaysAllowed => f.write_str("allowed (ingress from host is always allowed)"),
+        }
+    }
+}
+
+/// The outcome in one direction.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirectionTrace {
+    /// Allow or deny.
+    pub verdict: Verdict,
+    /// Why.
+    pub decision: Decision,
+}
+
+/// The outcome of a trace: the source's egress, then the destination's ingress.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Trace {
+    /// Egress policy of the source (`None` when the source is not a local endpoint).
+    pub egress: Option<DirectionTrace>,
+    /// Ingress policy of the destination (`None` when it is not a local endpoint).
+    pub ingress: Option<DirectionTrace>,
+    /// Deny if either side denies.
+    pub verdict: Verdict,
+}
+
+/// Traces a flow `src → dst` to destination port `port` with IP protocol `proto`.
+#[must_use]
+pub fn trace(
+    repo: &Repository,
+    cache: &SelectorCache,
+    src: TracePeer<'_>,
+    dst: TracePeer<'_>,
+    proto: u8,
+    port: u16,
+    opts: &ComputeOptions,
+) -> Trace {
+    let egress = src.labels.map(|l| {
+        decide(
+            repo,
+            cache,
+            l,
+            Direction::Egress,
+            dst.identity,
+            proto,
+            port,
+            *opts,
+        )
+    });
+    let ingress = dst.labels.map(|l| {
+        decide(
+            repo,
+            cache,
+            l,
+            Direction::Ingress,
+            src.identity,
+            proto,
+            port,
+            *opts,
+        )
+    });
+    let denied = [&egress, &ingress]
+        .into_iter()
+        .flatten()
+        .any(|t| t.verdict == Verdict::Deny);
+    Trace {
+        egress,
+        ingress,
+        verdict: if denied {
+            Verdict::Deny
+        } else {
+            Verdict::Allow
+        },
+    }
+}
+
+fn hits(pr: &PeerRule, cache: &SelectorCache, peer: Identity, proto: u8, port: u16) -> bool {
+    let ports = pr.ports.is_empty() || pr.ports.iter().any(|p| p.matches(proto, port));
+    ports && pr.peers.iter().any(|s| cache.peer_matches(s, peer))
+}
+
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one flow's worth of plain inputs"
+)]
+fn decide(
+    repo: &Repository,
+    cache: &SelectorCache,
+    labels: &LabelSet,
+    dir: Direction,
+    peer: Identity,
+    proto: u8,
+    port: u16,
+    opts: ComputeOptions,
+) -> DirectionTrace {
+    let rules: Vec<&Rule> = repo.selecting(labels).filter(|r| r.applies(dir)).collect();
+    let done = |verdict, decision| DirectionTrace { verdict, decision };
+    if rules.is_empty() {
+        return done(Verdict::Allow, Decision::NotSelected);
+    }
+    for r in &rules {
+        if r.sections(dir)
+            .1
+            .iter()
+            .any(|pr| hits(pr, cache, peer, proto, port))
+        {
+            return done(Verdict::Deny, Decision::DeniedBy(r.labels.clone()));
+        }
+    }
+    for r in &rules {
+        if r.sections(dir)
+            .0
+            .iter()
+            .any(|pr| hits(pr, cache, peer, proto, port))
+        {
+            return done(Verdict::Allow, Decision::AllowedBy(r.labels.clone()));
+        }
+    }
+    if dir == Direction::Ingress && opts.allow_from_host && peer == reserved::HOST {
+        return done(Verdict::Allow, Decision::HostAlwaysAllowed);
+    }
+    if !rules.iter().any(|r| r.default_deny(dir)) {
+        return done(Verdict::Allow, Decision::DefaultDenyDisabled);
+    }
+    done(Verdict::Deny, Decision::DefaultDeny)
+}

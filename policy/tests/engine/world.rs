@@ -1,0 +1,161 @@
+//! A small world of endpoints, identities and CIDRs driven the way the manager drives the
+//! engine: parse → repository → CIDR identities → selector cache → compute.
+
+use ipnet::IpNet;
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use weft_policy::cidr::{CidrReferences, CidrSync};
+use weft_policy::compute::{ComputeOptions, compute};
+use weft_policy::identity::{IdentityAllocator, IdentityKey, MemoryStore};
+use weft_policy::labels::LabelSet;
+use weft_policy::mapstate::{Direction, EndpointPolicy, Identity, Verdict, reserved};
+use weft_policy::parse::parse_policy_file;
+use weft_policy::repository::Repository;
+use weft_policy::selectorcache::SelectorCache;
+use weft_policy::trace::{Trace, TracePeer, trace};
+
+pub struct World {
+    pub alloc: IdentityAllocator,
+    pub store: MemoryStore,
+    pub cache: SelectorCache,
+    pub repo: Repository,
+    pub eps: BTreeMap<String, (Identity, LabelSet)>,
+    pub opts: ComputeOptions,
+    pub cidrs: CidrReferences,
+}
+
+/// (name, namespace, labels) of a test endpoint.
+type EndpointSpec = (
+    &'static str,
+    &'static str,
+    &'static [(&'static str, &'static str)],
+);
+
+/// Endpoints every test starts with.
+pub const ENDPOINTS: &[EndpointSpec] = &[
+    ("web", "default", &[("app", "web")]),
+    ("db", "default", &[("app", "db"), ("tier", "backend")]),
+    ("client", "default", &[("app", "client")]),
+    ("prod-client", "prod", &[("app", "client")]),
+    ("prom", "monitoring", &[("app", "prom")]),
+];
+
+impl World {
+    pub fn new() -> Self {
+        let mut w = Self {
+            alloc: IdentityAllocator::new(),
+            store: MemoryStore::default(),
+            cache: SelectorCache::new(),
+            repo: Repository::new(),
+            eps: BTreeMap::new(),
+            opts: ComputeOptions::default(),
+            cidrs: CidrReferences::new(),
+        };
+        for (name, ns, labels) in ENDPOINTS {
+            w.add_endpoint(name, LabelSet::for_pod(ns, labels.iter().copied()));
+        }
+        w
+    }
+
+    pub fn add_endpoint(&mut self, name: &str, labels: LabelSet) {
+        let a = self
+            .alloc
+            .acquire(&mut self.store, &IdentityKey::Labels(labels.clone()))
+            .unwrap();
+        if a.new {
+            self.cache
+                .identity_added(a.id, &IdentityKey::Labels(labels.clone()));
+        }
+        self.eps.insert(name.to_owned(), (a.id, labels));
+    }
+
+    pub fn remove_endpoint(&mut self, name: &str) {
+        let (id, _) = self.eps.remove(name).unwrap();
+        if self.alloc.release(&mut self.store, id).unwrap() {
+            self.cache.identity_removed(id);
+        }
+    }
+
+    pub fn import(&mut self, text: &str) {
+        let rules = parse_policy_file("test", text).unwrap_or_else(|e| panic!("{e}"));
+        self.repo.add(rules);
+        self.sync_cidrs();
+        self.cache.sync(&self.repo);
+    }
+
+    /// Gives every prefix the repository uses a CIDR identity and frees unused ones (the
+    /// manager's job after each import or delete).
+    pub fn sync_cidrs(&mut self) -> CidrSync {
+        let wanted = self.repo.cidr_prefixes();
+        self.cidrs
+            .sync(&wanted, &mut self.alloc, &mut self.store, &mut self.cache)
+            .unwrap()
+    }
+
+    /// What the ipcache would say for an address: the longest CIDR identity prefix, else world.
+    pub fn ip(&self, addr: &str) -> Identity {
+        let a: IpAddr = addr.parse().unwrap();
+        self.alloc
+            .cidr_identities()
+            .filter(|(p, _)| p.contains(&a))
+            .max_by_key(|(p, _): &(IpNet, Identity)| p.prefix_len())
+            .map_or(reserved::WORLD, |(_, id)| id)
+    }
+
+    /// A peer given as `ep:NAME`, `ip:ADDR`, `host` or `world`.
+    pub fn peer(&self, spec: &str) -> (Identity, Option<&LabelSet>) {
+        if let Some(name) = spec.strip_prefix("ep:") {
+            let (id, l) = &self.eps[name];
+            return (*id, Some(l));
+        }
+        if let Some(addr) = spec.strip_prefix("ip:") {
+            return (self.ip(addr), None);
+        }
+        match spec {
+            "host" => (reserved::HOST, None),
+            "world" => (reserved::WORLD, None),
+            other => panic!("bad peer {other}"),
+        }
+    }
+
+    pub fn policy(&self, ep: &str) -> EndpointPolicy {
+        compute(&self.eps[ep].1, &self.repo, &self.cache, &self.opts)
+    }
+
+    /// The map's verdict, cross-checked against trace and the deny invariant.
+    pub fn verdict(&self, ep: &str, dir: Direction, peer: &str, proto: u8, port: u16) -> Verdict {
+        let pol = self.policy(ep);
+        assert!(
+            pol.deny_shadowing_violations().is_empty(),
+            "deny invariant broken: {:?}",
+            pol.deny_shadowing_violations()
+        );
+        let (pid, _) = self.peer(peer);
+        let map = pol.lookup(dir, pid, proto, port);
+        let t = self.trace_dir(ep, dir, peer, proto, port);
+        assert_eq!(
+            t.verdict, map,
+            "trace disagrees with the map for {ep} {dir:?} {peer}: {t:?}"
+        );
+        map
+    }
+
+    /// Trace of only `ep`'s side of the flow.
+    pub fn trace_dir(&self, ep: &str, dir: Direction, peer: &str, proto: u8, port: u16) -> Trace {
+        let (eid, el) = &self.eps[ep];
+        let me = TracePeer {
+            identity: *eid,
+            labels: Some(el),
+        };
+        let other = TracePeer {
+            identity: self.peer(peer).0,
+            labels: None,
+        };
+        match dir {
+            Direction::Ingress => {
+                trace(&self.repo, &self.cache, other, me, proto, port, &self.opts)
+            }
+            Direction::Egress => trace(&self.repo, &self.cache, me, other, proto, port, &self.opts),
+        }
+    }
+}
