@@ -5,6 +5,7 @@ use sled::Transactional;
 use sled::transaction::{ConflictableTransactionError, TransactionError};
 use std::path::Path;
 use weft_api::Endpoint;
+use weft_policy::identity::IdentityKey;
 
 /// Store failures.
 #[derive(Debug, thiserror::Error)]
@@ -49,8 +50,10 @@ pub struct Store {
     endpoints: sled::Tree,
     /// IP (text) → endpoint id (u32 BE): the IPAM allocations.
     ips: sled::Tree,
-    /// Singletons: node CIDRs, counters.
+    /// Singletons: node CIDRs, counters, the policy repository.
     meta: sled::Tree,
+    /// identity (u32 BE) → `IdentityKey` JSON.
+    identities: sled::Tree,
 }
 
 const NEXT_ENDPOINT_ID: &[u8] = b"next_endpoint_id";
@@ -79,6 +82,7 @@ impl Store {
             endpoints: db.open_tree("endpoints")?,
             ips: db.open_tree("ips")?,
             meta: db.open_tree("meta")?,
+            identities: db.open_tree("identities")?,
             db,
         })
     }
@@ -177,6 +181,42 @@ impl Store {
             }
             Ok::<_, ConflictableTransactionError<StoreError>>(())
         })?;
+        self.db.flush()?;
+        Ok(())
+    }
+
+    /// Every persisted identity.
+    pub fn load_identities(&self) -> Result<Vec<(u32, IdentityKey)>, StoreError> {
+        self.identities
+            .iter()
+            .map(|kv| {
+                let (k, v) = kv?;
+                let corrupt = |detail: String| StoreError::Corrupt {
+                    key: format!("identities/{k:?}"),
+                    detail,
+                };
+                let id = k
+                    .as_ref()
+                    .try_into()
+                    .map(u32::from_be_bytes)
+                    .map_err(|_| corrupt("id is not 4 bytes".into()))?;
+                let key = serde_json::from_slice(&v).map_err(|e| corrupt(e.to_string()))?;
+                Ok((id, key))
+            })
+            .collect()
+    }
+
+    /// Persists an identity (flushed: it must exist on disk before the id is used anywhere).
+    pub fn put_identity(&self, id: u32, key: &IdentityKey) -> Result<(), StoreError> {
+        let value = serde_json::to_vec(key).expect("identity keys serialize");
+        self.identities.insert(id.to_be_bytes(), value)?;
+        self.db.flush()?;
+        Ok(())
+    }
+
+    /// Forgets a released identity.
+    pub fn remove_identity(&self, id: u32) -> Result<(), StoreError> {
+        self.identities.remove(id.to_be_bytes())?;
         self.db.flush()?;
         Ok(())
     }

@@ -1,0 +1,259 @@
+//! The manager's policy side: identities (persisted in sled so ids survive restarts), the rule
+//! repository (persisted), the selector cache and the CIDR identities the rules reference.
+//! Pure bookkeeping over `weft-policy`; the service decides what to regenerate and programs the
+//! datapath.
+
+use ipnet::IpNet;
+use std::collections::{BTreeMap, BTreeSet};
+use weft_policy::cidr::CidrReferences;
+use weft_policy::compute::{ComputeOptions, compute};
+use weft_policy::identity::{IdentityAllocator, IdentityError, IdentityKey, IdentityStore};
+use weft_policy::labels::LabelSet;
+use weft_policy::mapstate::{EndpointPolicy, Identity};
+use weft_policy::repository::{RepoChange, Repository};
+use weft_policy::rule::{PeerSelector, Rule};
+use weft_policy::selectorcache::SelectorCache;
+
+use crate::store::{Store, StoreError};
+
+const REPO_KEY: &str = "policy_repository";
+
+/// Policy bookkeeping failures.
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyStateError {
+    /// Identity allocation or persistence.
+    #[error(transparent)]
+    Identity(#[from] IdentityError),
+    /// Store.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// What an identity or repository change means for the datapath.
+#[derive(Debug, Default)]
+pub struct Effects {
+    /// Peer selectors whose identity sets changed: regenerate endpoints that use them.
+    pub changed: BTreeSet<PeerSelector>,
+    /// CIDR identities to insert into the ipcache.
+    pub ipcache_add: Vec<(IpNet, Identity)>,
+    /// CIDR prefixes to remove from the ipcache.
+    pub ipcache_remove: Vec<IpNet>,
+}
+
+/// Identities, rules and the selector cache.
+pub struct PolicyState {
+    store: Store,
+    alloc: IdentityAllocator,
+    repo: Repository,
+    cache: SelectorCache,
+    cidrs: CidrReferences,
+    options: ComputeOptions,
+}
+
+impl PolicyState {
+    /// Restores identities and rules from `store`. `endpoint_labels` are the label sets of the
+    /// endpoints that still exist: each re-takes its reference, so their ids stay the same;
+    /// identities nobody uses any more are released.
+    pub fn restore<'a>(
+        store: Store,
+        endpoint_labels: impl IntoIterator<Item = &'a LabelSet>,
+    ) -> Result<(Self, Effects), PolicyStateError> {
+        let mut alloc = IdentityAllocator::restore(store.load_identities()?)?;
+        let repo: Repository = store.get_meta(REPO_KEY)?.unwrap_or_default();
+        let mut ids = store.clone();
+        for labels in endpoint_labels {
+            alloc.acquire(&mut ids, &IdentityKey::Labels(labels.clone()))?;
+        }
+        let mut cache = SelectorCache::build(&alloc, &repo);
+        let mut cidrs = CidrReferences::new();
+        let sync = cidrs.sync(&repo.cidr_prefixes(), &mut alloc, &mut ids, &mut cache)?;
+        for id in alloc.release_unused(&mut ids)? {
+            cache.identity_removed(id);
+        }
+        let effects = Effects {
+            changed: sync.changed,
+            ipcache_add: cidrs.held().iter().map(|(p, id)| (*p, *id)).collect(),
+            ipcache_remove: Vec::new(),
+        };
+        Ok((
+            Self {
+                store,
+                alloc,
+                repo,
+                cache,
+                cidrs,
+                options: ComputeOptions::default(),
+            },
+            effects,
+        ))
+    }
+
+    /// The repository.
+    #[must_use]
+    pub fn repo(&self) -> &Repository {
+        &self.repo
+    }
+
+    /// The selector cache.
+    #[must_use]
+    pub fn cache(&self) -> &SelectorCache {
+        &self.cache
+    }
+
+    /// Options of the computation.
+    #[must_use]
+    pub fn options(&self) -> &ComputeOptions {
+        &self.options
+    }
+
+    /// Every identity with what it stands for, and its reference count.
+    pub fn identities(&self) -> impl Iterator<Item = (Identity, &IdentityKey, u64)> {
+        self.alloc
+            .iter()
+            .map(|(id, key)| (id, key, self.alloc.refcount(id).unwrap_or(0)))
+    }
+
+    /// Takes a reference on the identity of `labels` (allocating and persisting it if new).
+    pub fn acquire(&mut self, labels: &LabelSet) -> Result<(Identity, Effects), PolicyStateError> {
+        let key = IdentityKey::Labels(labels.clone());
+        let mut ids = self.store.clone();
+        let got = self.alloc.acquire(&mut ids, &key)?;
+        let mut effects = Effects::default();
+        if got.new {
+            effects.changed = self.cache.identity_added(got.id, &key);
+        }
+        Ok((got.id, effects))
+    }
+
+    /// Drops a reference; the identity is freed (and forgotten on disk) with its last one.
+    pub fn release(&mut self, id: Identity) -> Result<Effects, PolicyStateError> {
+        let mut ids = self.store.clone();
+        let mut effects = Effects::default();
+        match self.alloc.release(&mut ids, id) {
+            Ok(true) => effects.changed = self.cache.identity_removed(id),
+            Ok(false) | Err(IdentityError::NotAllocated(_)) => {}
+            Err(e) => return Err(e.into()),
+        }
+        Ok(effects)
+    }
+
+    /// Adds rules (same labels replace) and persists the repository.
+    pub fn add_rules(
+        &mut self,
+        rules: Vec<Rule>,
+    ) -> Result<(RepoChange, Effects), PolicyStateError> {
+        let change = self.repo.add(rules);
+        self.after_repo_change(change)
+    }
+
+    /// Deletes rules whose labels contain `filter` (all rules for an empty filter + `all`).
+    pub fn delete_rules(
+        &mut self,
+        filter: &[weft_policy::labels::Label],
+        all: bool,
+    ) -> Result<(RepoChange, Effects), PolicyStateError> {
+        let change = if all {
+            self.repo.delete_all()
+        } else {
+            self.repo.delete(filter)
+        };
+        self.after_repo_change(change)
+    }
+
+    fn after_repo_change(
+        &mut self,
+        change: RepoChange,
+    ) -> Result<(RepoChange, Effects), PolicyStateError> {
+        let mut effects = Effects::default();
+        if change.is_empty() {
+            return Ok((change, effects));
+        }
+        self.store.put_meta(REPO_KEY, &self.repo)?;
+        self.cache.sync(&self.repo);
+        let mut ids = self.store.clone();
+        let sync = self.cidrs.sync(
+            &self.repo.cidr_prefixes(),
+            &mut self.alloc,
+            &mut ids,
+            &mut self.cache,
+        )?;
+        effects.changed = sync.changed;
+        effects.ipcache_add = sync.added;
+        effects.ipcache_remove = sync.released.into_iter().map(|(p, _)| p).collect();
+        Ok((change, effects))
+    }
+
+    /// The policy an endpoint with `labels` must enforce now.
+    #[must_use]
+    pub fn compute(&self, labels: &LabelSet) -> EndpointPolicy {
+        compute(labels, &self.repo, &self.cache, &self.options)
+    }
+
+    /// CIDR identities currently referenced (for the ipcache at start).
+    #[must_use]
+    pub fn cidr_identities(&self) -> BTreeMap<IpNet, Identity> {
+        self.cidrs.held().clone()
+    }
+}
+
+impl IdentityStore for Store {
+    fn save(
+        &mut self,
+        id: Identity,
+        key: &IdentityKey,
+    ) -> Result<(), weft_policy::identity::StoreError> {
+        self.put_identity(id, key)
+            .map_err(|e| weft_policy::identity::StoreError(e.to_string()))
+    }
+
+    fn remove(&mut self, id: Identity) -> Result<(), weft_policy::identity::StoreError> {
+        self.remove_identity(id)
+            .map_err(|e| weft_policy::identity::StoreError(e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn labels(app: &str) -> LabelSet {
+        LabelSet::for_pod("default", [("app", app)])
+    }
+
+    #[test]
+    fn identities_survive_a_restart_with_the_same_ids() {
+        let store = Store::temporary().unwrap();
+        let (mut st, _) = PolicyState::restore(store.clone(), []).unwrap();
+        let (a, _) = st.acquire(&labels("a")).unwrap();
+        let (b, _) = st.acquire(&labels("b")).unwrap();
+        assert!(a >= 256 && b >= 256 && a != b);
+        drop(st);
+        let la = labels("a");
+        let (st, _) = PolicyState::restore(store.clone(), [&la]).unwrap();
+        let ids: Vec<_> = st.identities().map(|(id, _, refs)| (id, refs)).collect();
+        assert_eq!(ids, vec![(a, 1)], "b had no endpoint left and was released");
+        assert_eq!(store.load_identities().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn rules_persist_and_revision_moves() {
+        let store = Store::temporary().unwrap();
+        let (mut st, _) = PolicyState::restore(store.clone(), []).unwrap();
+        let rules = weft_policy::parse::parse_policy_file(
+            "t.json",
+            r#"[{"labels":[{"key":"name","value":"r"}],"endpointSelector":{"matchLabels":{"app":"a"}},
+                "egress":[{"toCIDR":["192.0.2.0/24"]}]}]"#,
+        )
+        .unwrap();
+        let (change, effects) = st.add_rules(rules).unwrap();
+        assert_eq!(change.revision, st.repo().revision());
+        assert_eq!(effects.ipcache_add.len(), 1, "the CIDR got an identity");
+        let (st2, eff2) = PolicyState::restore(store, []).unwrap();
+        assert_eq!(st2.repo().revision(), change.revision);
+        assert_eq!(
+            eff2.ipcache_add, effects.ipcache_add,
+            "same CIDR identity after restart"
+        );
+        assert!(st2.compute(&labels("a")).egress_enforced);
+    }
+}
