@@ -11,7 +11,7 @@
 
 #define SIZE(s) printf("    (\"%s\", \"\", %zu),\n", #s, sizeof(struct s))
 #define FIELD(s, f) printf("    (\"%s\", \"%s\", %zu),\n", #s, #f, offsetof(struct s, f))
-#define CONST(ty, name) printf("/// `%s` from weft_maps.h.\npub const %s: %s = %llu;\n", #name, &(#name)[5], #ty, (unsigned long long)(name))
+#define CONST(ty, name) printf("/// `%s` from `weft_maps.h`.\npub const %s: %s = %llu;\n", #name, &(#name)[5], #ty, (unsigned long long)(name))
 
 int main(void)
 {

@@ -1,4 +1,4 @@
-//! Weft's eBPF datapath: the object compiled from `ebpf/weft_tc.c` by build.rs, and the
+//! Weft's eBPF datapath: the object compiled from `ebpf/weft_tc.c` by `build.rs`, and the
 //! `#[repr(C)]` mirrors of the map keys/values/events declared in `ebpf/include/weft_maps.h`.
 //!
 //! The constants (directions, flags, reasons, prefix lengths) are generated from the C header, so

@@ -46,7 +46,7 @@ pub mod proto {
     pub const TCP: u8 = 6;
     /// UDP.
     pub const UDP: u8 = 17;
-    /// ICMPv6.
+    /// `ICMPv6`.
     pub const ICMPV6: u8 = 58;
     /// SCTP.
     pub const SCTP: u8 = 132;
