@@ -1,1 +1,66 @@
-//! eBPF datapath (filled by the datapath issue).
+//! The eBPF datapath seen from the manager: attach per-endpoint programs, keep the endpoint,
+//! ipcache and policy maps in sync, read drop events.
+//!
+//! [`Datapath`] is the seam: [`BpfDatapath`] talks to the kernel (root, bpffs), [`FakeDatapath`]
+//! records calls in memory so the rest of the manager is unit-tested without privileges.
+//! Map encodings and the attach mode are described in `docs/DATAPATH.md`.
+
+mod attach;
+mod bpf;
+mod bpffs;
+mod dump;
+mod encode;
+mod error;
+mod events;
+mod fake;
+mod types;
+
+pub use bpf::BpfDatapath;
+pub use encode::{PolicyBlock, encode_policy, lookup_encoded};
+pub use error::DatapathError;
+pub use fake::{FakeCall, FakeDatapath};
+pub use types::{DatapathConfig, DropEvent, EndpointDatapath, MapSummary, drop_reason_name};
+
+use std::collections::BTreeSet;
+use weft_policy::mapstate::EndpointPolicy;
+
+/// Everything the manager asks of the datapath. Implementations are internally synchronised.
+pub trait Datapath: Send + Sync {
+    /// Attaches both programs to the endpoint's host veth (the attachment outlives the manager)
+    /// and writes its `endpoints` and ipcache (`ip/32`, `ip/128` → identity) entries. Calling it
+    /// again for an attached endpoint atomically replaces the programs with the loaded ones and
+    /// rewrites the entries: this is how a restarted manager re-adopts its endpoints. Enforcement
+    /// flags already installed for the endpoint are kept.
+    fn attach_endpoint(&self, ep: &EndpointDatapath) -> Result<(), DatapathError>;
+
+    /// Detaches the programs (a missing veth counts as detached) and removes every map entry that
+    /// refers to the endpoint: endpoints, its ipcache host entries, policy, ct and metrics.
+    fn detach_endpoint(&self, ep: &EndpointDatapath) -> Result<(), DatapathError>;
+
+    /// Installs `policy` for the endpoint by diff against what is installed: new and changed
+    /// entries first, then the enforcement flags, then stale entries are removed, so a packet
+    /// allowed by both the old and the new policy is never dropped in between.
+    fn apply_policy(&self, endpoint_id: u32, policy: &EndpointPolicy) -> Result<(), DatapathError>;
+
+    /// Maps a prefix to an identity in the ipcache.
+    fn upsert_ipcache(&self, prefix: ipnet::IpNet, identity: u32) -> Result<(), DatapathError>;
+
+    /// Removes an ipcache prefix (missing is fine).
+    fn remove_ipcache(&self, prefix: ipnet::IpNet) -> Result<(), DatapathError>;
+
+    /// Endpoint ids present in the `endpoints` map (what survived in the kernel).
+    fn endpoint_ids(&self) -> Result<BTreeSet<u32>, DatapathError>;
+
+    /// Removes every entry of endpoints not in `keep` from endpoints, policy, ct and metrics
+    /// (restart reconciliation). Returns the endpoint ids that were removed.
+    fn reconcile(&self, keep: &BTreeSet<u32>) -> Result<BTreeSet<u32>, DatapathError>;
+
+    /// One line per map: name, type, entries, max entries.
+    fn map_list(&self) -> Vec<MapSummary>;
+
+    /// Decoded entries of one map (IPs, identities, ports, verdicts as JSON).
+    fn map_dump(&self, name: &str) -> Result<Vec<serde_json::Value>, DatapathError>;
+
+    /// Drop events from now on.
+    fn subscribe_events(&self) -> tokio::sync::broadcast::Receiver<DropEvent>;
+}

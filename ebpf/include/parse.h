@@ -1,0 +1,169 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Packet parsing into a flow tuple. Uses bpf_skb_load_bytes rather than direct packet access:
+ * it copes with headers outside the linear area (GSO packets on veth) and keeps the verifier
+ * happy with the variable IPv4/IPv6 header lengths without re-checking data_end at every step.
+ */
+#ifndef WEFT_PARSE_H
+#define WEFT_PARSE_H
+
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/in.h>
+#include <linux/ip.h>
+#include <linux/ipv6.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+#include "weft_maps.h"
+
+#define IPV6_MAX_EXT_HEADERS 4
+
+#ifndef IPPROTO_ICMPV6
+#define IPPROTO_ICMPV6 58
+#endif
+#define NEXTHDR_HOP 0
+#define NEXTHDR_ROUTING 43
+#define NEXTHDR_FRAGMENT 44
+#define NEXTHDR_AUTH 51
+#define NEXTHDR_DEST 60
+
+#define ICMP_ECHOREPLY 0
+#define ICMP_ECHO 8
+#define ICMPV6_ECHO_REQUEST 128
+#define ICMPV6_ECHO_REPLY 129
+#define NDISC_ROUTER_SOLICITATION 133
+#define NDISC_NEIGHBOUR_ADVERTISEMENT 136
+
+enum parse_result {
+	PARSE_OK = 0,
+	PARSE_NEIGHBOUR,
+	PARSE_INVALID,
+};
+
+struct flow {
+	__u8 saddr[16];
+	__u8 daddr[16];
+	__be16 sport;
+	__be16 dport;
+	/* Port used for the policy lookup: dport for TCP/UDP/SCTP, the type for ICMP. */
+	__be16 policy_port;
+	__u8 proto;
+	__u8 family;
+	/* ICMP echo request: may create a ct entry. */
+	__u8 icmp_echo_request;
+	/* TCP/UDP/SCTP: may create a ct entry. */
+	__u8 has_ports;
+};
+
+static __always_inline int parse_l4(struct __sk_buff *skb, __u32 off, struct flow *f, int first_frag)
+{
+	/* Later fragments carry no L4 header: they are matched with ports 0. */
+	if (!first_frag)
+		return PARSE_OK;
+
+	switch (f->proto) {
+	case IPPROTO_TCP:
+	case IPPROTO_UDP:
+	case IPPROTO_SCTP: {
+		__be16 ports[2];
+
+		if (bpf_skb_load_bytes(skb, off, ports, sizeof(ports)) < 0)
+			return PARSE_INVALID;
+		f->sport = ports[0];
+		f->dport = ports[1];
+		f->policy_port = ports[1];
+		f->has_ports = 1;
+		return PARSE_OK;
+	}
+	case IPPROTO_ICMP:
+	case IPPROTO_ICMPV6: {
+		/* type, code, checksum, then (echo) identifier and sequence. */
+		__u8 hdr[8];
+
+		if (bpf_skb_load_bytes(skb, off, hdr, sizeof(hdr)) < 0)
+			return PARSE_INVALID;
+		__u8 type = hdr[0];
+		__be16 id;
+
+		__builtin_memcpy(&id, &hdr[4], sizeof(id));
+
+		if (f->proto == IPPROTO_ICMPV6 && type >= NDISC_ROUTER_SOLICITATION &&
+		    type <= NDISC_NEIGHBOUR_ADVERTISEMENT)
+			return PARSE_NEIGHBOUR;
+		f->policy_port = bpf_htons(type);
+		if ((f->proto == IPPROTO_ICMP && type == ICMP_ECHO) ||
+		    (f->proto == IPPROTO_ICMPV6 && type == ICMPV6_ECHO_REQUEST)) {
+			f->sport = id;
+			f->icmp_echo_request = 1;
+		} else if ((f->proto == IPPROTO_ICMP && type == ICMP_ECHOREPLY) ||
+			   (f->proto == IPPROTO_ICMPV6 && type == ICMPV6_ECHO_REPLY)) {
+			f->dport = id;
+		}
+		return PARSE_OK;
+	}
+	default:
+		return PARSE_OK;
+	}
+}
+
+static __always_inline int parse_ipv4(struct __sk_buff *skb, struct flow *f)
+{
+	struct iphdr ip;
+
+	if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip, sizeof(ip)) < 0)
+		return PARSE_INVALID;
+	if (ip.ihl < 5)
+		return PARSE_INVALID;
+	f->family = WEFT_FAMILY_V4;
+	f->proto = ip.protocol;
+	__builtin_memcpy(f->saddr, &ip.saddr, 4);
+	__builtin_memcpy(f->daddr, &ip.daddr, 4);
+	int first_frag = (ip.frag_off & bpf_htons(0x1fff)) == 0;
+
+	return parse_l4(skb, ETH_HLEN + ip.ihl * 4, f, first_frag);
+}
+
+static __always_inline int parse_ipv6(struct __sk_buff *skb, struct flow *f)
+{
+	struct ipv6hdr ip6;
+	__u32 off = ETH_HLEN + sizeof(ip6);
+	int first_frag = 1;
+
+	if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip6, sizeof(ip6)) < 0)
+		return PARSE_INVALID;
+	f->family = WEFT_FAMILY_V6;
+	__builtin_memcpy(f->saddr, &ip6.saddr, 16);
+	__builtin_memcpy(f->daddr, &ip6.daddr, 16);
+	__u8 nexthdr = ip6.nexthdr;
+
+	/* Bounded walk over the extension headers a pod commonly emits; anything else is the
+	 * L4 protocol as far as policy is concerned. */
+#pragma unroll
+	for (int i = 0; i < IPV6_MAX_EXT_HEADERS; i++) {
+		__u8 ext[2];
+
+		if (nexthdr != NEXTHDR_HOP && nexthdr != NEXTHDR_ROUTING && nexthdr != NEXTHDR_DEST &&
+		    nexthdr != NEXTHDR_FRAGMENT && nexthdr != NEXTHDR_AUTH)
+			break;
+		if (bpf_skb_load_bytes(skb, off, ext, sizeof(ext)) < 0)
+			return PARSE_INVALID;
+		if (nexthdr == NEXTHDR_FRAGMENT) {
+			__be16 frag_off;
+
+			if (bpf_skb_load_bytes(skb, off + 2, &frag_off, sizeof(frag_off)) < 0)
+				return PARSE_INVALID;
+			first_frag = (frag_off & bpf_htons(0xfff8)) == 0;
+			off += 8;
+		} else if (nexthdr == NEXTHDR_AUTH) {
+			off += (ext[1] + 2) * 4;
+		} else {
+			off += (ext[1] + 1) * 8;
+		}
+		nexthdr = ext[0];
+	}
+	f->proto = nexthdr;
+	return parse_l4(skb, off, f, first_frag);
+}
+
+#endif /* WEFT_PARSE_H */

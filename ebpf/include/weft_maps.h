@@ -1,0 +1,150 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Map keys, values and events shared by the datapath programs and the manager.
+ *
+ * This header is the single C definition; ebpf/src/lib.rs mirrors each struct with #[repr(C)] and
+ * ebpf/build.rs compiles ebpf/layout/layout.c (which includes this file) for the host so a test can
+ * compare every size and offset. Keep padding explicit: the kernel hashes and compares whole keys,
+ * so an implicit hole with garbage in it would make two equal keys differ.
+ */
+#ifndef WEFT_MAPS_H
+#define WEFT_MAPS_H
+
+#include <linux/types.h>
+
+/* Direction from the endpoint's point of view (policy_key.direction, metrics, events). */
+#define WEFT_DIR_INGRESS 0
+#define WEFT_DIR_EGRESS 1
+
+/* endpoint_info.flags */
+#define WEFT_EP_INGRESS_ENFORCED (1u << 0)
+#define WEFT_EP_EGRESS_ENFORCED (1u << 1)
+#define WEFT_EP_HAS_IPV4 (1u << 2)
+#define WEFT_EP_HAS_IPV6 (1u << 3)
+
+/* endpoints: HASH, key = host-side ifindex (__u32). */
+struct endpoint_info {
+	__u32 endpoint_id;
+	__u32 identity;
+	__u32 flags;
+	__u8 mac[6];
+	__u8 pad[2];
+	__u8 ipv4[4];
+	__u8 ipv6[16];
+};
+
+#define WEFT_FAMILY_V4 4
+#define WEFT_FAMILY_V6 6
+
+/*
+ * ipcache: LPM_TRIE. The family byte and padding are always part of the prefix, so
+ * prefixlen = 32 + address prefix length; an IPv4 address uses addr[0..4].
+ */
+struct ipcache_key {
+	__u32 prefixlen;
+	__u8 family;
+	__u8 pad[3];
+	__u8 addr[16];
+};
+#define WEFT_IPCACHE_FIXED_PREFIX 32
+
+struct ipcache_value {
+	__u32 identity;
+	__u32 flags;
+};
+
+/*
+ * policy: one global LPM_TRIE for every endpoint (see docs/DATAPATH.md). endpoint_id, identity
+ * and direction are always in the prefix (72 bits); proto adds 8 bits unless it is a wildcard;
+ * dport (network byte order, so its high bits come first) adds 0..16 bits for an aligned
+ * power-of-two port block.
+ */
+struct policy_key {
+	__u32 prefixlen;
+	__u32 endpoint_id;
+	__u32 identity;
+	__u8 direction;
+	__u8 proto;
+	__be16 dport;
+};
+#define WEFT_POLICY_FIXED_PREFIX 72
+#define WEFT_POLICY_PROTO_PREFIX 80
+#define WEFT_POLICY_FULL_PREFIX 96
+
+#define WEFT_VERDICT_ALLOW 1
+#define WEFT_VERDICT_DENY 2
+
+struct policy_value {
+	__u8 verdict;
+	__u8 pad[3];
+};
+
+/*
+ * ct: LRU_HASH. One entry per flow per endpoint and direction of the packet that created it,
+ * keyed by that packet's tuple. A packet matches as "established" on its own tuple and as
+ * "reply" on the reversed tuple with the opposite direction. endpoint_id and direction are in
+ * the key so that the sending pod's entry never lets a packet skip the receiving pod's policy.
+ * ICMP echo uses (id, 0) as ports for requests and (0, id) for replies.
+ */
+struct ct_key {
+	__u8 saddr[16];
+	__u8 daddr[16];
+	__be16 sport;
+	__be16 dport;
+	__u32 endpoint_id;
+	__u8 proto;
+	__u8 direction;
+	__u8 family;
+	__u8 pad;
+};
+
+struct ct_value {
+	__u64 created_ns;
+	__u64 last_seen_ns;
+	__u8 reason;
+	__u8 pad[7];
+};
+
+/* Reasons (metrics_key.reason, drop_event.reason, ct_value.reason). */
+#define WEFT_REASON_ALLOW_POLICY 1
+#define WEFT_REASON_ALLOW_NOT_ENFORCED 2
+#define WEFT_REASON_ALLOW_ESTABLISHED 3
+#define WEFT_REASON_ALLOW_REPLY 4
+#define WEFT_REASON_PASS_NEIGHBOUR 5
+#define WEFT_REASON_PASS_NOT_IP 6
+#define WEFT_REASON_DROP_POLICY_DENY 7
+#define WEFT_REASON_DROP_POLICY_DEFAULT 8
+#define WEFT_REASON_DROP_INVALID 9
+#define WEFT_REASON_MAX 9
+
+/* metrics: PERCPU_HASH. */
+struct metrics_key {
+	__u32 endpoint_id;
+	__u8 direction;
+	__u8 reason;
+	__u16 pad;
+};
+
+struct metrics_value {
+	__u64 packets;
+	__u64 bytes;
+};
+
+/* events: RINGBUF of drop_event. */
+struct drop_event {
+	__u64 ts_ns;
+	__u32 endpoint_id;
+	__u32 ifindex;
+	__u32 src_identity;
+	__u32 dst_identity;
+	__u8 direction;
+	__u8 reason;
+	__u8 family;
+	__u8 proto;
+	__be16 sport;
+	__be16 dport;
+	__u8 saddr[16];
+	__u8 daddr[16];
+};
+
+#endif /* WEFT_MAPS_H */

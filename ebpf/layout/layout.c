@@ -1,0 +1,102 @@
+// SPDX-License-Identifier: Apache-2.0
+/*
+ * Host program run by build.rs: prints the C layout of every map struct and the values of the
+ * shared #defines as Rust source, so the Rust mirror can be checked (sizes/offsets) and the
+ * constants have one definition (weft_maps.h).
+ */
+#include <stddef.h>
+#include <stdio.h>
+
+#include "weft_maps.h"
+
+#define SIZE(s) printf("    (\"%s\", \"\", %zu),\n", #s, sizeof(struct s))
+#define FIELD(s, f) printf("    (\"%s\", \"%s\", %zu),\n", #s, #f, offsetof(struct s, f))
+#define CONST(ty, name) printf("/// `%s` from `weft_maps.h`.\npub const %s: %s = %llu;\n", #name, &(#name)[5], #ty, (unsigned long long)(name))
+
+int main(void)
+{
+	CONST(u8, WEFT_DIR_INGRESS);
+	CONST(u8, WEFT_DIR_EGRESS);
+	CONST(u32, WEFT_EP_INGRESS_ENFORCED);
+	CONST(u32, WEFT_EP_EGRESS_ENFORCED);
+	CONST(u32, WEFT_EP_HAS_IPV4);
+	CONST(u32, WEFT_EP_HAS_IPV6);
+	CONST(u8, WEFT_FAMILY_V4);
+	CONST(u8, WEFT_FAMILY_V6);
+	CONST(u32, WEFT_IPCACHE_FIXED_PREFIX);
+	CONST(u32, WEFT_POLICY_FIXED_PREFIX);
+	CONST(u32, WEFT_POLICY_PROTO_PREFIX);
+	CONST(u32, WEFT_POLICY_FULL_PREFIX);
+	CONST(u8, WEFT_VERDICT_ALLOW);
+	CONST(u8, WEFT_VERDICT_DENY);
+	CONST(u8, WEFT_REASON_ALLOW_POLICY);
+	CONST(u8, WEFT_REASON_ALLOW_NOT_ENFORCED);
+	CONST(u8, WEFT_REASON_ALLOW_ESTABLISHED);
+	CONST(u8, WEFT_REASON_ALLOW_REPLY);
+	CONST(u8, WEFT_REASON_PASS_NEIGHBOUR);
+	CONST(u8, WEFT_REASON_PASS_NOT_IP);
+	CONST(u8, WEFT_REASON_DROP_POLICY_DENY);
+	CONST(u8, WEFT_REASON_DROP_POLICY_DEFAULT);
+	CONST(u8, WEFT_REASON_DROP_INVALID);
+	CONST(u8, WEFT_REASON_MAX);
+
+	printf("/// (struct, field or \"\" for sizeof, offset or size) as the C compiler laid them out.\n");
+	printf("pub const C_LAYOUT: &[(&str, &str, usize)] = &[\n");
+	SIZE(endpoint_info);
+	FIELD(endpoint_info, endpoint_id);
+	FIELD(endpoint_info, identity);
+	FIELD(endpoint_info, flags);
+	FIELD(endpoint_info, mac);
+	FIELD(endpoint_info, ipv4);
+	FIELD(endpoint_info, ipv6);
+	SIZE(ipcache_key);
+	FIELD(ipcache_key, family);
+	FIELD(ipcache_key, addr);
+	SIZE(ipcache_value);
+	FIELD(ipcache_value, identity);
+	FIELD(ipcache_value, flags);
+	SIZE(policy_key);
+	FIELD(policy_key, endpoint_id);
+	FIELD(policy_key, identity);
+	FIELD(policy_key, direction);
+	FIELD(policy_key, proto);
+	FIELD(policy_key, dport);
+	SIZE(policy_value);
+	FIELD(policy_value, verdict);
+	SIZE(ct_key);
+	FIELD(ct_key, saddr);
+	FIELD(ct_key, daddr);
+	FIELD(ct_key, sport);
+	FIELD(ct_key, dport);
+	FIELD(ct_key, endpoint_id);
+	FIELD(ct_key, proto);
+	FIELD(ct_key, direction);
+	FIELD(ct_key, family);
+	SIZE(ct_value);
+	FIELD(ct_value, created_ns);
+	FIELD(ct_value, last_seen_ns);
+	FIELD(ct_value, reason);
+	SIZE(metrics_key);
+	FIELD(metrics_key, endpoint_id);
+	FIELD(metrics_key, direction);
+	FIELD(metrics_key, reason);
+	SIZE(metrics_value);
+	FIELD(metrics_value, packets);
+	FIELD(metrics_value, bytes);
+	SIZE(drop_event);
+	FIELD(drop_event, ts_ns);
+	FIELD(drop_event, endpoint_id);
+	FIELD(drop_event, ifindex);
+	FIELD(drop_event, src_identity);
+	FIELD(drop_event, dst_identity);
+	FIELD(drop_event, direction);
+	FIELD(drop_event, reason);
+	FIELD(drop_event, family);
+	FIELD(drop_event, proto);
+	FIELD(drop_event, sport);
+	FIELD(drop_event, dport);
+	FIELD(drop_event, saddr);
+	FIELD(drop_event, daddr);
+	printf("];\n");
+	return 0;
+}

@@ -1,0 +1,289 @@
+// SPDX-License-Identifier: Apache-2.0
+/*
+ * Weft's per-endpoint datapath, attached to the host side of each pod's veth:
+ *   from_pod  (tc ingress of the host veth)  = packets leaving the pod  -> the pod's EGRESS policy
+ *   to_pod    (tc egress of the host veth)   = packets entering the pod -> the pod's INGRESS policy
+ * Order per IP packet: conntrack (own tuple, then reversed tuple) -> enforcement flag -> policy
+ * (exact peer identity, then identity 0; deny beats allow) -> create ct entry -> metrics, and a
+ * ringbuf event on drop. docs/DATAPATH.md describes the map encodings.
+ */
+#include <linux/bpf.h>
+#include <linux/pkt_cls.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+#include "weft_maps.h"
+#include "parse.h"
+
+#define ETH_P_IP_BE bpf_htons(0x0800)
+#define ETH_P_IPV6_BE bpf_htons(0x86DD)
+#define ETH_P_ARP_BE bpf_htons(0x0806)
+
+/* Idle lifetimes of conntrack entries; LRU eviction bounds the table anyway. */
+#define CT_LIFETIME_TCP_NS (6ULL * 3600 * 1000000000ULL)
+#define CT_LIFETIME_OTHER_NS (60ULL * 1000000000ULL)
+/* Refresh last_seen at most once a second: a write per packet would bounce the cache line
+ * between CPUs for every packet of a busy flow. */
+#define CT_REFRESH_NS 1000000000ULL
+
+/* Default sizes; the manager overrides every max_entries at load time (DatapathConfig). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32);
+	__type(value, struct endpoint_info);
+	__uint(max_entries, 65536);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} endpoints SEC(".maps");
+
+/* LPM tries must be created with BPF_F_NO_PREALLOC (the kernel rejects them otherwise). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__type(key, struct ipcache_key);
+	__type(value, struct ipcache_value);
+	__uint(max_entries, 512 * 1024);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} ipcache SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__type(key, struct policy_key);
+	__type(value, struct policy_value);
+	__uint(max_entries, 1024 * 1024);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} policy SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct ct_key);
+	__type(value, struct ct_value);
+	__uint(max_entries, 512 * 1024);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} ct SEC(".maps");
+
+/* Not preallocated: per-CPU values for every possible (endpoint, direction, reason) would cost
+ * max_entries * ncpus * 16 bytes up front. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__type(key, struct metrics_key);
+	__type(value, struct metrics_value);
+	__uint(max_entries, 256 * 1024);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} metrics SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 256 * 1024);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} events SEC(".maps");
+
+static __always_inline void count(__u32 endpoint_id, __u8 dir, __u8 reason, __u32 len)
+{
+	struct metrics_key k = { .endpoint_id = endpoint_id, .direction = dir, .reason = reason };
+	struct metrics_value *v = bpf_map_lookup_elem(&metrics, &k);
+
+	if (v) {
+		/* Per-CPU value: no atomics needed. */
+		v->packets += 1;
+		v->bytes += len;
+		return;
+	}
+	struct metrics_value init = { .packets = 1, .bytes = len };
+
+	bpf_map_update_elem(&metrics, &k, &init, BPF_NOEXIST);
+}
+
+static __always_inline __u32 peer_identity(const struct flow *f, const __u8 *addr)
+{
+	struct ipcache_key k = { .family = f->family };
+
+	__builtin_memcpy(k.addr, addr, 16);
+	k.prefixlen = WEFT_IPCACHE_FIXED_PREFIX + (f->family == WEFT_FAMILY_V4 ? 32 : 128);
+	struct ipcache_value *v = bpf_map_lookup_elem(&ipcache, &k);
+
+	/* The manager installs 0.0.0.0/0 and ::/0 -> world; a miss means the same. */
+	return v ? v->identity : 2;
+}
+
+static __always_inline __u8 policy_verdict(__u32 endpoint_id, __u32 identity, __u8 dir,
+					   const struct flow *f)
+{
+	struct policy_key k = {
+		.prefixlen = WEFT_POLICY_FULL_PREFIX,
+		.endpoint_id = endpoint_id,
+		.identity = identity,
+		.direction = dir,
+		.proto = f->proto,
+		.dport = f->policy_port,
+	};
+	/* Within one identity the userspace encoding already resolved deny-over-allow (a block
+	 * covered by a deny is stored as deny), so the longest match is the answer for that
+	 * identity. Across the exact identity and the wildcard 0, deny in either wins. */
+	struct policy_value *exact = bpf_map_lookup_elem(&policy, &k);
+
+	if (exact && exact->verdict == WEFT_VERDICT_DENY)
+		return WEFT_VERDICT_DENY;
+	k.identity = 0;
+	struct policy_value *any = bpf_map_lookup_elem(&policy, &k);
+
+	if (any)
+		return any->verdict;
+	return exact ? exact->verdict : 0;
+}
+
+static __always_inline void ct_fill(struct ct_key *k, const struct flow *f, __u32 endpoint_id,
+				    __u8 dir, int reverse)
+{
+	k->endpoint_id = endpoint_id;
+	k->proto = f->proto;
+	k->family = f->family;
+	if (!reverse) {
+		__builtin_memcpy(k->saddr, f->saddr, 16);
+		__builtin_memcpy(k->daddr, f->daddr, 16);
+		k->sport = f->sport;
+		k->dport = f->dport;
+		k->direction = dir;
+	} else {
+		__builtin_memcpy(k->saddr, f->daddr, 16);
+		__builtin_memcpy(k->daddr, f->saddr, 16);
+		k->sport = f->dport;
+		k->dport = f->sport;
+		k->direction = dir ^ 1;
+	}
+}
+
+static __always_inline int ct_alive(struct ct_value *v, __u8 proto, __u64 now)
+{
+	__u64 lifetime = proto == IPPROTO_TCP ? CT_LIFETIME_TCP_NS : CT_LIFETIME_OTHER_NS;
+
+	if (now - v->last_seen_ns > lifetime)
+		return 0;
+	if (now - v->last_seen_ns > CT_REFRESH_NS)
+		v->last_seen_ns = now;
+	return 1;
+}
+
+static __always_inline void send_drop(struct __sk_buff *skb, const struct endpoint_info *ep,
+				      __u8 dir, __u8 reason, const struct flow *f, __u32 peer)
+{
+	struct drop_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+
+	if (!e)
+		return;
+	e->ts_ns = bpf_ktime_get_ns();
+	e->endpoint_id = ep->endpoint_id;
+	e->ifindex = skb->ifindex;
+	/* The peer is the source of packets entering the pod and the destination of those
+	 * leaving it. */
+	e->src_identity = dir == WEFT_DIR_INGRESS ? peer : ep->identity;
+	e->dst_identity = dir == WEFT_DIR_INGRESS ? ep->identity : peer;
+	e->direction = dir;
+	e->reason = reason;
+	e->family = f->family;
+	e->proto = f->proto;
+	e->sport = f->sport;
+	e->dport = f->proto == IPPROTO_ICMP || f->proto == IPPROTO_ICMPV6 ? f->policy_port : f->dport;
+	__builtin_memcpy(e->saddr, f->saddr, 16);
+	__builtin_memcpy(e->daddr, f->daddr, 16);
+	bpf_ringbuf_submit(e, 0);
+}
+
+static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
+{
+	__u32 ifindex = skb->ifindex;
+	struct endpoint_info *ep = bpf_map_lookup_elem(&endpoints, &ifindex);
+	__u32 endpoint_id = ep ? ep->endpoint_id : 0;
+	__be16 l3 = skb->protocol;
+
+	if (l3 == ETH_P_ARP_BE) {
+		count(endpoint_id, dir, WEFT_REASON_PASS_NEIGHBOUR, skb->len);
+		return TC_ACT_OK;
+	}
+	if (l3 != ETH_P_IP_BE && l3 != ETH_P_IPV6_BE) {
+		count(endpoint_id, dir, WEFT_REASON_PASS_NOT_IP, skb->len);
+		return TC_ACT_OK;
+	}
+	/* Not (or no longer) an endpoint: a stale attachment must not black-hole traffic. */
+	if (!ep)
+		return TC_ACT_OK;
+
+	__u32 enforced_flag = dir == WEFT_DIR_EGRESS ? WEFT_EP_EGRESS_ENFORCED : WEFT_EP_INGRESS_ENFORCED;
+	int enforced = (ep->flags & enforced_flag) != 0;
+	struct flow f = {};
+	int res = l3 == ETH_P_IP_BE ? parse_ipv4(skb, &f) : parse_ipv6(skb, &f);
+
+	if (res == PARSE_NEIGHBOUR) {
+		count(endpoint_id, dir, WEFT_REASON_PASS_NEIGHBOUR, skb->len);
+		return TC_ACT_OK;
+	}
+	if (res == PARSE_INVALID) {
+		if (!enforced) {
+			count(endpoint_id, dir, WEFT_REASON_ALLOW_NOT_ENFORCED, skb->len);
+			return TC_ACT_OK;
+		}
+		count(endpoint_id, dir, WEFT_REASON_DROP_INVALID, skb->len);
+		send_drop(skb, ep, dir, WEFT_REASON_DROP_INVALID, &f, 0);
+		return TC_ACT_SHOT;
+	}
+
+	__u64 now = bpf_ktime_get_ns();
+	struct ct_key ck = {};
+	struct ct_value *cv;
+
+	ct_fill(&ck, &f, endpoint_id, dir, 0);
+	cv = bpf_map_lookup_elem(&ct, &ck);
+	if (cv && ct_alive(cv, f.proto, now)) {
+		count(endpoint_id, dir, WEFT_REASON_ALLOW_ESTABLISHED, skb->len);
+		return TC_ACT_OK;
+	}
+	struct ct_key rk = {};
+
+	ct_fill(&rk, &f, endpoint_id, dir, 1);
+	cv = bpf_map_lookup_elem(&ct, &rk);
+	if (cv && ct_alive(cv, f.proto, now)) {
+		count(endpoint_id, dir, WEFT_REASON_ALLOW_REPLY, skb->len);
+		return TC_ACT_OK;
+	}
+
+	__u8 reason = WEFT_REASON_ALLOW_NOT_ENFORCED;
+
+	if (enforced) {
+		__u32 peer = peer_identity(&f, dir == WEFT_DIR_INGRESS ? f.saddr : f.daddr);
+		__u8 verdict = policy_verdict(endpoint_id, peer, dir, &f);
+
+		if (verdict != WEFT_VERDICT_ALLOW) {
+			reason = verdict == WEFT_VERDICT_DENY ? WEFT_REASON_DROP_POLICY_DENY
+							      : WEFT_REASON_DROP_POLICY_DEFAULT;
+			count(endpoint_id, dir, reason, skb->len);
+			send_drop(skb, ep, dir, reason, &f, peer);
+			return TC_ACT_SHOT;
+		}
+		reason = WEFT_REASON_ALLOW_POLICY;
+	}
+
+	/* Track flows even when not enforced, so that replies of connections the pod opened pass
+	 * its (possibly enforced) other direction. */
+	if (f.has_ports || f.icmp_echo_request) {
+		struct ct_value nv = { .created_ns = now, .last_seen_ns = now, .reason = reason };
+
+		bpf_map_update_elem(&ct, &ck, &nv, BPF_ANY);
+	}
+	count(endpoint_id, dir, reason, skb->len);
+	return TC_ACT_OK;
+}
+
+SEC("classifier")
+int weft_from_pod(struct __sk_buff *skb)
+{
+	return handle(skb, WEFT_DIR_EGRESS);
+}
+
+SEC("classifier")
+int weft_to_pod(struct __sk_buff *skb)
+{
+	return handle(skb, WEFT_DIR_INGRESS);
+}
+
+char LICENSE[] SEC("license") = "GPL";

@@ -1,0 +1,183 @@
+//! `weftctl map list` / `map dump`: map summaries and decoded entries.
+
+use super::bpf::Maps;
+use super::error::DatapathError;
+use super::types::{MapSummary, addr_from, direction_name, drop_reason_name};
+use aya::maps::MapInfo;
+use serde_json::{Value, json};
+use std::net::IpAddr;
+use std::path::Path;
+use weft_ebpf::{self as abi, map_names as names};
+
+fn mac(m: [u8; 6]) -> String {
+    m.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+fn verdict(v: u8) -> &'static str {
+    match v {
+        abi::VERDICT_ALLOW => "allow",
+        abi::VERDICT_DENY => "deny",
+        _ => "unknown",
+    }
+}
+
+pub(crate) fn list(maps: &Maps, pin_dir: &Path) -> Vec<MapSummary> {
+    names::ALL
+        .iter()
+        .map(|&name| {
+            let info = MapInfo::from_pin(pin_dir.join(name)).ok();
+            let entries = match name {
+                names::ENDPOINTS => maps.endpoints.keys().count(),
+                names::IPCACHE => maps.ipcache.keys().count(),
+                names::POLICY => maps.policy.keys().count(),
+                names::CT => maps.ct.keys().count(),
+                names::METRICS => maps.metrics.keys().count(),
+                _ => 0,
+            };
+            MapSummary {
+                name: name.to_owned(),
+                map_type: info
+                    .as_ref()
+                    .and_then(|i| i.map_type().ok())
+                    .map_or_else(|| "unknown".to_owned(), |t| format!("{t:?}")),
+                entries: entries as u64,
+                max_entries: info.map_or(0, |i| i.max_entries()),
+            }
+        })
+        .collect()
+}
+
+fn endpoints(maps: &Maps) -> Result<Vec<Value>, DatapathError> {
+    let mut out = Vec::new();
+    for item in &maps.endpoints {
+        let (ifindex, e) = item.map_err(DatapathError::map(names::ENDPOINTS))?;
+        out.push(json!({
+            "ifindex": ifindex,
+            "endpoint_id": e.endpoint_id,
+            "identity": e.identity,
+            "ingress_enforced": e.flags & abi::EP_INGRESS_ENFORCED != 0,
+            "egress_enforced": e.flags & abi::EP_EGRESS_ENFORCED != 0,
+            "mac": mac(e.mac),
+            "ipv4": (e.flags & abi::EP_HAS_IPV4 != 0).then(|| IpAddr::from(e.ipv4).to_string()),
+            "ipv6": (e.flags & abi::EP_HAS_IPV6 != 0).then(|| IpAddr::from(e.ipv6).to_string()),
+        }));
+    }
+    Ok(out)
+}
+
+fn ipcache(maps: &Maps) -> Result<Vec<Value>, DatapathError> {
+    let mut out = Vec::new();
+    for item in &maps.ipcache {
+        let (k, v) = item.map_err(DatapathError::map(names::IPCACHE))?;
+        let data = k.data();
+        let len = k.prefix_len().saturating_sub(abi::IPCACHE_FIXED_PREFIX);
+        out.push(json!({
+            "prefix": format!("{}/{len}", addr_from(data.family, &data.addr)),
+            "identity": v.identity,
+        }));
+    }
+    Ok(out)
+}
+
+/// Port range covered by a policy block: the prefix fixes the high bits of the port.
+fn port_range(prefix_len: u32, dport_be: u16) -> (u16, u16) {
+    let fixed = prefix_len.saturating_sub(abi::POLICY_PROTO_PREFIX).min(16);
+    let lo = u16::from_be(dport_be);
+    let span = u16::try_from(0xffff_u32 >> fixed).expect("fits in 16 bits");
+    (lo, lo | span)
+}
+
+fn policy(maps: &Maps) -> Result<Vec<Value>, DatapathError> {
+    let mut out = Vec::new();
+    for item in &maps.policy {
+        let (k, v) = item.map_err(DatapathError::map(names::POLICY))?;
+        let d = k.data();
+        let any_proto = k.prefix_len() < abi::POLICY_PROTO_PREFIX;
+        let (lo, hi) = if any_proto {
+            (0, u16::MAX)
+        } else {
+            port_range(k.prefix_len(), d.dport)
+        };
+        out.push(json!({
+            "endpoint_id": d.endpoint_id,
+            "identity": d.identity,
+            "direction": direction_name(d.direction),
+            "proto": if any_proto { 0 } else { d.proto },
+            "port_lo": lo,
+            "port_hi": hi,
+            "verdict": verdict(v.verdict),
+        }));
+    }
+    Ok(out)
+}
+
+fn ct(maps: &Maps) -> Result<Vec<Value>, DatapathError> {
+    let mut out = Vec::new();
+    for item in &maps.ct {
+        let (k, v) = item.map_err(DatapathError::map(names::CT))?;
+        out.push(json!({
+            "endpoint_id": k.endpoint_id,
+            "direction": direction_name(k.direction),
+            "proto": k.proto,
+            "src": addr_from(k.family, &k.saddr).to_string(),
+            "sport": u16::from_be(k.sport),
+            "dst": addr_from(k.family, &k.daddr).to_string(),
+            "dport": u16::from_be(k.dport),
+            "reason": drop_reason_name(v.reason),
+            "created_ns": v.created_ns,
+            "last_seen_ns": v.last_seen_ns,
+        }));
+    }
+    Ok(out)
+}
+
+fn metrics(maps: &Maps) -> Result<Vec<Value>, DatapathError> {
+    let mut out = Vec::new();
+    for item in &maps.metrics {
+        let (k, per_cpu) = item.map_err(DatapathError::map(names::METRICS))?;
+        let (packets, bytes) = per_cpu
+            .iter()
+            .fold((0u64, 0u64), |(p, b), v| (p + v.packets, b + v.bytes));
+        out.push(json!({
+            "endpoint_id": k.endpoint_id,
+            "direction": direction_name(k.direction),
+            "reason": drop_reason_name(k.reason),
+            "packets": packets,
+            "bytes": bytes,
+        }));
+    }
+    Ok(out)
+}
+
+pub(crate) fn dump(maps: &Maps, name: &str) -> Result<Vec<Value>, DatapathError> {
+    match name {
+        names::ENDPOINTS => endpoints(maps),
+        names::IPCACHE => ipcache(maps),
+        names::POLICY => policy(maps),
+        names::CT => ct(maps),
+        names::METRICS => metrics(maps),
+        names::EVENTS => Err(DatapathError::Invalid(
+            "events is a ring buffer: read it with `weftctl monitor`".into(),
+        )),
+        other => Err(DatapathError::UnknownMap(other.to_owned())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::port_range;
+    use weft_ebpf as abi;
+
+    #[test]
+    fn port_range_from_prefix() {
+        assert_eq!(port_range(abi::POLICY_FULL_PREFIX, 80u16.to_be()), (80, 80));
+        assert_eq!(
+            port_range(abi::POLICY_FULL_PREFIX - 2, 8080u16.to_be()),
+            (8080, 8083)
+        );
+        assert_eq!(port_range(abi::POLICY_PROTO_PREFIX, 0), (0, 65535));
+    }
+}

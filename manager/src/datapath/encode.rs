@@ -1,0 +1,184 @@
+//! Encoding an [`EndpointPolicy`] into `policy` LPM trie entries, and diffing two encodings.
+//!
+//! Key = {endpoint id, identity, direction | proto | dport(be)}; the first three are always in
+//! the prefix (72 bits). A wildcard protocol stops the prefix there (all protocols, all ports);
+//! otherwise the 8 proto bits follow and a port range becomes aligned power-of-two blocks, each a
+//! prefix over the high bits of the big-endian port. The datapath looks up the packet's exact
+//! identity and identity 0, each with a full-length key.
+//!
+//! Deny beats allow: an LPM lookup returns only the longest matching block, so a narrow allow
+//! inside a broad deny would win. Aligned blocks are either nested or disjoint, so the encoder
+//! stores every block that lies inside a deny block of the same (endpoint, identity, direction)
+//! as a deny. Then, per identity, the longest match is deny exactly when some deny covers the
+//! packet; across the two identities the datapath lets a deny from either win.
+
+use std::collections::BTreeMap;
+use weft_ebpf::{self as abi, PolicyKey};
+use weft_policy::mapstate::{Direction, EndpointPolicy, Verdict};
+
+/// One LPM entry of the `policy` map: prefix length and key data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PolicyBlock {
+    /// Bits of `key` that must match (72, 80 or 80 + port prefix).
+    pub prefix_len: u32,
+    /// Key data (dport in network byte order).
+    pub key: PolicyKey,
+}
+
+/// Encoded policy of an endpoint: block → `VERDICT_ALLOW` or `VERDICT_DENY`.
+pub type Encoded = BTreeMap<PolicyBlock, u8>;
+
+pub(crate) fn dir_byte(d: Direction) -> u8 {
+    match d {
+        Direction::Ingress => abi::DIR_INGRESS,
+        Direction::Egress => abi::DIR_EGRESS,
+    }
+}
+
+/// Splits `[lo, hi]` into aligned blocks `(start, log2 size)`, largest first from `lo`.
+pub(crate) fn port_blocks(lo: u16, hi: u16) -> Vec<(u16, u32)> {
+    let mut out = Vec::new();
+    let (mut start, end) = (u32::from(lo), u32::from(hi));
+    while start <= end {
+        let mut bits = start.trailing_zeros().min(16);
+        while start + (1 << bits) - 1 > end {
+            bits -= 1;
+        }
+        out.push((u16::try_from(start).expect("start <= 65535"), bits));
+        start += 1 << bits;
+    }
+    out
+}
+
+/// The 24 variable bits (proto, port) of a key and how many of them the block fixes.
+fn variable_bits(b: &PolicyBlock) -> (u32, u32) {
+    let bits = (u32::from(b.key.proto) << 16) | u32::from(u16::from_be(b.key.dport));
+    (bits, b.prefix_len - abi::POLICY_FIXED_PREFIX)
+}
+
+/// True when `outer` contains `inner` (same endpoint, identity and direction assumed).
+fn contains(outer: &PolicyBlock, inner: &PolicyBlock) -> bool {
+    let ((ob, on), (ib, inn)) = (variable_bits(outer), variable_bits(inner));
+    on <= inn && (on == 0 || (ob >> (24 - on)) == (ib >> (24 - on)))
+}
+
+/// Encodes the entries of `policy` for `endpoint_id` (the enforcement flags live in the
+/// `endpoints` map, not here).
+#[must_use]
+pub fn encode_policy(endpoint_id: u32, policy: &EndpointPolicy) -> Encoded {
+    let mut out = Encoded::new();
+    for (entry, verdict) in &policy.entries {
+        let verdict = match verdict {
+            Verdict::Allow => abi::VERDICT_ALLOW,
+            Verdict::Deny => abi::VERDICT_DENY,
+        };
+        let key = PolicyKey {
+            endpoint_id,
+            identity: entry.identity,
+            direction: dir_byte(entry.direction),
+            proto: entry.proto,
+            dport: 0,
+        };
+        let blocks = if entry.proto == 0 {
+            // Any protocol: ports are meaningless (the contract says they must be "any").
+            vec![PolicyBlock {
+                prefix_len: abi::POLICY_FIXED_PREFIX,
+                key,
+            }]
+        } else {
+            port_blocks(entry.port_lo, entry.port_hi)
+                .into_iter()
+                .map(|(start, bits)| PolicyBlock {
+                    prefix_len: abi::POLICY_FULL_PREFIX - bits,
+                    key: PolicyKey {
+                        dport: start.to_be(),
+                        ..key
+                    },
+                })
+                .collect()
+        };
+        for b in blocks {
+            let v = out.entry(b).or_insert(verdict);
+            *v = (*v).max(verdict); // VERDICT_DENY > VERDICT_ALLOW
+        }
+    }
+    let denies: Vec<PolicyBlock> = out
+        .iter()
+        .filter(|&(_, &v)| v == abi::VERDICT_DENY)
+        .map(|(b, _)| *b)
+        .collect();
+    for (b, v) in &mut out {
+        if *v == abi::VERDICT_ALLOW
+            && denies.iter().any(|d| {
+                d.key.identity == b.key.identity
+                    && d.key.direction == b.key.direction
+                    && contains(d, b)
+            })
+        {
+            *v = abi::VERDICT_DENY;
+        }
+    }
+    out
+}
+
+/// Userspace mirror of the datapath's lookup (`policy_verdict` in `weft_tc.c`): the verdict for a
+/// packet, or `None` when nothing matches (default deny when enforced). `port` is host order.
+#[must_use]
+pub fn lookup_encoded(
+    encoded: &Encoded,
+    identity: u32,
+    direction: Direction,
+    proto: u8,
+    port: u16,
+) -> Option<Verdict> {
+    let longest = |id: u32| {
+        encoded
+            .iter()
+            .filter(|(b, _)| {
+                b.key.identity == id
+                    && b.key.direction == dir_byte(direction)
+                    && contains(
+                        b,
+                        &PolicyBlock {
+                            prefix_len: abi::POLICY_FULL_PREFIX,
+                            key: PolicyKey {
+                                proto,
+                                dport: port.to_be(),
+                                ..b.key
+                            },
+                        },
+                    )
+            })
+            .max_by_key(|(b, _)| b.prefix_len)
+            .map(|(_, v)| *v)
+    };
+    let exact = longest(identity);
+    if exact == Some(abi::VERDICT_DENY) {
+        return Some(Verdict::Deny);
+    }
+    match longest(0).or(exact)? {
+        abi::VERDICT_DENY => Some(Verdict::Deny),
+        _ => Some(Verdict::Allow),
+    }
+}
+
+/// What to change to go from `old` to `new`: upserts (new or changed) to write first, then the
+/// stale blocks to remove.
+#[must_use]
+pub(crate) fn diff(old: &Encoded, new: &Encoded) -> (Vec<(PolicyBlock, u8)>, Vec<PolicyBlock>) {
+    let upserts = new
+        .iter()
+        .filter(|(b, v)| old.get(b) != Some(v))
+        .map(|(b, v)| (*b, *v))
+        .collect();
+    let removes = old
+        .keys()
+        .filter(|b| !new.contains_key(b))
+        .copied()
+        .collect();
+    (upserts, removes)
+}
+
+#[cfg(test)]
+#[path = "encode_tests.rs"]
+mod tests;

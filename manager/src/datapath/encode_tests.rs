@@ -1,0 +1,193 @@
+use super::*;
+use weft_policy::mapstate::PolicyEntry;
+
+fn entry(direction: Direction, identity: u32, proto: u8, lo: u16, hi: u16) -> PolicyEntry {
+    PolicyEntry {
+        direction,
+        identity,
+        proto,
+        port_lo: lo,
+        port_hi: hi,
+    }
+}
+
+/// The contract's semantics, evaluated directly on the entries.
+fn naive(p: &EndpointPolicy, identity: u32, d: Direction, proto: u8, port: u16) -> Option<Verdict> {
+    let matching: Vec<Verdict> = p
+        .entries
+        .iter()
+        .filter(|(e, _)| {
+            e.direction == d
+                && (e.identity == 0 || e.identity == identity)
+                && (e.proto == 0 || (e.proto == proto && (e.port_lo..=e.port_hi).contains(&port)))
+        })
+        .map(|(_, v)| *v)
+        .collect();
+    if matching.contains(&Verdict::Deny) {
+        Some(Verdict::Deny)
+    } else if matching.is_empty() {
+        None
+    } else {
+        Some(Verdict::Allow)
+    }
+}
+
+#[test]
+fn port_ranges_split_into_aligned_blocks() {
+    assert_eq!(port_blocks(80, 80), vec![(80, 0)]);
+    assert_eq!(port_blocks(0, 65535), vec![(0, 16)]);
+    assert_eq!(port_blocks(8080, 8083), vec![(8080, 2)]);
+    assert_eq!(port_blocks(1, 6), vec![(1, 0), (2, 1), (4, 1), (6, 0)]);
+    assert_eq!(port_blocks(65535, 65535), vec![(65535, 0)]);
+    for (lo, hi) in [(1, 65535), (1000, 2000), (3, 3), (0, 1), (1023, 1025)] {
+        let blocks = port_blocks(lo, hi);
+        let mut next = u32::from(lo);
+        for (start, bits) in blocks {
+            assert_eq!(u32::from(start), next, "contiguous");
+            assert_eq!(u32::from(start) % (1 << bits), 0, "aligned");
+            next += 1 << bits;
+        }
+        assert_eq!(next, u32::from(hi) + 1, "covers exactly {lo}-{hi}");
+    }
+}
+
+#[test]
+fn narrow_allow_inside_broad_deny_is_denied() {
+    let mut p = EndpointPolicy::default();
+    p.entries
+        .insert(entry(Direction::Ingress, 300, 6, 80, 80), Verdict::Allow);
+    p.entries
+        .insert(entry(Direction::Ingress, 300, 6, 0, 1023), Verdict::Deny);
+    p.entries.insert(
+        entry(Direction::Ingress, 300, 6, 8080, 8080),
+        Verdict::Allow,
+    );
+    let enc = encode_policy(1, &p);
+    assert_eq!(
+        lookup_encoded(&enc, 300, Direction::Ingress, 6, 80),
+        Some(Verdict::Deny)
+    );
+    assert_eq!(
+        lookup_encoded(&enc, 300, Direction::Ingress, 6, 8080),
+        Some(Verdict::Allow)
+    );
+    assert_eq!(lookup_encoded(&enc, 300, Direction::Egress, 6, 8080), None);
+    assert_eq!(lookup_encoded(&enc, 301, Direction::Ingress, 6, 8080), None);
+}
+
+#[test]
+fn any_identity_deny_beats_exact_allow_and_any_proto_covers_ports() {
+    let mut p = EndpointPolicy::default();
+    p.entries
+        .insert(entry(Direction::Egress, 300, 0, 0, 65535), Verdict::Allow);
+    p.entries
+        .insert(entry(Direction::Egress, 0, 17, 53, 53), Verdict::Deny);
+    let enc = encode_policy(1, &p);
+    assert_eq!(enc.len(), 2, "one wildcard block + one port block: {enc:?}");
+    assert_eq!(
+        lookup_encoded(&enc, 300, Direction::Egress, 6, 443),
+        Some(Verdict::Allow)
+    );
+    assert_eq!(
+        lookup_encoded(&enc, 300, Direction::Egress, 17, 53),
+        Some(Verdict::Deny)
+    );
+    assert_eq!(
+        lookup_encoded(&enc, 300, Direction::Egress, 1, 8),
+        Some(Verdict::Allow)
+    );
+}
+
+/// Tiny deterministic generator (no rand crate in the workspace).
+struct Lcg(u64);
+impl Lcg {
+    fn next(&mut self, n: u32) -> u32 {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        u32::try_from(self.0 >> 33).unwrap() % n
+    }
+    fn port(&mut self) -> u16 {
+        // Concentrate on a small window so ranges overlap often.
+        u16::try_from(1000 + self.next(64)).unwrap()
+    }
+}
+
+#[test]
+fn encoding_matches_the_contract_on_random_policies() {
+    let mut rng = Lcg(42);
+    let protos = [0u8, 6, 17, 132];
+    let ids = [0u32, 300, 301];
+    for round in 0..300 {
+        let mut p = EndpointPolicy::default();
+        for _ in 0..=rng.next(8) {
+            let proto = protos[rng.next(4) as usize];
+            let (mut lo, mut hi) = (rng.port(), rng.port());
+            if lo > hi {
+                std::mem::swap(&mut lo, &mut hi);
+            }
+            if proto == 0 {
+                (lo, hi) = (0, 65535);
+            }
+            let d = if rng.next(2) == 0 {
+                Direction::Ingress
+            } else {
+                Direction::Egress
+            };
+            let v = if rng.next(3) == 0 {
+                Verdict::Deny
+            } else {
+                Verdict::Allow
+            };
+            p.entries
+                .insert(entry(d, ids[rng.next(3) as usize], proto, lo, hi), v);
+        }
+        let enc = encode_policy(7, &p);
+        for &id in &ids[1..] {
+            for d in [Direction::Ingress, Direction::Egress] {
+                for &proto in &protos[1..] {
+                    for port in 995..1070 {
+                        assert_eq!(
+                            lookup_encoded(&enc, id, d, proto, port),
+                            naive(&p, id, d, proto, port),
+                            "round {round}: id {id} {d:?} proto {proto} port {port}\n{p:#?}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn diff_upserts_changed_and_new_then_removes_stale() {
+    let mut a = EndpointPolicy::default();
+    a.entries
+        .insert(entry(Direction::Ingress, 300, 6, 80, 80), Verdict::Allow);
+    a.entries
+        .insert(entry(Direction::Ingress, 300, 6, 443, 443), Verdict::Allow);
+    let mut b = a.clone();
+    b.entries
+        .remove(&entry(Direction::Ingress, 300, 6, 443, 443));
+    b.entries
+        .insert(entry(Direction::Ingress, 300, 6, 80, 80), Verdict::Deny);
+    b.entries
+        .insert(entry(Direction::Ingress, 301, 17, 53, 53), Verdict::Allow);
+    let (ea, eb) = (encode_policy(1, &a), encode_policy(1, &b));
+    let (upserts, removes) = diff(&ea, &eb);
+    assert_eq!(upserts.len(), 2);
+    assert!(
+        upserts
+            .iter()
+            .any(|(blk, v)| blk.key.identity == 301 && *v == abi::VERDICT_ALLOW)
+    );
+    assert!(
+        upserts
+            .iter()
+            .any(|(blk, v)| u16::from_be(blk.key.dport) == 80 && *v == abi::VERDICT_DENY)
+    );
+    assert_eq!(removes.len(), 1);
+    assert_eq!(u16::from_be(removes[0].key.dport), 443);
+    assert_eq!(diff(&eb, &eb), (vec![], vec![]));
+}

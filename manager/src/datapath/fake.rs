@@ -1,0 +1,243 @@
+//! In-memory [`Datapath`] for unit tests of the rest of the manager: records every call and
+//! keeps the state a real datapath would (attached endpoints, policies, ipcache).
+
+use super::types::{DropEvent, EndpointDatapath, MapSummary};
+use super::{Datapath, DatapathError};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Mutex;
+use tokio::sync::broadcast;
+use weft_policy::mapstate::EndpointPolicy;
+
+/// A recorded call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FakeCall {
+    /// `attach_endpoint(endpoint_id)`.
+    Attach(u32),
+    /// `detach_endpoint(endpoint_id)`.
+    Detach(u32),
+    /// `apply_policy(endpoint_id)`.
+    ApplyPolicy(u32),
+    /// `upsert_ipcache(prefix, identity)`.
+    UpsertIpcache(ipnet::IpNet, u32),
+    /// `remove_ipcache(prefix)`.
+    RemoveIpcache(ipnet::IpNet),
+    /// `reconcile(keep)`.
+    Reconcile(BTreeSet<u32>),
+}
+
+#[derive(Default)]
+struct State {
+    calls: Vec<FakeCall>,
+    endpoints: BTreeMap<u32, EndpointDatapath>,
+    policies: BTreeMap<u32, EndpointPolicy>,
+    ipcache: BTreeMap<ipnet::IpNet, u32>,
+    fail_attach: bool,
+}
+
+/// The fake. `FakeDatapath::default()` starts empty.
+pub struct FakeDatapath {
+    state: Mutex<State>,
+    events: broadcast::Sender<DropEvent>,
+}
+
+impl Default for FakeDatapath {
+    fn default() -> Self {
+        Self {
+            state: Mutex::default(),
+            events: broadcast::channel(64).0,
+        }
+    }
+}
+
+impl FakeDatapath {
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Every call so far, in order.
+    #[must_use]
+    pub fn calls(&self) -> Vec<FakeCall> {
+        self.state().calls.clone()
+    }
+
+    /// The policy last applied to an endpoint.
+    #[must_use]
+    pub fn policy(&self, endpoint_id: u32) -> Option<EndpointPolicy> {
+        self.state().policies.get(&endpoint_id).cloned()
+    }
+
+    /// Attached endpoints.
+    #[must_use]
+    pub fn attached(&self) -> Vec<EndpointDatapath> {
+        self.state().endpoints.values().cloned().collect()
+    }
+
+    /// The ipcache contents.
+    #[must_use]
+    pub fn ipcache(&self) -> BTreeMap<ipnet::IpNet, u32> {
+        self.state().ipcache.clone()
+    }
+
+    /// Makes the next `attach_endpoint` calls fail (to test undo paths).
+    pub fn fail_attach(&self, fail: bool) {
+        self.state().fail_attach = fail;
+    }
+
+    /// Injects a drop event for subscribers.
+    pub fn emit(&self, event: DropEvent) {
+        let _ = self.events.send(event);
+    }
+}
+
+impl Datapath for FakeDatapath {
+    fn attach_endpoint(&self, ep: &EndpointDatapath) -> Result<(), DatapathError> {
+        let mut s = self.state();
+        s.calls.push(FakeCall::Attach(ep.endpoint_id));
+        if s.fail_attach {
+            return Err(DatapathError::Invalid(format!(
+                "fake attach failure for {}",
+                ep.host_ifname
+            )));
+        }
+        for ip in &ep.ips {
+            s.ipcache.insert(ipnet::IpNet::from(*ip), ep.identity);
+        }
+        s.endpoints.insert(ep.endpoint_id, ep.clone());
+        Ok(())
+    }
+
+    fn detach_endpoint(&self, ep: &EndpointDatapath) -> Result<(), DatapathError> {
+        let mut s = self.state();
+        s.calls.push(FakeCall::Detach(ep.endpoint_id));
+        s.endpoints.remove(&ep.endpoint_id);
+        s.policies.remove(&ep.endpoint_id);
+        for ip in &ep.ips {
+            s.ipcache.remove(&ipnet::IpNet::from(*ip));
+        }
+        Ok(())
+    }
+
+    fn apply_policy(&self, endpoint_id: u32, policy: &EndpointPolicy) -> Result<(), DatapathError> {
+        let mut s = self.state();
+        s.calls.push(FakeCall::ApplyPolicy(endpoint_id));
+        s.policies.insert(endpoint_id, policy.clone());
+        Ok(())
+    }
+
+    fn upsert_ipcache(&self, prefix: ipnet::IpNet, identity: u32) -> Result<(), DatapathError> {
+        let mut s = self.state();
+        s.calls.push(FakeCall::UpsertIpcache(prefix, identity));
+        s.ipcache.insert(prefix, identity);
+        Ok(())
+    }
+
+    fn remove_ipcache(&self, prefix: ipnet::IpNet) -> Result<(), DatapathError> {
+        let mut s = self.state();
+        s.calls.push(FakeCall::RemoveIpcache(prefix));
+        s.ipcache.remove(&prefix);
+        Ok(())
+    }
+
+    fn endpoint_ids(&self) -> Result<BTreeSet<u32>, DatapathError> {
+        Ok(self.state().endpoints.keys().copied().collect())
+    }
+
+    fn reconcile(&self, keep: &BTreeSet<u32>) -> Result<BTreeSet<u32>, DatapathError> {
+        let mut s = self.state();
+        s.calls.push(FakeCall::Reconcile(keep.clone()));
+        let stale: BTreeSet<u32> = s
+            .endpoints
+            .keys()
+            .chain(s.policies.keys())
+            .filter(|id| !keep.contains(id))
+            .copied()
+            .collect();
+        for id in &stale {
+            s.endpoints.remove(id);
+            s.policies.remove(id);
+        }
+        Ok(stale)
+    }
+
+    fn map_list(&self) -> Vec<MapSummary> {
+        let s = self.state();
+        let summary = |name: &str, map_type: &str, entries: usize| MapSummary {
+            name: name.into(),
+            map_type: map_type.into(),
+            entries: entries as u64,
+            max_entries: 0,
+        };
+        vec![
+            summary("endpoints", "Hash", s.endpoints.len()),
+            summary("ipcache", "LpmTrie", s.ipcache.len()),
+            summary(
+                "policy",
+                "LpmTrie",
+                s.policies.values().map(|p| p.entries.len()).sum(),
+            ),
+        ]
+    }
+
+    fn map_dump(&self, name: &str) -> Result<Vec<serde_json::Value>, DatapathError> {
+        let s = self.state();
+        match name {
+            "endpoints" => Ok(s.endpoints.values().map(|e| serde_json::json!(e)).collect()),
+            "ipcache" => Ok(s
+                .ipcache
+                .iter()
+                .map(|(p, id)| serde_json::json!({"prefix": p.to_string(), "identity": id}))
+                .collect()),
+            "policy" => Ok(s
+                .policies
+                .iter()
+                .map(|(id, p)| serde_json::json!({"endpoint_id": id, "policy": p}))
+                .collect()),
+            other => Err(DatapathError::UnknownMap(other.into())),
+        }
+    }
+
+    fn subscribe_events(&self) -> broadcast::Receiver<DropEvent> {
+        self.events.subscribe()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ep(id: u32) -> EndpointDatapath {
+        EndpointDatapath {
+            endpoint_id: id,
+            identity: 300,
+            host_ifindex: 10 + id,
+            host_ifname: format!("weft{id}"),
+            ips: vec!["10.0.0.5".parse().unwrap()],
+            pod_mac: [2, 0, 0, 0, 0, 1],
+        }
+    }
+
+    #[test]
+    fn records_calls_and_reconciles() {
+        let fake = FakeDatapath::default();
+        fake.attach_endpoint(&ep(1)).unwrap();
+        fake.attach_endpoint(&ep(2)).unwrap();
+        fake.apply_policy(2, &EndpointPolicy::default()).unwrap();
+        assert_eq!(fake.ipcache().len(), 1);
+        let removed = fake.reconcile(&BTreeSet::from([1])).unwrap();
+        assert_eq!(removed, BTreeSet::from([2]));
+        assert_eq!(fake.endpoint_ids().unwrap(), BTreeSet::from([1]));
+        assert!(fake.policy(2).is_none());
+        fake.fail_attach(true);
+        assert!(fake.attach_endpoint(&ep(3)).is_err());
+        assert_eq!(
+            fake.calls()[..3],
+            [
+                FakeCall::Attach(1),
+                FakeCall::Attach(2),
+                FakeCall::ApplyPolicy(2)
+            ]
+        );
+    }
+}

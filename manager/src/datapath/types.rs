@@ -1,0 +1,226 @@
+//! Plain data crossing the [`super::Datapath`] seam.
+
+use serde::Serialize;
+use std::fmt;
+use std::net::IpAddr;
+use std::path::PathBuf;
+use weft_ebpf as abi;
+
+/// Where the maps live and how big they are. Sizes apply when a map is created; an existing
+/// pinned map keeps the size it was created with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DatapathConfig {
+    /// bpffs directory for the pinned maps (mounted if it is not on bpffs).
+    pub pin_dir: PathBuf,
+    /// `endpoints` max entries.
+    pub endpoints_max: u32,
+    /// `ipcache` max entries.
+    pub ipcache_max: u32,
+    /// `policy` max entries (all endpoints together; LPM nodes are allocated lazily).
+    pub policy_max: u32,
+    /// `ct` max entries (LRU).
+    pub ct_max: u32,
+    /// `metrics` max entries.
+    pub metrics_max: u32,
+    /// `events` ring buffer bytes (power of two, multiple of the page size).
+    pub events_bytes: u32,
+    /// Capacity of the drop event broadcast channel.
+    pub event_channel: usize,
+}
+
+impl Default for DatapathConfig {
+    fn default() -> Self {
+        Self {
+            pin_dir: PathBuf::from("/sys/fs/bpf/weft"),
+            endpoints_max: 65_536,
+            ipcache_max: 512 * 1024,
+            policy_max: 1024 * 1024,
+            ct_max: 512 * 1024,
+            metrics_max: 256 * 1024,
+            events_bytes: 256 * 1024,
+            event_channel: 4096,
+        }
+    }
+}
+
+/// What the datapath needs to know about one endpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct EndpointDatapath {
+    /// Endpoint id.
+    pub endpoint_id: u32,
+    /// Security identity.
+    pub identity: u32,
+    /// ifindex of the host-side veth (in the manager's netns).
+    pub host_ifindex: u32,
+    /// Name of the host-side veth.
+    pub host_ifname: String,
+    /// Pod IPs (at most one per family is recorded in the endpoint entry).
+    pub ips: Vec<IpAddr>,
+    /// Pod-side MAC.
+    pub pod_mac: [u8; 6],
+}
+
+/// One map in `weftctl map list`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct MapSummary {
+    /// Map name.
+    pub name: String,
+    /// Kernel map type.
+    pub map_type: String,
+    /// Current entries (0 for the ring buffer).
+    pub entries: u64,
+    /// Max entries (bytes for the ring buffer).
+    pub max_entries: u32,
+}
+
+/// A dropped packet, decoded from the `events` ring buffer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DropEvent {
+    /// Endpoint id.
+    pub endpoint_id: u32,
+    /// Host veth ifindex.
+    pub ifindex: u32,
+    /// "ingress" (into the pod) or "egress" (out of the pod).
+    pub direction: &'static str,
+    /// Why: "policy-deny" (an explicit deny), "policy-default" (no allow matched), "invalid".
+    pub reason: &'static str,
+    /// IP protocol number.
+    pub proto: u8,
+    /// Source address.
+    pub src_ip: IpAddr,
+    /// Source port (ICMP echo: identifier; else 0).
+    pub src_port: u16,
+    /// Destination address.
+    pub dst_ip: IpAddr,
+    /// Destination port (ICMP: type).
+    pub dst_port: u16,
+    /// Source identity.
+    pub src_identity: u32,
+    /// Destination identity.
+    pub dst_identity: u32,
+    /// Kernel monotonic timestamp (ns since boot).
+    pub ts_ns: u64,
+}
+
+/// Stable name of a `REASON_*` value (metrics dumps and events).
+#[must_use]
+pub fn drop_reason_name(reason: u8) -> &'static str {
+    match reason {
+        abi::REASON_ALLOW_POLICY => "allow-policy",
+        abi::REASON_ALLOW_NOT_ENFORCED => "allow-not-enforced",
+        abi::REASON_ALLOW_ESTABLISHED => "allow-established",
+        abi::REASON_ALLOW_REPLY => "allow-reply",
+        abi::REASON_PASS_NEIGHBOUR => "pass-neighbour",
+        abi::REASON_PASS_NOT_IP => "pass-not-ip",
+        abi::REASON_DROP_POLICY_DENY => "policy-deny",
+        abi::REASON_DROP_POLICY_DEFAULT => "policy-default",
+        abi::REASON_DROP_INVALID => "invalid",
+        _ => "unknown",
+    }
+}
+
+pub(crate) fn direction_name(direction: u8) -> &'static str {
+    if direction == abi::DIR_EGRESS {
+        "egress"
+    } else {
+        "ingress"
+    }
+}
+
+pub(crate) fn addr_from(family: u8, raw: &[u8; 16]) -> IpAddr {
+    if family == abi::FAMILY_V4 {
+        IpAddr::from([raw[0], raw[1], raw[2], raw[3]])
+    } else {
+        IpAddr::from(*raw)
+    }
+}
+
+impl From<&abi::DropEvent> for DropEvent {
+    fn from(e: &abi::DropEvent) -> Self {
+        Self {
+            endpoint_id: e.endpoint_id,
+            ifindex: e.ifindex,
+            direction: direction_name(e.direction),
+            reason: drop_reason_name(e.reason),
+            proto: e.proto,
+            src_ip: addr_from(e.family, &e.saddr),
+            src_port: u16::from_be(e.sport),
+            dst_ip: addr_from(e.family, &e.daddr),
+            dst_port: u16::from_be(e.dport),
+            src_identity: e.src_identity,
+            dst_identity: e.dst_identity,
+            ts_ns: e.ts_ns,
+        }
+    }
+}
+
+fn proto_name(proto: u8) -> String {
+    match proto {
+        1 => "ICMP".into(),
+        6 => "TCP".into(),
+        17 => "UDP".into(),
+        58 => "ICMPv6".into(),
+        132 => "SCTP".into(),
+        p => format!("proto-{p}"),
+    }
+}
+
+fn sock(ip: IpAddr, port: u16) -> String {
+    match ip {
+        IpAddr::V4(a) => format!("{a}:{port}"),
+        IpAddr::V6(a) => format!("[{a}]:{port}"),
+    }
+}
+
+impl fmt::Display for DropEvent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "drop ({}) endpoint {} {} {} {} -> {} identity {} -> {}",
+            self.reason,
+            self.endpoint_id,
+            self.direction,
+            proto_name(self.proto),
+            sock(self.src_ip, self.src_port),
+            sock(self.dst_ip, self.dst_port),
+            self.src_identity,
+            self.dst_identity
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn drop_event_decodes_network_order_and_prints_one_line() {
+        let mut raw = abi::DropEvent {
+            endpoint_id: 9,
+            direction: abi::DIR_INGRESS,
+            reason: abi::REASON_DROP_POLICY_DENY,
+            family: abi::FAMILY_V6,
+            proto: 6,
+            sport: 40000u16.to_be(),
+            dport: 8080u16.to_be(),
+            src_identity: 300,
+            dst_identity: 301,
+            ..Default::default()
+        };
+        raw.saddr[15] = 1;
+        raw.daddr[15] = 2;
+        let ev = DropEvent::from(&raw);
+        assert_eq!(ev.dst_port, 8080);
+        assert_eq!(ev.src_ip, "::1".parse::<IpAddr>().unwrap());
+        assert_eq!(
+            ev.to_string(),
+            "drop (policy-deny) endpoint 9 ingress TCP [::1]:40000 -> [::2]:8080 identity 300 -> 301"
+        );
+        raw.family = abi::FAMILY_V4;
+        raw.saddr[..4].copy_from_slice(&[10, 0, 0, 1]);
+        assert_eq!(
+            DropEvent::from(&raw).src_ip,
+            "10.0.0.1".parse::<IpAddr>().unwrap()
+        );
+    }
+}

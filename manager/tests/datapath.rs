@@ -1,0 +1,516 @@
+//! Privileged datapath tests: real programs on real veths in private netns, real traffic.
+//! They need root, clang-19 and bpffs, and fail (never skip) without them.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+use support::traffic::{echo_servers, ping_ok, tcp_ok, udp_ok};
+use support::{World, in_ns};
+use tokio::sync::broadcast::Receiver;
+use weft_manager::datapath::{BpfDatapath, Datapath, DropEvent};
+use weft_policy::mapstate::{Direction, EndpointPolicy, PolicyEntry, Verdict, proto};
+
+const A: usize = 0;
+const B: usize = 1;
+const ID_A: u32 = 1000;
+
+fn policy(
+    ingress: bool,
+    egress: bool,
+    entries: &[(Direction, u32, u8, u16, u16, Verdict)],
+) -> EndpointPolicy {
+    EndpointPolicy {
+        ingress_enforced: ingress,
+        egress_enforced: egress,
+        entries: entries
+            .iter()
+            .map(|&(direction, identity, proto, port_lo, port_hi, v)| {
+                (
+                    PolicyEntry {
+                        direction,
+                        identity,
+                        proto,
+                        port_lo,
+                        port_hi,
+                    },
+                    v,
+                )
+            })
+            .collect(),
+    }
+}
+
+fn open_and_attach(w: &World) -> BpfDatapath {
+    let dp = BpfDatapath::open(w.config()).expect("open datapath");
+    for p in &w.pods {
+        in_ns(&w.node, || dp.attach_endpoint(&p.ep)).expect("attach");
+    }
+    dp
+}
+
+/// Waits for a drop event matching `pred`.
+fn wait_event(rx: &mut Receiver<DropEvent>, pred: impl Fn(&DropEvent) -> bool) -> DropEvent {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut seen = Vec::new();
+    while Instant::now() < deadline {
+        match rx.try_recv() {
+            Ok(ev) if pred(&ev) => return ev,
+            Ok(ev) => seen.push(ev.to_string()),
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+    panic!("no matching drop event; saw {seen:#?}");
+}
+
+/// No filter and no map entry refers to pod `i` any more.
+fn assert_endpoint_gone(w: &World, dp: &BpfDatapath, i: usize) {
+    let id = w.pods[i].ep.endpoint_id;
+    for dir in ["ingress", "egress"] {
+        let filters = w.tc_filters(i, dir);
+        assert!(!filters.contains("weft"), "{dir} filter left: {filters}");
+    }
+    for map in ["endpoints", "policy", "ct", "metrics"] {
+        let dump = dp.map_dump(map).unwrap();
+        let left: Vec<_> = dump.iter().filter(|e| e["endpoint_id"] == id).collect();
+        assert!(
+            left.is_empty(),
+            "{map} still has entries of {id}: {left:#?}"
+        );
+    }
+    let ipcache = dp.map_dump("ipcache").unwrap();
+    for ip in ips(w, i) {
+        let prefix = format!("{ip}/{}", if ip.is_ipv4() { 32 } else { 128 });
+        let left = ipcache.iter().any(|e| e["prefix"] == prefix);
+        assert!(!left, "{prefix} left in ipcache");
+    }
+}
+
+/// The program id in `tc filter show` output.
+fn prog_id(filters: &str) -> u32 {
+    let after = filters
+        .split(" id ")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no program in {filters}"));
+    after.split_whitespace().next().unwrap().parse().unwrap()
+}
+
+fn ips(w: &World, i: usize) -> [IpAddr; 2] {
+    [w.pods[i].ip4.into(), w.pods[i].ip6.into()]
+}
+
+#[test]
+fn allowed_ports_pass_denied_ports_drop_with_an_event() {
+    let w = World::new();
+    let dp = open_and_attach(&w);
+    echo_servers(&w.pods[B].ns, 8080);
+    echo_servers(&w.pods[B].ns, 8081);
+    let p = policy(
+        true,
+        false,
+        &[
+            (
+                Direction::Ingress,
+                ID_A,
+                proto::TCP,
+                8080,
+                8080,
+                Verdict::Allow,
+            ),
+            (
+                Direction::Ingress,
+                ID_A,
+                proto::UDP,
+                8080,
+                8080,
+                Verdict::Allow,
+            ),
+        ],
+    );
+    dp.apply_policy(w.pods[B].ep.endpoint_id, &p).unwrap();
+    let mut rx = dp.subscribe_events();
+    for (n, ip) in ips(&w, B).into_iter().enumerate() {
+        let a = &w.pods[A].ns;
+        assert!(tcp_ok(a, ip, 8080), "TCP 8080 to {ip} must pass");
+        assert!(
+            udp_ok(a, ip, 8080, 40_000),
+            "UDP 8080 to {ip} must pass (and its reply)"
+        );
+        assert!(!tcp_ok(a, ip, 8081), "TCP 8081 to {ip} must be dropped");
+        let src_port = 41_000 + u16::try_from(n).unwrap();
+        assert!(
+            !udp_ok(a, ip, 8081, src_port),
+            "UDP 8081 to {ip} must be dropped"
+        );
+        // Events arrive in traffic order: TCP first.
+        let tcp = wait_event(&mut rx, |e| e.proto == proto::TCP && e.dst_ip == ip);
+        assert_eq!(tcp.dst_port, 8081);
+        let ev = wait_event(&mut rx, |e| e.proto == proto::UDP && e.dst_ip == ip);
+        assert_eq!(ev.src_ip, ips(&w, A)[n]);
+        assert_eq!((ev.src_port, ev.dst_port), (src_port, 8081));
+        assert_eq!((ev.src_identity, ev.dst_identity), (ID_A, 1001));
+        assert_eq!(
+            (ev.endpoint_id, ev.direction, ev.reason),
+            (101, "ingress", "policy-default")
+        );
+        assert_ne!(tcp.src_port, 0);
+    }
+    let metrics = dp.map_dump("metrics").unwrap();
+    assert!(
+        metrics.iter().any(|m| m["endpoint_id"] == 101
+            && m["reason"] == "policy-default"
+            && m["packets"].as_u64() > Some(0)),
+        "{metrics:#?}"
+    );
+}
+
+#[test]
+fn replies_of_pod_initiated_flows_pass_an_enforced_ingress() {
+    let w = World::new();
+    let dp = open_and_attach(&w);
+    echo_servers(&w.pods[B].ns, 9000);
+    echo_servers(&w.pods[A].ns, 9000);
+    // A: ingress enforced with nothing allowed; egress to B allowed.
+    let p = policy(
+        true,
+        true,
+        &[
+            (
+                Direction::Egress,
+                1001,
+                proto::TCP,
+                9000,
+                9000,
+                Verdict::Allow,
+            ),
+            (
+                Direction::Egress,
+                1001,
+                proto::UDP,
+                9000,
+                9000,
+                Verdict::Allow,
+            ),
+        ],
+    );
+    dp.apply_policy(w.pods[A].ep.endpoint_id, &p).unwrap();
+    for ip in ips(&w, B) {
+        assert!(
+            tcp_ok(&w.pods[A].ns, ip, 9000),
+            "A→{ip} TCP and its replies must pass"
+        );
+        assert!(
+            udp_ok(&w.pods[A].ns, ip, 9000, 42_000),
+            "A→{ip} UDP and its replies must pass"
+        );
+    }
+    for ip in ips(&w, A) {
+        assert!(
+            !tcp_ok(&w.pods[B].ns, ip, 9000),
+            "B→A {ip} must be dropped by A's ingress"
+        );
+    }
+    let ct = dp.map_dump("ct").unwrap();
+    assert!(
+        ct.iter()
+            .any(|e| e["endpoint_id"] == 100 && e["direction"] == "egress" && e["dport"] == 9000),
+        "{ct:#?}"
+    );
+}
+
+#[test]
+fn icmp_and_neighbour_discovery_follow_policy() {
+    let w = World::new();
+    let dp = open_and_attach(&w);
+    let allow_icmp = policy(
+        true,
+        false,
+        &[
+            (
+                Direction::Ingress,
+                ID_A,
+                proto::ICMP,
+                0,
+                65535,
+                Verdict::Allow,
+            ),
+            (
+                Direction::Ingress,
+                ID_A,
+                proto::ICMPV6,
+                0,
+                65535,
+                Verdict::Allow,
+            ),
+        ],
+    );
+    dp.apply_policy(101, &allow_icmp).unwrap();
+    for ip in ips(&w, B) {
+        assert!(ping_ok(&w.pods[A].ns, ip), "ping {ip} allowed");
+    }
+    // Flush the node's neighbours: IPv6 ping now needs NDP through the enforcing programs.
+    support::sh(&["ip", "-n", &w.node, "neigh", "flush", "all"]);
+    let mut rx = dp.subscribe_events();
+    dp.apply_policy(101, &policy(true, false, &[])).unwrap();
+    // ICMP ct entries are per echo id: a new ping process uses a new id.
+    for ip in ips(&w, B) {
+        assert!(!ping_ok(&w.pods[A].ns, ip), "ping {ip} must be dropped");
+        let ev = wait_event(&mut rx, |e| e.dst_ip == ip);
+        assert!(ev.proto == proto::ICMP || ev.proto == proto::ICMPV6);
+        assert!(
+            ev.dst_port == 8 || ev.dst_port == 128,
+            "echo request type: {ev}"
+        );
+    }
+    dp.apply_policy(101, &allow_icmp).unwrap();
+    for ip in ips(&w, B) {
+        assert!(
+            ping_ok(&w.pods[A].ns, ip),
+            "ping {ip} allowed again (NDP passes)"
+        );
+    }
+}
+
+#[test]
+fn enforcement_off_passes_everything() {
+    let w = World::new();
+    let dp = open_and_attach(&w);
+    echo_servers(&w.pods[B].ns, 7000);
+    let deny_all = [(Direction::Ingress, 0, 0, 0, 65535, Verdict::Deny)];
+    dp.apply_policy(101, &policy(false, false, &deny_all))
+        .unwrap();
+    for ip in ips(&w, B) {
+        assert!(tcp_ok(&w.pods[A].ns, ip, 7000));
+        assert!(udp_ok(&w.pods[A].ns, ip, 7000, 43_000));
+        assert!(ping_ok(&w.pods[A].ns, ip));
+    }
+    dp.apply_policy(101, &policy(true, false, &deny_all))
+        .unwrap();
+    for ip in ips(&w, B) {
+        assert!(
+            !tcp_ok(&w.pods[A].ns, ip, 7000),
+            "enforced deny-all drops {ip}"
+        );
+    }
+}
+
+#[test]
+fn deny_beats_allow_and_port_ranges_match_inside_only() {
+    let w = World::new();
+    let dp = open_and_attach(&w);
+    for port in [8999, 9000, 9005, 9010, 9011, 9100, 9101] {
+        echo_servers(&w.pods[B].ns, port);
+    }
+    let p = policy(
+        true,
+        false,
+        &[
+            (
+                Direction::Ingress,
+                ID_A,
+                proto::TCP,
+                9000,
+                9010,
+                Verdict::Allow,
+            ),
+            (
+                Direction::Ingress,
+                0,
+                proto::TCP,
+                9100,
+                9101,
+                Verdict::Allow,
+            ),
+            (
+                Direction::Ingress,
+                ID_A,
+                proto::TCP,
+                9101,
+                9101,
+                Verdict::Deny,
+            ),
+            (Direction::Ingress, 0, proto::TCP, 9005, 9005, Verdict::Deny),
+        ],
+    );
+    dp.apply_policy(101, &p).unwrap();
+    let mut rx = dp.subscribe_events();
+    for ip in ips(&w, B) {
+        let a = &w.pods[A].ns;
+        assert!(
+            tcp_ok(a, ip, 9000) && tcp_ok(a, ip, 9010),
+            "range ends pass for {ip}"
+        );
+        assert!(
+            !tcp_ok(a, ip, 8999) && !tcp_ok(a, ip, 9011),
+            "outside the range drops for {ip}"
+        );
+        assert!(
+            !tcp_ok(a, ip, 9005),
+            "any-identity deny inside the allowed range wins for {ip}"
+        );
+        assert!(tcp_ok(a, ip, 9100), "any-identity allow for {ip}");
+        assert!(
+            !tcp_ok(a, ip, 9101),
+            "exact deny beats any-identity allow for {ip}"
+        );
+        let ev = wait_event(&mut rx, |e| e.dst_ip == ip && e.dst_port == 9101);
+        assert_eq!(ev.reason, "policy-deny");
+    }
+}
+
+#[test]
+fn survives_manager_exit_reopens_same_maps_and_detach_removes_everything() {
+    let w = World::new();
+    let dp = open_and_attach(&w);
+    echo_servers(&w.pods[B].ns, 6000);
+    echo_servers(&w.pods[B].ns, 6001);
+    let p = policy(
+        true,
+        false,
+        &[(
+            Direction::Ingress,
+            ID_A,
+            proto::TCP,
+            6000,
+            6000,
+            Verdict::Allow,
+        )],
+    );
+    dp.apply_policy(101, &p).unwrap();
+    let map_id = |name: &str| {
+        aya::maps::MapInfo::from_pin(w.pin_dir.join(name))
+            .unwrap()
+            .id()
+    };
+    let ids: Vec<u32> = ["endpoints", "ipcache", "policy", "ct"]
+        .iter()
+        .map(|n| map_id(n))
+        .collect();
+    let old_prog = prog_id(&w.tc_filters(B, "egress"));
+    drop(dp); // the manager exits
+    assert!(
+        w.tc_filters(B, "egress").contains("weft_to_pod"),
+        "filter left attached"
+    );
+    let b_ip: IpAddr = w.pods[B].ip4.into();
+    assert!(
+        tcp_ok(&w.pods[A].ns, b_ip, 6000),
+        "still allowed without a manager"
+    );
+    assert!(
+        !tcp_ok(&w.pods[A].ns, b_ip, 6001),
+        "still enforced without a manager"
+    );
+
+    let dp = BpfDatapath::open(w.config()).expect("reopen");
+    let again: Vec<u32> = ["endpoints", "ipcache", "policy", "ct"]
+        .iter()
+        .map(|n| map_id(n))
+        .collect();
+    assert_eq!(ids, again, "pinned maps are reused, not recreated");
+    assert_eq!(dp.endpoint_ids().unwrap(), BTreeSet::from([100, 101]));
+    // Re-adopt: replaces the program in place; the same policy diff is a no-op.
+    in_ns(&w.node, || dp.attach_endpoint(&w.pods[B].ep)).unwrap();
+    dp.apply_policy(101, &p).unwrap();
+    let filters = w.tc_filters(B, "egress");
+    assert_eq!(
+        filters.matches(" handle ").count(),
+        1,
+        "one filter after re-adopt: {filters}"
+    );
+    assert_ne!(
+        prog_id(&filters),
+        old_prog,
+        "the re-opened manager's program replaced the old one"
+    );
+    assert!(
+        !tcp_ok(&w.pods[A].ns, b_ip, 6001),
+        "enforced after re-adopt"
+    );
+    assert!(tcp_ok(&w.pods[A].ns, b_ip, 6000));
+
+    for map in ["endpoints", "policy", "ct", "metrics"] {
+        let dump = dp.map_dump(map).unwrap();
+        assert!(
+            dump.iter().any(|e| e["endpoint_id"] == 101),
+            "{map} has entries of 101 before detach"
+        );
+    }
+    in_ns(&w.node, || dp.detach_endpoint(&w.pods[B].ep)).unwrap();
+    assert_endpoint_gone(&w, &dp, B);
+    assert!(
+        tcp_ok(&w.pods[A].ns, b_ip, 6001),
+        "no program, no enforcement"
+    );
+    // Endpoint A is untouched.
+    assert!(
+        dp.map_dump("endpoints")
+            .unwrap()
+            .iter()
+            .any(|e| e["endpoint_id"] == 100)
+    );
+}
+
+#[test]
+fn maps_are_listed_and_decoded_and_reconcile_removes_stale_endpoints() {
+    let w = World::new();
+    let dp = open_and_attach(&w);
+    let list = dp.map_list();
+    let names: Vec<&str> = list.iter().map(|m| m.name.as_str()).collect();
+    assert_eq!(
+        names,
+        ["endpoints", "ipcache", "policy", "ct", "metrics", "events"]
+    );
+    let ep = list.iter().find(|m| m.name == "endpoints").unwrap();
+    assert_eq!((ep.entries, ep.max_entries), (2, 64));
+    let ipcache = dp.map_dump("ipcache").unwrap();
+    for (prefix, id) in [
+        ("0.0.0.0/0", 2),
+        ("::/0", 2),
+        (&*format!("{}/32", w.pods[A].ip4), ID_A),
+    ] {
+        assert!(
+            ipcache
+                .iter()
+                .any(|e| e["prefix"] == prefix && e["identity"] == id),
+            "{prefix}: {ipcache:#?}"
+        );
+    }
+    dp.upsert_ipcache("192.0.2.0/24".parse().unwrap(), 1 << 24)
+        .unwrap();
+    assert!(
+        dp.map_dump("ipcache")
+            .unwrap()
+            .iter()
+            .any(|e| e["prefix"] == "192.0.2.0/24")
+    );
+    dp.remove_ipcache("192.0.2.0/24".parse().unwrap()).unwrap();
+    assert!(
+        !dp.map_dump("ipcache")
+            .unwrap()
+            .iter()
+            .any(|e| e["prefix"] == "192.0.2.0/24")
+    );
+    dp.apply_policy(
+        101,
+        &policy(
+            true,
+            false,
+            &[(Direction::Ingress, 0, proto::TCP, 80, 83, Verdict::Allow)],
+        ),
+    )
+    .unwrap();
+    let pol = dp.map_dump("policy").unwrap();
+    assert_eq!(pol.len(), 1, "80-83 is one aligned block: {pol:#?}");
+    assert_eq!(
+        (pol[0]["port_lo"].as_u64(), pol[0]["port_hi"].as_u64()),
+        (Some(80), Some(83))
+    );
+    assert_eq!(pol[0]["verdict"], "allow");
+    let removed = in_ns(&w.node, || dp.reconcile(&BTreeSet::from([100]))).unwrap();
+    assert_eq!(removed, BTreeSet::from([101]));
+    assert_eq!(dp.endpoint_ids().unwrap(), BTreeSet::from([100]));
+    assert!(dp.map_dump("policy").unwrap().is_empty());
+    assert!(!w.tc_filters(B, "egress").contains("weft"));
+}
