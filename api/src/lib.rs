@@ -204,7 +204,7 @@ pub struct PoolStatus {
 }
 
 /// `GET /v1/status`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StatusResponse {
     /// Node name.
     pub node_name: String,
@@ -219,6 +219,12 @@ pub struct StatusResponse {
     pub policy_revision: u64,
     /// Manager version.
     pub version: String,
+    /// How long each phase of the last start-up took, in ms.
+    #[serde(default)]
+    pub restore_ms: Vec<(String, f64)>,
+    /// Endpoint regenerations that changed maps since start.
+    #[serde(default)]
+    pub regenerations: u64,
 }
 
 /// One IPAM allocation (`GET /v1/ipam`).

@@ -55,8 +55,12 @@ impl From<ManagerError> for HttpError {
             ManagerError::Endpoint(EndpointError::Invalid(_) | EndpointError::Ipam(_)) => {
                 Self::new(StatusCode::BAD_REQUEST, "invalid", msg)
             }
+            ManagerError::Invalid(_) => Self::new(StatusCode::BAD_REQUEST, "invalid", msg),
             ManagerError::NotReady => Self::new(StatusCode::SERVICE_UNAVAILABLE, "not_ready", msg),
-            ManagerError::Endpoint(EndpointError::Store(_)) | ManagerError::HostNet(_) => {
+            ManagerError::Endpoint(EndpointError::Store(_))
+            | ManagerError::HostNet(_)
+            | ManagerError::Datapath(_)
+            | ManagerError::Policy(_) => {
                 Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", msg)
             }
         }

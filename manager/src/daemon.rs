@@ -8,12 +8,16 @@ use tokio::net::UnixListener;
 use weft_api::delete_queue::DeleteQueue;
 
 use crate::config::Config;
+use crate::datapath::{BpfDatapath, Datapath, DatapathConfig, DatapathError};
 use crate::endpoint::{EndpointError, Registry};
 use crate::hostnet::{HostNet, HostNetError, NetlinkHostNet};
 use crate::ipam::Pool;
 use crate::node::{self, ChosenCidr, NodeError, NodeManifest};
-use crate::service::Manager;
+use crate::policy_state::{PolicyState, PolicyStateError};
+use crate::service::{Manager, from_api_labels};
 use crate::store::{Store, StoreError};
+use ipnet::IpNet;
+use weft_policy::mapstate::reserved;
 
 /// Persisted node record (the `AnnotateNode` write-back).
 const NODE_KEY: &str = "node";
@@ -30,6 +34,12 @@ pub enum StartError {
     /// Restoring endpoints.
     #[error(transparent)]
     Endpoint(#[from] EndpointError),
+    /// The eBPF datapath could not be opened.
+    #[error("eBPF datapath: {0}")]
+    Datapath(#[from] DatapathError),
+    /// Identities or policies could not be restored.
+    #[error("restoring identities and policies: {0}")]
+    Policy(#[from] PolicyStateError),
     /// Validating restored endpoints.
     #[error("restoring endpoints: {0}")]
     Restore(#[from] crate::service::ManagerError),
@@ -123,35 +133,100 @@ fn bind_socket(path: &Path) -> Result<UnixListener, StartError> {
     Ok(listener)
 }
 
-/// Everything before serving: returns the ready manager and its bound socket.
+/// Times the phases of start-up for the log, `weftctl status` and the benchmark.
+struct Phases {
+    start: Instant,
+    last: Instant,
+    done: Vec<(String, f64)>,
+}
+
+impl Phases {
+    fn new() -> Self {
+        let now = Instant::now();
+        Self {
+            start: now,
+            last: now,
+            done: Vec::new(),
+        }
+    }
+
+    fn mark(&mut self, name: &str) {
+        let now = Instant::now();
+        self.done
+            .push((name.into(), (now - self.last).as_secs_f64() * 1000.0));
+        self.last = now;
+    }
+}
+
+/// Everything before serving, in DESIGN §2 order: returns the ready manager and its socket.
+/// The datapath keeps enforcing from its pinned maps throughout: nothing here recreates a map
+/// or removes an entry before its replacement exists.
 pub async fn start(config: &Config) -> Result<(Arc<Manager>, UnixListener), StartError> {
-    let t0 = Instant::now();
+    let mut phases = Phases::new();
     std::fs::create_dir_all(&config.state_dir)
         .map_err(io("cannot create state directory", &config.state_dir))?;
     let store = Store::open(&config.state_dir)?;
+    phases.mark("store");
+
+    let datapath: Arc<dyn Datapath> = Arc::new(BpfDatapath::open(DatapathConfig {
+        pin_dir: config.bpffs.clone(),
+        ..DatapathConfig::default()
+    })?);
+    phases.mark("maps");
+
     let cidrs = node_cidrs(config, &store)?;
     let hostnet: Arc<dyn HostNet> = Arc::new(NetlinkHostNet::new()?);
     let routers: Vec<_> = cidrs.iter().map(|c| (c.router_ip(), c.cidr)).collect();
     hostnet.ensure_host_device(&routers).await?;
+    for (router, _) in &routers {
+        datapath.upsert_ipcache(IpNet::from(*router), reserved::HOST)?;
+    }
+    phases.mark("node");
+
     let pools = cidrs.iter().map(|c| Pool::new(c.cidr)).collect();
-    let registry = Registry::open(store, pools)?;
+    let registry = Registry::open(store.clone(), pools)?;
+    let label_sets: Vec<_> = registry
+        .list()
+        .map(|ep| from_api_labels(&ep.labels))
+        .collect();
+    let (policy, _) = PolicyState::restore(store, &label_sets)?;
+    phases.mark("ipam+identities+policy");
+
     let manager = Arc::new(Manager::new(
         config.node_name.clone(),
         cidrs,
         registry,
+        policy,
         hostnet.clone(),
+        datapath,
     ));
     let (kept, removed) =
         crate::restore::restore_endpoints(&manager, &*hostnet, crate::clock::now_ms()).await?;
+    phases.mark("validate");
+    manager.readopt()?;
+    phases.mark("re-adopt");
+    let stale = manager.reconcile_datapath()?;
+    phases.mark("reconcile");
+    let regenerated = manager.regenerate_all()?;
+    phases.mark("regenerate");
     let queue = DeleteQueue::for_socket(&config.socket);
     let drained = crate::restore::drain_delete_queue(&manager, &queue).await;
+    phases.mark("delete-queue");
+
     let listener = bind_socket(&config.socket)?;
+    for (name, ms) in &phases.done {
+        manager.record_phase(name, *ms);
+    }
+    manager.record_phase("total", phases.start.elapsed().as_secs_f64() * 1000.0);
     manager.set_ready();
     tracing::info!(
         endpoints = kept,
         removed_at_restore = removed,
+        stale_datapath_endpoints = stale,
+        regenerated,
         queued_deletes = drained,
-        elapsed_ms = t0.elapsed().as_secs_f64() * 1000.0,
+        phases = ?phases.done,
+        elapsed_ms = phases.start.elapsed().as_secs_f64() * 1000.0,
         socket = %config.socket.display(),
         "weft-manager ready"
     );

@@ -112,7 +112,12 @@ impl Registry {
 
     /// Reserves an endpoint id and one IP per pool, persisted before returning. A repeated
     /// request for the same (container id, ifname) gets the existing allocation back.
-    pub fn allocate(&mut self, req: &AllocateRequest) -> Result<Endpoint, EndpointError> {
+    pub fn allocate(
+        &mut self,
+        req: &AllocateRequest,
+        labels: Vec<weft_api::Label>,
+        identity: u32,
+    ) -> Result<Endpoint, EndpointError> {
         if req.container_id.is_empty() || req.ifname.is_empty() {
             return Err(EndpointError::Invalid(
                 "container_id and ifname are required".into(),
@@ -134,9 +139,6 @@ impl Registry {
                 }
             }
         }
-        let mut labels = req.labels.clone();
-        labels.sort();
-        labels.dedup();
         let ep = Endpoint {
             id: self.next_id,
             container_id: req.container_id.clone(),
@@ -145,7 +147,7 @@ impl Registry {
             pod_namespace: req.pod_namespace.clone(),
             pod_name: req.pod_name.clone(),
             labels,
-            identity: 0,
+            identity,
             ips,
             host_ifname: naming::host_ifname(&req.container_id, &req.ifname),
             host_ifindex: None,
@@ -240,6 +242,14 @@ impl Registry {
         Ok(Some(ep))
     }
 
+    /// Records the policy revision an endpoint enforces. Not persisted on its own: a restarted
+    /// manager regenerates every endpoint, which sets it again.
+    pub fn set_revision(&mut self, id: u32, revision: u64) {
+        if let Some(ep) = self.endpoints.get_mut(&id) {
+            ep.policy_revision = revision;
+        }
+    }
+
     /// Who holds `addr`.
     #[must_use]
     pub fn owner_of(&self, addr: IpAddr) -> Option<&Endpoint> {
@@ -282,6 +292,14 @@ mod tests {
         }
     }
 
+    impl Registry {
+        fn allocate_test(&mut self, req: &AllocateRequest) -> Result<Endpoint, EndpointError> {
+            let mut labels = req.labels.clone();
+            labels.sort();
+            self.allocate(req, labels, 300)
+        }
+    }
+
     fn register(ep: &Endpoint) -> RegisterRequest {
         RegisterRequest {
             container_id: ep.container_id.clone(),
@@ -295,12 +313,12 @@ mod tests {
     #[test]
     fn allocate_gives_one_ip_per_family_and_is_idempotent() {
         let mut r = reg();
-        let a = r.allocate(&req("c1")).unwrap();
+        let a = r.allocate_test(&req("c1")).unwrap();
         assert_eq!(a.ips.len(), 2);
         assert_eq!(a.ips[0].gateway.to_string(), "10.0.1.1");
         assert_eq!(a.labels[0].key, "a", "labels are sorted");
-        assert_eq!(r.allocate(&req("c1")).unwrap(), a);
-        let b = r.allocate(&req("c2")).unwrap();
+        assert_eq!(r.allocate_test(&req("c1")).unwrap(), a);
+        let b = r.allocate_test(&req("c2")).unwrap();
         assert_ne!(a.ips[0].address, b.ips[0].address);
         assert_ne!(a.id, b.id);
     }
@@ -309,9 +327,9 @@ mod tests {
     fn exhaustion_names_the_pool_and_leaks_nothing() {
         let mut r = reg();
         for i in 0..5 {
-            r.allocate(&req(&format!("c{i}"))).unwrap();
+            r.allocate_test(&req(&format!("c{i}"))).unwrap();
         }
-        let err = r.allocate(&req("c9")).unwrap_err().to_string();
+        let err = r.allocate_test(&req("c9")).unwrap_err().to_string();
         assert!(err.contains("10.0.1.0/29"), "{err}");
         assert_eq!(
             r.pools()[1].used(),
@@ -323,10 +341,10 @@ mod tests {
     #[test]
     fn stale_delete_never_frees_another_containers_ip() {
         let mut r = reg();
-        let x = r.allocate(&req("x")).unwrap();
+        let x = r.allocate_test(&req("x")).unwrap();
         let ep = r.begin_delete("x", "eth0").unwrap().unwrap();
         r.forget(ep.id).unwrap();
-        let y = r.allocate(&req("y")).unwrap();
+        let y = r.allocate_test(&req("y")).unwrap();
         // A late, repeated DEL for x finds nothing, whatever IP y got.
         assert!(r.begin_delete("x", "eth0").unwrap().is_none());
         assert_eq!(r.find("y", "eth0").unwrap().ips, y.ips);
@@ -336,7 +354,7 @@ mod tests {
     #[test]
     fn register_checks_the_owner() {
         let mut r = reg();
-        let a = r.allocate(&req("c1")).unwrap();
+        let a = r.allocate_test(&req("c1")).unwrap();
         let mut bad = register(&a);
         bad.container_id = "other".into();
         assert!(matches!(
@@ -353,14 +371,14 @@ mod tests {
         let store = Store::temporary().unwrap();
         let pools = || vec![Pool::new("10.0.1.0/29".parse().unwrap())];
         let mut r = Registry::open(store.clone(), pools()).unwrap();
-        let a = r.allocate(&req("c1")).unwrap();
-        let b = r.allocate(&req("c2")).unwrap();
+        let a = r.allocate_test(&req("c1")).unwrap();
+        let b = r.allocate_test(&req("c2")).unwrap();
         r.forget(b.id).unwrap();
         drop(r);
         let mut r = Registry::open(store, pools()).unwrap();
         assert_eq!(r.find("c1", "eth0").unwrap(), &a);
         assert_eq!(r.pools()[0].used(), 1);
-        let c = r.allocate(&req("c3")).unwrap();
+        let c = r.allocate_test(&req("c3")).unwrap();
         assert!(c.id > b.id, "ids are never reused");
     }
 }

@@ -1,0 +1,374 @@
+//! The manager's operations, composing the registry, identities and policy with the node's side
+//! effects (host netlink, eBPF datapath). The HTTP layer (`api`) only translates.
+//!
+//! One lock (`State`) covers the registry and the policy state: every operation sees and leaves
+//! them consistent with each other and with the datapath, and there is no lock ordering to get
+//! wrong. Operations under it are map writes and sled flushes (tens of µs); the slow netlink
+//! deletes of host veths happen outside it.
+
+mod labels;
+mod policy;
+mod regen;
+
+pub use labels::{from_api_labels, to_api_labels};
+pub use policy::{ImportResult, TraceRequest, TraceResult};
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use weft_api::{
+    AllocateRequest, Allocation, Attachment, DeleteResponse, Endpoint, EndpointState, GcResponse,
+    PoolStatus, RegisterRequest, StatusResponse,
+};
+use weft_policy::mapstate::EndpointPolicy;
+
+use crate::datapath::{Datapath, DatapathError, EndpointDatapath};
+use crate::endpoint::{EndpointError, Registry};
+use crate::hostnet::{HostNet, HostNetError};
+use crate::node::ChosenCidr;
+use crate::policy_state::{PolicyState, PolicyStateError};
+
+/// How long an allocation may stay un-registered before GC or the reaper may treat it as
+/// abandoned: an ADD in flight must not lose its IP.
+pub const ADD_GRACE_MS: u64 = 5 * 60 * 1000;
+
+/// Failures of manager operations, as the API reports them.
+#[derive(Debug, thiserror::Error)]
+pub enum ManagerError {
+    /// Registry or IPAM.
+    #[error(transparent)]
+    Endpoint(#[from] EndpointError),
+    /// Node plumbing.
+    #[error(transparent)]
+    HostNet(#[from] HostNetError),
+    /// eBPF datapath.
+    #[error("datapath: {0}")]
+    Datapath(#[from] DatapathError),
+    /// Identities or policy persistence.
+    #[error(transparent)]
+    Policy(#[from] PolicyStateError),
+    /// A request that does not make sense (bad labels, bad policy file...).
+    #[error("{0}")]
+    Invalid(String),
+    /// Not ready to serve yet.
+    #[error("weft-manager is starting; retry shortly")]
+    NotReady,
+}
+
+/// Everything behind the lock.
+pub(crate) struct State {
+    pub(crate) reg: Registry,
+    pub(crate) pol: PolicyState,
+    /// The policy last installed per endpoint: regeneration skips endpoints it would not change.
+    pub(crate) installed: BTreeMap<u32, EndpointPolicy>,
+}
+
+/// The running manager.
+pub struct Manager {
+    node_name: String,
+    cidrs: Vec<ChosenCidr>,
+    state: Mutex<State>,
+    hostnet: Arc<dyn HostNet>,
+    datapath: Arc<dyn Datapath>,
+    ready: AtomicBool,
+    /// Restore duration by phase, reported by status.
+    restore_ms: Mutex<Vec<(String, f64)>>,
+    regenerations: AtomicU64,
+}
+
+/// The datapath's view of a registered endpoint (`None` before registration).
+pub(crate) fn datapath_view(ep: &Endpoint) -> Option<EndpointDatapath> {
+    let host_ifindex = ep.host_ifindex?;
+    let pod_mac = parse_mac(ep.pod_mac.as_deref()?)?;
+    Some(EndpointDatapath {
+        endpoint_id: ep.id,
+        identity: ep.identity,
+        host_ifindex,
+        host_ifname: ep.host_ifname.clone(),
+        ips: ep.ips.iter().map(|i| i.address).collect(),
+        pod_mac,
+    })
+}
+
+/// `aa:bb:cc:dd:ee:ff` → bytes.
+#[must_use]
+pub fn parse_mac(s: &str) -> Option<[u8; 6]> {
+    let mut out = [0u8; 6];
+    let mut parts = s.split(':');
+    for b in &mut out {
+        *b = u8::from_str_radix(parts.next()?, 16).ok()?;
+    }
+    parts.next().is_none().then_some(out)
+}
+
+impl Manager {
+    /// Assembles a manager over restored state.
+    pub fn new(
+        node_name: String,
+        cidrs: Vec<ChosenCidr>,
+        reg: Registry,
+        pol: PolicyState,
+        hostnet: Arc<dyn HostNet>,
+        datapath: Arc<dyn Datapath>,
+    ) -> Self {
+        Self {
+            node_name,
+            cidrs,
+            state: Mutex::new(State {
+                reg,
+                pol,
+                installed: BTreeMap::new(),
+            }),
+            hostnet,
+            datapath,
+            ready: AtomicBool::new(false),
+            restore_ms: Mutex::new(Vec::new()),
+            regenerations: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn state(&self) -> MutexGuard<'_, State> {
+        // Every mutation writes sled first and memory second, so state behind a poisoned lock
+        // is still consistent.
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The datapath.
+    pub fn datapath(&self) -> &Arc<dyn Datapath> {
+        &self.datapath
+    }
+
+    /// Declares start-up finished.
+    pub fn set_ready(&self) {
+        self.ready.store(true, Ordering::SeqCst);
+    }
+
+    /// Has start-up finished?
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::SeqCst)
+    }
+
+    /// Records how long a restore phase took.
+    pub fn record_phase(&self, phase: &str, ms: f64) {
+        self.restore_ms
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push((phase.to_owned(), ms));
+    }
+
+    /// Node, pools and counts.
+    pub fn status(&self) -> StatusResponse {
+        let st = self.state();
+        let pools = st
+            .reg
+            .pools()
+            .iter()
+            .zip(&self.cidrs)
+            .map(|(pool, chosen)| PoolStatus {
+                cidr: pool.cidr().to_string(),
+                source: chosen.source,
+                source_detail: Some(chosen.detail.clone()),
+                router_ip: pool.router(),
+                used: u64::try_from(pool.used()).unwrap_or(u64::MAX),
+                capacity: u64::try_from(pool.capacity()).unwrap_or(u64::MAX),
+            })
+            .collect();
+        StatusResponse {
+            node_name: self.node_name.clone(),
+            ready: self.is_ready(),
+            pools,
+            endpoints: st.reg.list().count() as u64,
+            policy_revision: st.pol.repo().revision(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            restore_ms: self
+                .restore_ms
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone(),
+            regenerations: self.regenerations.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Reserves an endpoint, its identity and its IPs (all persisted before returning). Peers
+    /// whose selectors match a new identity are regenerated now, so they already allow the new
+    /// pod when its IPs appear in the ipcache at registration.
+    pub fn allocate(&self, req: &AllocateRequest) -> Result<Endpoint, ManagerError> {
+        let mut st = self.state();
+        if let Some(ep) = st.reg.find(&req.container_id, &req.ifname) {
+            return Ok(ep.clone());
+        }
+        let labels = weft_policy::labels::LabelSet::for_pod(
+            req.pod_namespace.as_deref().unwrap_or("default"),
+            req.labels
+                .iter()
+                .map(|l| (l.key.as_str(), l.value.as_str())),
+        );
+        let (identity, effects) = st.pol.acquire(&labels)?;
+        let ep = match st.reg.allocate(req, to_api_labels(&labels), identity) {
+            Ok(ep) => ep,
+            Err(e) => {
+                let undo = st.pol.release(identity)?;
+                self.regenerate_users(&mut st, &undo.changed)?;
+                return Err(e.into());
+            }
+        };
+        self.regenerate_users(&mut st, &effects.changed)?;
+        tracing::info!(
+            endpoint_id = ep.id,
+            container_id = %ep.container_id,
+            ifname = %ep.ifname,
+            identity,
+            ips = ?ep.ips.iter().map(|i| i.address).collect::<Vec<_>>(),
+            "endpoint allocated"
+        );
+        Ok(ep)
+    }
+
+    /// Registers the plumbed veth: attaches the datapath, installs the endpoint's policy, and
+    /// only then persists it `ready` (Cilium's SyncBuildEndpoint: ADD returns enforcing).
+    pub fn register(&self, id: u32, req: &RegisterRequest) -> Result<Endpoint, ManagerError> {
+        let mut st = self.state();
+        let mut ep = st.reg.prepare_ready(id, req)?;
+        let view = datapath_view(&ep).ok_or_else(|| {
+            ManagerError::Invalid(format!("pod_mac {:?} is not a MAC address", req.pod_mac))
+        })?;
+        self.datapath.attach_endpoint(&view)?;
+        let policy = st.pol.compute(&from_api_labels(&ep.labels));
+        self.datapath.apply_policy(ep.id, &policy)?;
+        st.installed.insert(ep.id, policy);
+        ep.policy_revision = st.pol.repo().revision();
+        let ep = st.reg.update(ep)?;
+        tracing::info!(endpoint_id = ep.id, host_ifname = %ep.host_ifname, revision = ep.policy_revision, "endpoint ready");
+        Ok(ep)
+    }
+
+    /// Removes the endpoint of (container id, ifname), if that container owns one: datapath
+    /// state first, then the record, its IPs and its identity reference.
+    pub fn delete(&self, container_id: &str, ifname: &str) -> Result<DeleteResponse, ManagerError> {
+        let mut st = self.state();
+        let Some(ep) = st.reg.begin_delete(container_id, ifname)? else {
+            return Ok(DeleteResponse { deleted: None });
+        };
+        let deleted = self.forget_locked(&mut st, &ep)?;
+        if let Some(ep) = &deleted {
+            tracing::info!(
+                endpoint_id = ep.id,
+                container_id,
+                ifname,
+                "endpoint deleted"
+            );
+        }
+        Ok(DeleteResponse { deleted })
+    }
+
+    fn forget_locked(
+        &self,
+        st: &mut State,
+        ep: &Endpoint,
+    ) -> Result<Option<Endpoint>, ManagerError> {
+        if let Some(view) = datapath_view(ep) {
+            self.datapath.detach_endpoint(&view)?;
+        }
+        st.installed.remove(&ep.id);
+        let deleted = st.reg.forget(ep.id)?;
+        if deleted.is_some() && ep.identity != 0 {
+            let effects = st.pol.release(ep.identity)?;
+            self.regenerate_users(st, &effects.changed)?;
+        }
+        Ok(deleted)
+    }
+
+    /// Tears an endpoint down completely on the manager's own initiative (restore, GC, reaper,
+    /// queued DEL): `deleting` first, then the host veth, then datapath and record.
+    pub async fn remove_fully(&self, ep: &Endpoint) -> Result<(), ManagerError> {
+        let Some(ep) = self
+            .state()
+            .reg
+            .begin_delete(&ep.container_id, &ep.ifname)?
+        else {
+            return Ok(());
+        };
+        self.hostnet.delete_link(&ep.host_ifname).await?;
+        let mut st = self.state();
+        self.forget_locked(&mut st, &ep)?;
+        Ok(())
+    }
+
+    /// Deletes a host link left without an endpoint (missing is fine).
+    pub async fn delete_host_link(&self, name: &str) -> Result<(), ManagerError> {
+        Ok(self.hostnet.delete_link(name).await?)
+    }
+
+    /// Releases every endpoint not in `valid`, except ADDs still in flight; their host veths
+    /// are deleted too, since no DEL will come for them.
+    pub async fn gc(&self, valid: &[Attachment], now_ms: u64) -> Result<GcResponse, ManagerError> {
+        let doomed: Vec<Endpoint> = self
+            .state()
+            .reg
+            .list()
+            .filter(|ep| {
+                !valid
+                    .iter()
+                    .any(|a| a.container_id == ep.container_id && a.ifname == ep.ifname)
+            })
+            .filter(|ep| {
+                ep.state != EndpointState::Allocated
+                    || now_ms.saturating_sub(ep.created_ms) > ADD_GRACE_MS
+            })
+            .cloned()
+            .collect();
+        let mut released = Vec::new();
+        for ep in doomed {
+            self.remove_fully(&ep).await?;
+            tracing::info!(endpoint_id = ep.id, container_id = %ep.container_id, "released by GC");
+            released.push(ep);
+        }
+        Ok(GcResponse { released })
+    }
+
+    /// Every endpoint.
+    pub fn endpoints(&self) -> Vec<Endpoint> {
+        self.state().reg.list().cloned().collect()
+    }
+
+    /// One endpoint by id.
+    pub fn endpoint(&self, id: u32) -> Option<Endpoint> {
+        self.state().reg.get(id).cloned()
+    }
+
+    /// The endpoint of (container id, ifname).
+    pub fn find(&self, container_id: &str, ifname: &str) -> Option<Endpoint> {
+        self.state().reg.find(container_id, ifname).cloned()
+    }
+
+    /// Every IP allocation.
+    pub fn allocations(&self) -> Vec<Allocation> {
+        let st = self.state();
+        let mut out: Vec<Allocation> = st
+            .reg
+            .list()
+            .flat_map(|ep| {
+                ep.ips.iter().map(|ip| Allocation {
+                    address: ip.address,
+                    pool: st
+                        .reg
+                        .pools()
+                        .iter()
+                        .find(|p| p.same_family(ip.address))
+                        .map(|p| p.cidr().to_string())
+                        .unwrap_or_default(),
+                    endpoint_id: ep.id,
+                    container_id: ep.container_id.clone(),
+                    ifname: ep.ifname.clone(),
+                })
+            })
+            .collect();
+        out.sort_by_key(|a| a.address);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,362 @@
+//! Policy operations: import, delete, list, identities, label changes and trace.
+
+use ipnet::IpNet;
+use serde::{Deserialize, Serialize};
+use std::net::IpAddr;
+use weft_api::{Endpoint, EndpointState};
+use weft_policy::labels::{Label, LabelSet};
+use weft_policy::mapstate::{Identity, Verdict, proto, reserved};
+use weft_policy::trace::{TracePeer, trace};
+
+use super::{Manager, ManagerError, State, datapath_view, from_api_labels, to_api_labels};
+use crate::policy_state::Effects;
+
+/// Answer to an import or delete.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ImportResult {
+    /// Repository revision after the change; every endpoint enforces it when this returns.
+    pub revision: u64,
+    /// Rules in the repository now.
+    pub rules: usize,
+    /// Endpoints whose maps changed.
+    pub regenerated: usize,
+    /// Wall time of the whole change, regeneration included.
+    pub elapsed_ms: f64,
+}
+
+/// One side of a trace: exactly one field set.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct TracePeerRequest {
+    /// A local endpoint.
+    #[serde(default)]
+    pub endpoint: Option<u32>,
+    /// Labels (`k=v`) that pick the local endpoints carrying all of them.
+    #[serde(default)]
+    pub labels: Vec<String>,
+    /// An address, resolved as the datapath's ipcache would.
+    #[serde(default)]
+    pub ip: Option<IpAddr>,
+}
+
+/// `POST /v1/policy/trace`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TraceRequest {
+    /// Source.
+    pub src: TracePeerRequest,
+    /// Destination.
+    pub dst: TracePeerRequest,
+    /// Destination port (0 for ICMP).
+    #[serde(default)]
+    pub port: u16,
+    /// `tcp`, `udp`, `sctp`, `icmp`, `icmpv6` or a number.
+    pub protocol: String,
+}
+
+/// The verdict and why.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TraceResult {
+    /// `allow` or `deny`.
+    pub verdict: String,
+    /// Source identity.
+    pub src_identity: Identity,
+    /// Destination identity.
+    pub dst_identity: Identity,
+    /// The source's egress decision, when it is a local endpoint.
+    pub egress: Option<String>,
+    /// The destination's ingress decision, when it is a local endpoint.
+    pub ingress: Option<String>,
+}
+
+/// One identity (`GET /v1/identities`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct IdentityInfo {
+    /// Numeric id.
+    pub id: Identity,
+    /// Labels, or `cidr:<prefix>` for CIDR identities, or `reserved:<name>`.
+    pub labels: Vec<String>,
+    /// Endpoints or rules holding it.
+    pub references: u64,
+}
+
+fn split_kv(s: &str) -> Result<(&str, &str), ManagerError> {
+    s.split_once('=')
+        .filter(|(k, _)| !k.is_empty())
+        .ok_or_else(|| ManagerError::Invalid(format!("label {s:?} is not of the form key=value")))
+}
+
+fn parse_protocol(p: &str) -> Result<u8, ManagerError> {
+    Ok(match p.to_ascii_lowercase().as_str() {
+        "tcp" => proto::TCP,
+        "udp" => proto::UDP,
+        "sctp" => proto::SCTP,
+        "icmp" => proto::ICMP,
+        "icmpv6" => proto::ICMPV6,
+        "any" => proto::ANY,
+        n => n.parse().map_err(|_| {
+            ManagerError::Invalid(format!(
+                "protocol {p:?} is not tcp, udp, sctp, icmp, icmpv6 or a number"
+            ))
+        })?,
+    })
+}
+
+impl Manager {
+    fn apply_effects_after(&self, st: &mut State, effects: &Effects) -> Result<(), ManagerError> {
+        // New CIDR identities enter the ipcache only once every endpoint's policy knows them;
+        // released ones leave after no policy refers to them any more.
+        for (prefix, id) in &effects.ipcache_add {
+            self.datapath.upsert_ipcache(*prefix, *id)?;
+        }
+        for prefix in &effects.ipcache_remove {
+            self.datapath.remove_ipcache(*prefix)?;
+        }
+        let _ = st;
+        Ok(())
+    }
+
+    /// Imports a policy file (Cilium JSON/YAML or Kubernetes NetworkPolicy). All or nothing: a
+    /// file that does not parse changes nothing. Returns once every endpoint enforces the new
+    /// revision.
+    pub fn import_policy(&self, file: &str, text: &str) -> Result<ImportResult, ManagerError> {
+        let t0 = std::time::Instant::now();
+        let rules = weft_policy::parse::parse_policy_file(file, text)
+            .map_err(|e| ManagerError::Invalid(e.to_string()))?;
+        let mut st = self.state();
+        let (change, effects) = st.pol.add_rules(rules)?;
+        let regenerated = self.regenerate_for_change(&mut st, &change, &effects.changed)?;
+        self.apply_effects_after(&mut st, &effects)?;
+        let result = ImportResult {
+            revision: st.pol.repo().revision(),
+            rules: st.pol.repo().rules().len(),
+            regenerated,
+            elapsed_ms: t0.elapsed().as_secs_f64() * 1000.0,
+        };
+        tracing::info!(
+            file,
+            revision = result.revision,
+            regenerated,
+            elapsed_ms = result.elapsed_ms,
+            "policy imported"
+        );
+        Ok(result)
+    }
+
+    /// Deletes the rules carrying every label of `filter` (`k=v`, optionally `source:k=v`),
+    /// or every rule with `all`.
+    pub fn delete_policy(
+        &self,
+        filter: &[String],
+        all: bool,
+    ) -> Result<ImportResult, ManagerError> {
+        let t0 = std::time::Instant::now();
+        if filter.is_empty() && !all {
+            return Err(ManagerError::Invalid(
+                "say which rules to delete: labels (k=v) or all".into(),
+            ));
+        }
+        let filter: Vec<Label> = filter
+            .iter()
+            .map(|s| Label::parse_filter(s).map_err(|e| ManagerError::Invalid(e.to_string())))
+            .collect::<Result<_, _>>()?;
+        let mut st = self.state();
+        let (change, effects) = st.pol.delete_rules(&filter, all)?;
+        let regenerated = self.regenerate_for_change(&mut st, &change, &effects.changed)?;
+        self.apply_effects_after(&mut st, &effects)?;
+        Ok(ImportResult {
+            revision: st.pol.repo().revision(),
+            rules: st.pol.repo().rules().len(),
+            regenerated,
+            elapsed_ms: t0.elapsed().as_secs_f64() * 1000.0,
+        })
+    }
+
+    /// The repository: revision and rules.
+    pub fn policies(&self) -> serde_json::Value {
+        let st = self.state();
+        serde_json::json!({
+            "revision": st.pol.repo().revision(),
+            "rules": st.pol.repo().rules(),
+        })
+    }
+
+    /// Every identity in use.
+    pub fn identities(&self) -> Vec<IdentityInfo> {
+        let st = self.state();
+        let mut out = vec![
+            IdentityInfo {
+                id: reserved::HOST,
+                labels: vec!["reserved:host".into()],
+                references: 0,
+            },
+            IdentityInfo {
+                id: reserved::WORLD,
+                labels: vec!["reserved:world".into()],
+                references: 0,
+            },
+        ];
+        out.extend(st.pol.identities().map(|(id, key, refs)| IdentityInfo {
+            id,
+            labels: match key {
+                weft_policy::identity::IdentityKey::Labels(l) => {
+                    l.iter().map(ToString::to_string).collect()
+                }
+                weft_policy::identity::IdentityKey::Cidr(p) => vec![format!("cidr:{p}")],
+            },
+            references: refs,
+        }));
+        out
+    }
+
+    /// Changes an endpoint's labels: new identity, ipcache and every affected endpoint updated.
+    /// Peers learn the new identity before the endpoint's addresses map to it.
+    pub fn set_labels(
+        &self,
+        id: u32,
+        add: &[String],
+        remove: &[String],
+    ) -> Result<Endpoint, ManagerError> {
+        let add: Vec<(&str, &str)> = add.iter().map(|s| split_kv(s)).collect::<Result<_, _>>()?;
+        let remove: Vec<&str> = remove.iter().map(String::as_str).collect();
+        let mut st = self.state();
+        let mut ep = st
+            .reg
+            .get(id)
+            .cloned()
+            .ok_or(crate::endpoint::EndpointError::NotFound(id))?;
+        let old_labels = from_api_labels(&ep.labels);
+        let new_labels = old_labels
+            .with_user_changes(&add, &remove)
+            .map_err(|e| ManagerError::Invalid(e.to_string()))?;
+        if new_labels == old_labels {
+            return Ok(ep);
+        }
+        let old_id = ep.identity;
+        let (new_id, gained) = st.pol.acquire(&new_labels)?;
+        self.regenerate_users(&mut st, &gained.changed)?;
+        ep.labels = to_api_labels(&new_labels);
+        ep.identity = new_id;
+        let ep = st.reg.update(ep)?;
+        if ep.state == EndpointState::Ready
+            && let Some(view) = datapath_view(&ep)
+        {
+            self.datapath.attach_endpoint(&view)?;
+            self.regenerate(&mut st, &[ep.id])?;
+        }
+        let lost = st.pol.release(old_id)?;
+        self.regenerate_users(&mut st, &lost.changed)?;
+        tracing::info!(
+            endpoint_id = id,
+            old_identity = old_id,
+            new_identity = new_id,
+            "endpoint labels changed"
+        );
+        Ok(ep)
+    }
+
+    fn resolve_peer<'a>(
+        st: &'a State,
+        peer: &TracePeerRequest,
+        side: &str,
+    ) -> Result<(Identity, Option<LabelSet>), ManagerError> {
+        let set = [
+            peer.endpoint.is_some(),
+            !peer.labels.is_empty(),
+            peer.ip.is_some(),
+        ]
+        .iter()
+        .filter(|b| **b)
+        .count();
+        if set != 1 {
+            return Err(ManagerError::Invalid(format!(
+                "{side}: give exactly one of an endpoint id, labels or an IP"
+            )));
+        }
+        let local = |ep: &'a Endpoint| (ep.identity, Some(from_api_labels(&ep.labels)));
+        if let Some(id) = peer.endpoint {
+            let ep = st
+                .reg
+                .get(id)
+                .ok_or(crate::endpoint::EndpointError::NotFound(id))?;
+            return Ok(local(ep));
+        }
+        if let Some(ip) = peer.ip {
+            if let Some(ep) = st.reg.owner_of(ip) {
+                return Ok(local(ep));
+            }
+            if st.reg.pools().iter().any(|p| p.router() == ip) {
+                return Ok((reserved::HOST, None));
+            }
+            let cidr = st
+                .pol
+                .cidr_identities()
+                .into_iter()
+                .filter(|(p, _)| p.contains(&ip))
+                .max_by_key(|(p, _)| p.prefix_len())
+                .map(|(_, id)| id);
+            return Ok((cidr.unwrap_or(reserved::WORLD), None));
+        }
+        let wanted: Vec<Label> = peer
+            .labels
+            .iter()
+            .map(|s| Label::parse_filter(s).map_err(|e| ManagerError::Invalid(e.to_string())))
+            .collect::<Result<_, _>>()?;
+        let mut hits: Vec<&Endpoint> = st
+            .reg
+            .list()
+            .filter(|ep| from_api_labels(&ep.labels).contains_all(&wanted))
+            .collect();
+        hits.dedup_by_key(|ep| ep.identity);
+        match hits.as_slice() {
+            [ep] => Ok(local(ep)),
+            [] => Err(ManagerError::Invalid(format!(
+                "{side}: no endpoint has the labels {}; give labels of an existing endpoint, an endpoint id or an IP",
+                peer.labels.join(",")
+            ))),
+            many => Err(ManagerError::Invalid(format!(
+                "{side}: labels {} match endpoints of {} different identities; add labels to narrow it",
+                peer.labels.join(","),
+                many.len()
+            ))),
+        }
+    }
+
+    /// What the policy decides for one flow, and which rule decided.
+    pub fn trace(&self, req: &TraceRequest) -> Result<TraceResult, ManagerError> {
+        let protocol = parse_protocol(&req.protocol)?;
+        let st = self.state();
+        let (src_id, src_labels) = Self::resolve_peer(&st, &req.src, "source")?;
+        let (dst_id, dst_labels) = Self::resolve_peer(&st, &req.dst, "destination")?;
+        let t = trace(
+            st.pol.repo(),
+            st.pol.cache(),
+            TracePeer {
+                identity: src_id,
+                labels: src_labels.as_ref(),
+            },
+            TracePeer {
+                identity: dst_id,
+                labels: dst_labels.as_ref(),
+            },
+            protocol,
+            req.port,
+            st.pol.options(),
+        );
+        Ok(TraceResult {
+            verdict: if t.verdict == Verdict::Allow {
+                "allow"
+            } else {
+                "deny"
+            }
+            .into(),
+            src_identity: src_id,
+            dst_identity: dst_id,
+            egress: t.egress.map(|d| d.decision.to_string()),
+            ingress: t.ingress.map(|d| d.decision.to_string()),
+        })
+    }
+
+    /// CIDR identities for the ipcache at start.
+    pub fn cidr_identities(&self) -> Vec<(IpNet, Identity)> {
+        self.state().pol.cidr_identities().into_iter().collect()
+    }
+}

@@ -1,0 +1,278 @@
+//! Unit tests of the manager's operations over fake host plumbing and a fake datapath.
+
+use super::*;
+use crate::datapath::FakeDatapath;
+use crate::hostnet::FakeHostNet;
+use crate::ipam::Pool;
+use crate::store::Store;
+use weft_api::Label;
+use weft_policy::mapstate::{Direction, PolicyEntry, Verdict, proto};
+
+struct World {
+    m: Manager,
+    net: Arc<FakeHostNet>,
+    dp: Arc<FakeDatapath>,
+}
+
+fn world() -> World {
+    let net = Arc::new(FakeHostNet::default());
+    let dp = Arc::new(FakeDatapath::default());
+    let cidr = crate::node::select(
+        &crate::node::NodeManifest::default(),
+        &["10.0.1.0/24".into()],
+    )
+    .unwrap()
+    .cidrs();
+    let store = Store::temporary().unwrap();
+    let reg = Registry::open(store.clone(), vec![Pool::new(cidr[0].cidr)]).unwrap();
+    let (pol, _) = PolicyState::restore(store, []).unwrap();
+    let m = Manager::new("n".into(), cidr, reg, pol, net.clone(), dp.clone());
+    World { m, net, dp }
+}
+
+fn alloc(m: &Manager, c: &str, app: &str) -> Endpoint {
+    m.allocate(&AllocateRequest {
+        container_id: c.into(),
+        ifname: "eth0".into(),
+        netns: "/x".into(),
+        pod_namespace: Some("default".into()),
+        pod_name: Some(c.into()),
+        labels: vec![Label {
+            key: "id".into(),
+            value: app.into(),
+        }],
+    })
+    .unwrap()
+}
+
+fn make_ready(m: &Manager, ep: &Endpoint) -> Endpoint {
+    m.register(
+        ep.id,
+        &RegisterRequest {
+            container_id: ep.container_id.clone(),
+            host_ifname: ep.host_ifname.clone(),
+            host_ifindex: 9 + ep.id,
+            host_mac: "02:00:00:00:00:01".into(),
+            pod_mac: "02:00:00:00:00:02".into(),
+        },
+    )
+    .unwrap()
+}
+
+fn pod(w: &World, c: &str, app: &str) -> Endpoint {
+    let ep = alloc(&w.m, c, app);
+    make_ready(&w.m, &ep)
+}
+
+const GETTING_STARTED: &str = r#"[{"labels":[{"key":"name","value":"l3-rule"}],"endpointSelector":{"matchLabels":{"id":"app1"}},"ingress":[{"fromEndpoints":[{"matchLabels":{"id":"app2"}}],"toPorts":[{"ports":[{"port":"80","protocol":"TCP"}]}]}]}]"#;
+
+fn allows(w: &World, ep: &Endpoint, from: &Endpoint, port: u16) -> bool {
+    let p = w.dp.policy(ep.id).expect("policy installed");
+    p.lookup(Direction::Ingress, from.identity, proto::TCP, port) == Verdict::Allow
+}
+
+#[tokio::test]
+async fn gc_releases_only_invalid_settled_endpoints() {
+    let w = world();
+    let keep = pod(&w, "keep", "a");
+    let stale = pod(&w, "stale", "a");
+    let inflight = alloc(&w.m, "inflight", "a");
+    w.net
+        .links
+        .lock()
+        .unwrap()
+        .insert(stale.host_ifname.clone(), 5);
+    let valid = [Attachment {
+        container_id: keep.container_id.clone(),
+        ifname: "eth0".into(),
+    }];
+    let out = w.m.gc(&valid, inflight.created_ms + 1000).await.unwrap();
+    assert_eq!(out.released.len(), 1);
+    assert_eq!(out.released[0].container_id, "stale");
+    assert!(
+        w.m.find("inflight", "eth0").is_some(),
+        "ADD in flight survives GC"
+    );
+    assert!(!w.net.links.lock().unwrap().contains_key(&stale.host_ifname));
+    assert!(
+        !w.dp.attached().iter().any(|e| e.endpoint_id == stale.id),
+        "GC detached the datapath"
+    );
+    let out =
+        w.m.gc(&valid, inflight.created_ms + ADD_GRACE_MS + 1)
+            .await
+            .unwrap();
+    assert_eq!(out.released[0].container_id, "inflight");
+    assert_eq!(w.m.status().pools[0].used, 1);
+}
+
+#[test]
+fn delete_is_idempotent_and_scoped_to_the_owner() {
+    let w = world();
+    let a = pod(&w, "a", "x");
+    assert!(w.m.delete("b", "eth0").unwrap().deleted.is_none());
+    assert_eq!(w.m.delete("a", "eth0").unwrap().deleted.unwrap().id, a.id);
+    assert!(w.m.delete("a", "eth0").unwrap().deleted.is_none());
+    assert_eq!(w.m.status().pools[0].used, 0);
+    assert!(w.dp.attached().is_empty());
+    assert!(
+        w.m.identities().iter().all(|i| i.id < 256),
+        "identity released"
+    );
+}
+
+#[test]
+fn same_labels_share_an_identity_and_namespace_is_a_label() {
+    let w = world();
+    let a = alloc(&w.m, "a", "web");
+    let b = alloc(&w.m, "b", "web");
+    let c = alloc(&w.m, "c", "db");
+    assert_eq!(a.identity, b.identity);
+    assert_ne!(a.identity, c.identity);
+    assert!(a.identity >= 256);
+    assert!(
+        a.labels
+            .iter()
+            .any(|l| l.key == "k8s:io.kubernetes.pod.namespace" && l.value == "default")
+    );
+}
+
+#[test]
+fn getting_started_policy_regenerates_selectively_and_reports_the_revision() {
+    let w = world();
+    let app1 = pod(&w, "p1", "app1");
+    let app2 = pod(&w, "p2", "app2");
+    let app3 = pod(&w, "p3", "app3");
+    assert!(allows(&w, &app1, &app3, 80), "no policy: default allow");
+    let r = w.m.import_policy("gs.json", GETTING_STARTED).unwrap();
+    assert_eq!(r.regenerated, 1, "only app1 is selected");
+    assert!(allows(&w, &app1, &app2, 80));
+    assert!(!allows(&w, &app1, &app3, 80));
+    assert!(!allows(&w, &app1, &app2, 81));
+    assert!(!w.dp.policy(app2.id).unwrap().ingress_enforced);
+    for ep in w.m.endpoints() {
+        assert_eq!(
+            ep.policy_revision, r.revision,
+            "every endpoint at the new revision"
+        );
+    }
+    // A new app2 pod shares app2's identity: app1 allows it with no re-import.
+    let late = pod(&w, "p4", "app2");
+    assert!(allows(&w, &app1, &late, 80));
+    // A pod with a new identity matching the selector updates app1's map when it appears.
+    let d = w.m.delete_policy(&["name=l3-rule".into()], false).unwrap();
+    assert!(d.revision > r.revision);
+    assert!(allows(&w, &app1, &app3, 80), "deleted: allow all again");
+}
+
+#[test]
+fn new_identity_matching_a_selector_updates_existing_peers() {
+    let w = world();
+    let app1 = pod(&w, "p1", "app1");
+    w.m.import_policy(
+        "sel.json",
+        r#"[{"labels":[{"key":"name","value":"r"}],"endpointSelector":{"matchLabels":{"id":"app1"}},
+            "ingress":[{"fromEndpoints":[{"matchExpressions":[{"key":"id","operator":"In","values":["app2","app5"]}]}]}]}]"#,
+    )
+    .unwrap();
+    let before = w.dp.policy(app1.id).unwrap();
+    let app5 = pod(&w, "p5", "app5");
+    let after = w.dp.policy(app1.id).unwrap();
+    assert_ne!(before, after, "app1's map gained app5's identity");
+    assert_eq!(
+        after.lookup(Direction::Ingress, app5.identity, proto::TCP, 1234),
+        Verdict::Allow
+    );
+}
+
+#[test]
+fn label_change_moves_an_endpoint_into_a_selector() {
+    let w = world();
+    let app1 = pod(&w, "p1", "app1");
+    let other = pod(&w, "p9", "app9");
+    w.m.import_policy("gs.json", GETTING_STARTED).unwrap();
+    assert!(!allows(&w, &app1, &other, 80));
+    let moved = w.m.set_labels(other.id, &["id=app2".into()], &[]).unwrap();
+    assert_ne!(moved.identity, other.identity);
+    assert!(allows(&w, &app1, &moved, 80));
+    assert!(
+        w.dp.attached()
+            .iter()
+            .any(|e| e.endpoint_id == moved.id && e.identity == moved.identity),
+        "the datapath maps the endpoint to its new identity"
+    );
+    let err =
+        w.m.set_labels(moved.id, &[], &["io.kubernetes.pod.namespace".into()])
+            .unwrap_err();
+    assert!(err.to_string().contains("namespace"), "{err}");
+}
+
+#[test]
+fn trace_agrees_with_the_installed_map() {
+    let w = world();
+    let app1 = pod(&w, "p1", "app1");
+    let app2 = pod(&w, "p2", "app2");
+    let app3 = pod(&w, "p3", "app3");
+    w.m.import_policy("gs.json", GETTING_STARTED).unwrap();
+    for (src, port, want) in [
+        (&app2, 80, "allow"),
+        (&app3, 80, "deny"),
+        (&app2, 81, "deny"),
+    ] {
+        let t =
+            w.m.trace(&TraceRequest {
+                src: policy::TracePeerRequest {
+                    endpoint: Some(src.id),
+                    ..Default::default()
+                },
+                dst: policy::TracePeerRequest {
+                    labels: vec!["id=app1".into()],
+                    ..Default::default()
+                },
+                port,
+                protocol: "tcp".into(),
+            })
+            .unwrap();
+        assert_eq!(t.verdict, want, "{t:?}");
+        assert_eq!(allows(&w, &app1, src, port), want == "allow");
+    }
+}
+
+#[test]
+fn rejected_import_changes_nothing() {
+    let w = world();
+    pod(&w, "p1", "app1");
+    let rev = w.m.status().policy_revision;
+    let err =
+        w.m.import_policy(
+            "bad.json",
+            r#"[{"endpointSelector":{},"ingress":[{"toPorts":[{"ports":[{"port":"abc"}]}]}]}]"#,
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("bad.json") && err.contains("port"), "{err}");
+    assert_eq!(w.m.status().policy_revision, rev);
+}
+
+#[test]
+fn deny_entry_reaches_the_datapath() {
+    let w = world();
+    let app1 = pod(&w, "p1", "app1");
+    w.m.import_policy(
+        "deny.json",
+        r#"[{"labels":[{"key":"name","value":"d"}],"endpointSelector":{"matchLabels":{"id":"app1"}},
+            "ingressDeny":[{"fromEntities":["all"],"toPorts":[{"ports":[{"port":"22","protocol":"TCP"}]}]}],
+            "ingress":[{"fromEntities":["all"]}]}]"#,
+    )
+    .unwrap();
+    let p = w.dp.policy(app1.id).unwrap();
+    assert!(p.entries.iter().any(|(k, v)| *v == Verdict::Deny
+        && *k
+            == PolicyEntry {
+                direction: Direction::Ingress,
+                identity: 0,
+                proto: proto::TCP,
+                port_lo: 22,
+                port_hi: 22
+            }));
+}
