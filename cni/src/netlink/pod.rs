@@ -16,10 +16,10 @@ fn fail(what: String) -> impl FnOnce(rtnetlink::Error) -> CniError {
     move |e| CniError::netlink(what, describe(&e))
 }
 
-/// Addresses, `lo` up, routes via the gateway and a permanent neighbour for it.
+/// `lo` and the interface up, addresses, routes via the gateway and a permanent neighbour for it.
 ///
-/// The interface is already up (set at creation). Order matters: the default route's gateway must
-/// be reachable when it is added, so the link-scope route to the gateway goes first.
+/// Order matters: routes need the link up (ENETDOWN otherwise), and the default route's gateway
+/// must be reachable when it is added, so the link-scope route to the gateway goes first.
 pub async fn configure(
     handle: &Handle,
     index: u32,
@@ -32,6 +32,12 @@ pub async fn configure(
         .execute()
         .await
         .map_err(fail("bringing lo up".into()))?;
+    handle
+        .link()
+        .set(LinkUnspec::new_with_index(index).up().build())
+        .execute()
+        .await
+        .map_err(fail("bringing the pod interface up".into()))?;
     for ip in ips {
         let prefix = if ip.address.is_ipv4() { 32 } else { 128 };
         let mut add = handle.address().add(index, ip.address, prefix);

@@ -3,11 +3,7 @@
 use super::{describe, errno};
 use crate::error::CniError;
 use futures::StreamExt;
-use netlink_packet_core::{
-    NLM_F_ACK, NLM_F_CREATE, NLM_F_ECHO, NLM_F_EXCL, NLM_F_REQUEST, NetlinkMessage, NetlinkPayload,
-};
-use netlink_packet_route::RouteNetlinkMessage;
-use netlink_packet_route::link::{InfoData, InfoKind, InfoVeth, LinkAttribute};
+use netlink_packet_route::link::{InfoData, InfoKind, InfoVeth, LinkAttribute, LinkMessage};
 use nix::errno::Errno;
 use rtnetlink::{Handle, LinkMessageBuilder, LinkUnspec};
 use std::os::fd::{AsRawFd, BorrowedFd};
@@ -41,18 +37,17 @@ pub struct Created {
 }
 
 /// Creates the pair, both ends up, MACs and MTU set: one request (creating in the node netns and
-/// moving the peer costs 16–20 ms more, PLATFORM.md).
+/// moving the peer costs 16–20 ms more, PLATFORM.md). Then one lookup of the host end gives both
+/// indexes: its own, and `IFLA_LINK`, the peer's index inside the pod netns.
 ///
-/// `NLM_F_ECHO` makes the kernel (≥ 6.3, `rtnl_newlink_create`) send the new host link back to us:
-/// its index and `IFLA_LINK` (the peer's index in the pod netns) save two lookups.
 pub async fn create(handle: &Handle, spec: &VethSpec<'_>) -> Result<Created, CniError> {
     let peer = LinkMessageBuilder::<LinkUnspec>::new()
         .name(spec.pod_name.to_owned())
         .address(spec.pod_mac.to_vec())
         .mtu(spec.mtu)
-        // The kernel applies the peer's ifi_flags too (veth_newlink → rtnl_configure_link), so
-        // the pod side comes up here instead of in a later request from inside the netns.
-        .up()
+        // Not `.up()`: kernel 6.18 then answers ENOTCONN (it reports the peer's flag change to
+        // our port id in the pod netns, where our socket does not exist). The pod side brings it
+        // up from inside the netns instead.
         .setns_by_fd(spec.netns.as_raw_fd())
         .build();
     let msg = LinkMessageBuilder::<LinkUnspec>::new_with_info_kind(InfoKind::Veth)
@@ -62,49 +57,28 @@ pub async fn create(handle: &Handle, spec: &VethSpec<'_>) -> Result<Created, Cni
         .up()
         .set_info_data(InfoData::Veth(InfoVeth::Peer(peer)))
         .build();
-    let mut req = NetlinkMessage::from(RouteNetlinkMessage::NewLink(msg));
-    req.header.flags = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL | NLM_F_ECHO;
-
-    let mut handle = handle.clone();
-    let mut responses = handle
-        .request(req)
-        .map_err(|e| CniError::netlink("creating the veth pair", e))?;
-    let mut created = Created {
-        host_index: 0,
-        pod_index: None,
-    };
-    while let Some(msg) = responses.next().await {
-        match msg.payload {
-            NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewLink(link)) => {
-                created.host_index = link.header.index;
-                created.pod_index = link.attributes.iter().find_map(|a| match a {
-                    LinkAttribute::Link(i) => Some(*i),
-                    _ => None,
-                });
-            }
-            NetlinkPayload::Error(e) if e.code.is_some() => {
-                let err = rtnetlink::Error::NetlinkError(e);
-                if errno(&err) == Some(Errno::EEXIST as i32) {
-                    return Err(exists(&handle, spec).await);
-                }
-                return Err(CniError::netlink(
-                    format!("creating veth {} <-> {}", spec.host_name, spec.pod_name),
-                    describe(&err),
-                ));
-            }
-            _ => {}
+    if let Err(e) = handle.link().add(msg).execute().await {
+        if errno(&e) == Some(Errno::EEXIST as i32) {
+            return Err(exists(handle, spec).await);
         }
+        return Err(CniError::netlink(
+            format!("creating veth {} <-> {}", spec.host_name, spec.pod_name),
+            describe(&e),
+        ));
     }
-    if created.host_index == 0 {
-        // Older kernels ignore NLM_F_ECHO on RTM_NEWLINK.
-        created.host_index = index_of(&handle, spec.host_name).await?.ok_or_else(|| {
-            CniError::netlink(
-                "creating the veth pair",
-                format!("{} vanished", spec.host_name),
-            )
-        })?;
-    }
-    Ok(created)
+    let link = lookup(handle, spec.host_name).await?.ok_or_else(|| {
+        CniError::netlink(
+            "creating the veth pair",
+            format!("{} vanished", spec.host_name),
+        )
+    })?;
+    Ok(Created {
+        host_index: link.header.index,
+        pod_index: link.attributes.iter().find_map(|a| match a {
+            LinkAttribute::Link(i) => Some(*i),
+            _ => None,
+        }),
+    })
 }
 
 /// EEXIST names no side: tell the caller which one is taken.
@@ -123,9 +97,13 @@ async fn exists(handle: &Handle, spec: &VethSpec<'_>) -> CniError {
 
 /// Index of the link called `name` in the handle's netns, `None` if there is none.
 pub async fn index_of(handle: &Handle, name: &str) -> Result<Option<u32>, CniError> {
+    Ok(lookup(handle, name).await?.map(|l| l.header.index))
+}
+
+async fn lookup(handle: &Handle, name: &str) -> Result<Option<LinkMessage>, CniError> {
     let mut links = handle.link().get().match_name(name.to_owned()).execute();
     match links.next().await {
-        Some(Ok(link)) => Ok(Some(link.header.index)),
+        Some(Ok(link)) => Ok(Some(link)),
         Some(Err(e)) if errno(&e) == Some(Errno::ENODEV as i32) => Ok(None),
         Some(Err(e)) => Err(CniError::netlink(
             format!("looking up {name}"),
