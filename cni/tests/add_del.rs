@@ -16,6 +16,56 @@ fn pod_ip(result: &Value, family: usize) -> String {
     addr.split('/').next().expect("ip").to_owned()
 }
 
+fn assert_result_shape(version: &str, cid: &str, netns: &str, r: &Value) {
+    assert_eq!(r["cniVersion"], version);
+    let host = World::host_ifname(cid);
+    assert_eq!(r["interfaces"][0]["name"], host.as_str());
+    assert_eq!(r["interfaces"][1]["name"], "eth0");
+    assert_eq!(r["interfaces"][1]["sandbox"], netns);
+    assert!(r["interfaces"][0].get("sandbox").is_none(), "{r}");
+    let (hmac, pmac) = weft_api::naming::veth_macs(cid, "eth0");
+    assert_eq!(
+        r["interfaces"][0]["mac"],
+        weft_api::naming::format_mac(&hmac)
+    );
+    assert_eq!(
+        r["interfaces"][1]["mac"],
+        weft_api::naming::format_mac(&pmac)
+    );
+    let ip_keys = if version == "0.4.0" {
+        vec!["address", "gateway", "interface", "version"]
+    } else {
+        vec!["address", "gateway", "interface"]
+    };
+    for (fam, ip) in r["ips"].as_array().expect("ips").iter().enumerate() {
+        assert_eq!(keys(ip), ip_keys, "{version}: {ip}");
+        assert_eq!(ip["interface"], 1);
+        if version == "0.4.0" {
+            assert_eq!(ip["version"], if fam == 0 { "4" } else { "6" });
+        }
+    }
+    assert!(
+        r["ips"][0]["address"].as_str().unwrap().ends_with("/32"),
+        "{r}"
+    );
+    assert!(
+        r["ips"][1]["address"].as_str().unwrap().ends_with("/128"),
+        "{r}"
+    );
+    assert_eq!(r["ips"][0]["gateway"], "10.77.0.1");
+    assert_eq!(r["ips"][1]["gateway"], "fd77::1");
+    assert_eq!(
+        r["routes"],
+        json!([{"dst": "0.0.0.0/0", "gw": "10.77.0.1"}, {"dst": "::/0", "gw": "fd77::1"}])
+    );
+    assert_eq!(r["dns"]["nameservers"][0], "10.96.0.10");
+    assert_eq!(
+        r["interfaces"][1].get("mtu").is_some(),
+        version == "1.1.0",
+        "{r}"
+    );
+}
+
 #[test]
 fn add_gives_spec_results_and_connectivity_for_each_version() {
     let mut w = World::new("add");
@@ -26,56 +76,12 @@ fn add_gives_spec_results_and_connectivity_for_each_version() {
         let out = w.run("ADD", &cid, &netns, &w.conf(version));
         out.expect_ok();
         let r = out.json();
-        assert_eq!(r["cniVersion"], version);
+        assert_result_shape(version, &cid, &netns, &r);
         let host = World::host_ifname(&cid);
-        assert_eq!(r["interfaces"][0]["name"], host.as_str());
-        assert_eq!(r["interfaces"][1]["name"], "eth0");
-        assert_eq!(r["interfaces"][1]["sandbox"], netns.as_str());
-        assert!(r["interfaces"][0].get("sandbox").is_none(), "{r}");
-        let (hmac, pmac) = weft_api::naming::veth_macs(&cid, "eth0");
-        assert_eq!(
-            r["interfaces"][0]["mac"],
-            weft_api::naming::format_mac(&hmac)
-        );
-        assert_eq!(
-            r["interfaces"][1]["mac"],
-            weft_api::naming::format_mac(&pmac)
-        );
-        let ip_keys = if version == "0.4.0" {
-            vec!["address", "gateway", "interface", "version"]
-        } else {
-            vec!["address", "gateway", "interface"]
-        };
-        for (fam, ip) in r["ips"].as_array().expect("ips").iter().enumerate() {
-            assert_eq!(keys(ip), ip_keys, "{version}: {ip}");
-            assert_eq!(ip["interface"], 1);
-            if version == "0.4.0" {
-                assert_eq!(ip["version"], if fam == 0 { "4" } else { "6" });
-            }
-        }
-        assert!(
-            r["ips"][0]["address"].as_str().unwrap().ends_with("/32"),
-            "{r}"
-        );
-        assert!(
-            r["ips"][1]["address"].as_str().unwrap().ends_with("/128"),
-            "{r}"
-        );
-        assert_eq!(r["ips"][0]["gateway"], "10.77.0.1");
-        assert_eq!(r["ips"][1]["gateway"], "fd77::1");
-        assert_eq!(
-            r["routes"],
-            json!([{"dst": "0.0.0.0/0", "gw": "10.77.0.1"}, {"dst": "::/0", "gw": "fd77::1"}])
-        );
-        assert_eq!(r["dns"]["nameservers"][0], "10.96.0.10");
-        assert_eq!(
-            r["interfaces"][1].get("mtu").is_some(),
-            version == "1.1.0",
-            "{r}"
-        );
         assert!(w.has_node_link(&host));
 
         // The pod end really has the MTU, MAC and name the result claims.
+        let (_, pmac) = weft_api::naming::veth_macs(&cid, "eth0");
         let link = sh(&[
             "ip",
             "-n",

@@ -1,5 +1,5 @@
 //! A fake weft-manager on a unix socket: the API of DESIGN §6 with an in-memory allocator over
-//! 10.77.0.0/24 and fd77::/64 (router .1 / ::1). It records every request for assertions.
+//! `10.77.0.0/24` and `fd77::/64` (router `.1` / `::1`). It records every request for assertions.
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -31,6 +31,8 @@ pub struct State {
     pub v4_capacity: u64,
     /// `GET /v1/healthz` answers 200 when true, 503 otherwise.
     pub healthy: bool,
+    /// `POST /v1/endpoints/{id}/ready` answers 409 when true.
+    pub reject_ready: bool,
     /// "METHOD path?query" of every request, in order.
     pub log: Vec<String>,
     next_id: u32,
@@ -50,26 +52,8 @@ impl State {
         })
     }
 
-    fn route(
-        &mut self,
-        method: &Method,
-        path: &str,
-        query: &str,
-        body: &[u8],
-    ) -> (StatusCode, String) {
+    fn route(&mut self, method: &Method, path: &str, query: &str, body: &[u8]) -> Reply {
         self.log.push(format!("{method} {path}?{query}"));
-        let sel = |q: &str| -> (String, String) {
-            let mut c = String::new();
-            let mut i = String::new();
-            for kv in q.split('&') {
-                match kv.split_once('=') {
-                    Some(("container_id", v)) => c = decode(v),
-                    Some(("ifname", v)) => i = decode(v),
-                    _ => {}
-                }
-            }
-            (c, i)
-        };
         match (method.clone(), path) {
             (Method::GET, "/v1/healthz") => {
                 if self.healthy {
@@ -78,105 +62,22 @@ impl State {
                     err(StatusCode::SERVICE_UNAVAILABLE, "not_ready", "starting")
                 }
             }
-            (Method::GET, "/v1/status") => ok(&StatusResponse {
-                node_name: "test".into(),
-                ready: self.healthy,
-                pools: vec![
-                    PoolStatus {
-                        cidr: V4_POOL.into(),
-                        source: CidrSource::Config,
-                        source_detail: None,
-                        router_ip: ROUTER_V4.into(),
-                        used: self.v4_used(),
-                        capacity: self.v4_capacity,
-                    },
-                    PoolStatus {
-                        cidr: V6_POOL.into(),
-                        source: CidrSource::Config,
-                        source_detail: None,
-                        router_ip: ROUTER_V6.into(),
-                        used: self.v4_used(),
-                        capacity: self.v4_capacity,
-                    },
-                ],
-                endpoints: self.endpoints.len() as u64,
-                policy_revision: 1,
-                version: "fake".into(),
-            }),
-            (Method::POST, "/v1/endpoints") => {
-                let Ok(req) = serde_json::from_slice::<AllocateRequest>(body) else {
-                    return err(StatusCode::BAD_REQUEST, "invalid", "bad body");
-                };
-                if let Some(e) = self
-                    .endpoints
-                    .iter()
-                    .find(|e| e.container_id == req.container_id && e.ifname == req.ifname)
-                {
-                    return ok(e);
-                }
-                let host = match self.free_host() {
-                    Some(h) if self.v4_used() < self.v4_capacity => h,
-                    _ => {
-                        return err(
-                            StatusCode::INSUFFICIENT_STORAGE,
-                            "pool_exhausted",
-                            &format!("pool {V4_POOL} is exhausted"),
-                        );
-                    }
-                };
-                self.next_id += 1;
-                let ep = Endpoint {
-                    id: self.next_id,
-                    host_ifname: weft_api::naming::host_ifname(&req.container_id, &req.ifname),
-                    container_id: req.container_id,
-                    ifname: req.ifname,
-                    netns: req.netns,
-                    pod_namespace: req.pod_namespace,
-                    pod_name: req.pod_name,
-                    labels: req.labels,
-                    identity: 0,
-                    ips: vec![
-                        IpConfig {
-                            address: Ipv4Addr::new(10, 77, 0, host).into(),
-                            gateway: ROUTER_V4.into(),
-                        },
-                        IpConfig {
-                            address: Ipv6Addr::new(0xfd77, 0, 0, 0, 0, 0, 0, u16::from(host))
-                                .into(),
-                            gateway: ROUTER_V6.into(),
-                        },
-                    ],
-                    host_ifindex: None,
-                    host_mac: None,
-                    pod_mac: None,
-                    state: EndpointState::Allocated,
-                    policy_revision: 0,
-                    created_ms: 0,
-                };
-                self.endpoints.push(ep.clone());
-                ok(&ep)
-            }
+            (Method::GET, "/v1/status") => ok(&self.status()),
+            (Method::POST, "/v1/endpoints") => match serde_json::from_slice(body) {
+                Ok(req) => self.allocate(req),
+                Err(_) => err(StatusCode::BAD_REQUEST, "invalid", "bad body"),
+            },
             (Method::POST, p) if p.starts_with("/v1/endpoints/") && p.ends_with("/ready") => {
-                let id: u32 = p["/v1/endpoints/".len()..p.len() - "/ready".len()]
+                let id = p["/v1/endpoints/".len()..p.len() - "/ready".len()]
                     .parse()
                     .unwrap_or(0);
-                let Ok(req) = serde_json::from_slice::<RegisterRequest>(body) else {
-                    return err(StatusCode::BAD_REQUEST, "invalid", "bad body");
-                };
-                let Some(ep) = self.endpoints.iter_mut().find(|e| e.id == id) else {
-                    return err(StatusCode::NOT_FOUND, "not_found", "no such endpoint");
-                };
-                if ep.container_id != req.container_id {
-                    return err(StatusCode::CONFLICT, "conflict", "other container");
+                match serde_json::from_slice(body) {
+                    Ok(req) => self.register(id, req),
+                    Err(_) => err(StatusCode::BAD_REQUEST, "invalid", "bad body"),
                 }
-                ep.host_ifindex = Some(req.host_ifindex);
-                ep.host_mac = Some(req.host_mac);
-                ep.pod_mac = Some(req.pod_mac);
-                ep.state = EndpointState::Ready;
-                ok(&*ep)
             }
             (Method::DELETE, "/v1/endpoints") => {
-                let (c, i) = sel(query);
+                let (c, i) = selector(query);
                 let pos = self
                     .endpoints
                     .iter()
@@ -186,7 +87,7 @@ impl State {
                 })
             }
             (Method::GET, "/v1/endpoints") => {
-                let (c, i) = sel(query);
+                let (c, i) = selector(query);
                 let found: Vec<&Endpoint> = self
                     .endpoints
                     .iter()
@@ -194,24 +95,127 @@ impl State {
                     .collect();
                 ok(&found)
             }
-            (Method::POST, "/v1/gc") => {
-                let Ok(req) = serde_json::from_slice::<GcRequest>(body) else {
-                    return err(StatusCode::BAD_REQUEST, "invalid", "bad body");
-                };
-                let (keep, released): (Vec<Endpoint>, Vec<Endpoint>) =
-                    std::mem::take(&mut self.endpoints)
-                        .into_iter()
-                        .partition(|e| {
-                            req.valid_attachments
-                                .iter()
-                                .any(|a| a.container_id == e.container_id && a.ifname == e.ifname)
-                        });
-                self.endpoints = keep;
-                ok(&GcResponse { released })
-            }
+            (Method::POST, "/v1/gc") => match serde_json::from_slice(body) {
+                Ok(req) => self.gc(&req),
+                Err(_) => err(StatusCode::BAD_REQUEST, "invalid", "bad body"),
+            },
             _ => err(StatusCode::NOT_FOUND, "not_found", "no such route"),
         }
     }
+
+    fn status(&self) -> StatusResponse {
+        let pool = |cidr: &str, router: IpAddr| PoolStatus {
+            cidr: cidr.into(),
+            source: CidrSource::Config,
+            source_detail: None,
+            router_ip: router,
+            used: self.v4_used(),
+            capacity: self.v4_capacity,
+        };
+        StatusResponse {
+            node_name: "test".into(),
+            ready: self.healthy,
+            pools: vec![
+                pool(V4_POOL, ROUTER_V4.into()),
+                pool(V6_POOL, ROUTER_V6.into()),
+            ],
+            endpoints: self.endpoints.len() as u64,
+            policy_revision: 1,
+            version: "fake".into(),
+        }
+    }
+
+    fn allocate(&mut self, req: AllocateRequest) -> Reply {
+        if let Some(e) = self
+            .endpoints
+            .iter()
+            .find(|e| e.container_id == req.container_id && e.ifname == req.ifname)
+        {
+            return ok(e);
+        }
+        let host = match self.free_host() {
+            Some(h) if self.v4_used() < self.v4_capacity => h,
+            _ => {
+                return err(
+                    StatusCode::INSUFFICIENT_STORAGE,
+                    "pool_exhausted",
+                    &format!("pool {V4_POOL} is exhausted"),
+                );
+            }
+        };
+        self.next_id += 1;
+        let ep = Endpoint {
+            id: self.next_id,
+            host_ifname: weft_api::naming::host_ifname(&req.container_id, &req.ifname),
+            container_id: req.container_id,
+            ifname: req.ifname,
+            netns: req.netns,
+            pod_namespace: req.pod_namespace,
+            pod_name: req.pod_name,
+            labels: req.labels,
+            identity: 0,
+            ips: vec![
+                IpConfig {
+                    address: Ipv4Addr::new(10, 77, 0, host).into(),
+                    gateway: ROUTER_V4.into(),
+                },
+                IpConfig {
+                    address: Ipv6Addr::new(0xfd77, 0, 0, 0, 0, 0, 0, u16::from(host)).into(),
+                    gateway: ROUTER_V6.into(),
+                },
+            ],
+            host_ifindex: None,
+            host_mac: None,
+            pod_mac: None,
+            state: EndpointState::Allocated,
+            policy_revision: 0,
+            created_ms: 0,
+        };
+        self.endpoints.push(ep.clone());
+        ok(&ep)
+    }
+
+    fn register(&mut self, id: u32, req: RegisterRequest) -> Reply {
+        let reject = self.reject_ready;
+        let Some(ep) = self.endpoints.iter_mut().find(|e| e.id == id) else {
+            return err(StatusCode::NOT_FOUND, "not_found", "no such endpoint");
+        };
+        if ep.container_id != req.container_id || reject {
+            return err(StatusCode::CONFLICT, "conflict", "other container");
+        }
+        ep.host_ifindex = Some(req.host_ifindex);
+        ep.host_mac = Some(req.host_mac);
+        ep.pod_mac = Some(req.pod_mac);
+        ep.state = EndpointState::Ready;
+        ok(&*ep)
+    }
+
+    fn gc(&mut self, req: &GcRequest) -> Reply {
+        let (keep, released): (Vec<Endpoint>, Vec<Endpoint>) = std::mem::take(&mut self.endpoints)
+            .into_iter()
+            .partition(|e| {
+                req.valid_attachments
+                    .iter()
+                    .any(|a| a.container_id == e.container_id && a.ifname == e.ifname)
+            });
+        self.endpoints = keep;
+        ok(&GcResponse { released })
+    }
+}
+
+type Reply = (StatusCode, String);
+
+fn selector(query: &str) -> (String, String) {
+    let mut c = String::new();
+    let mut i = String::new();
+    for kv in query.split('&') {
+        match kv.split_once('=') {
+            Some(("container_id", v)) => c = decode(v),
+            Some(("ifname", v)) => i = decode(v),
+            _ => {}
+        }
+    }
+    (c, i)
 }
 
 fn decode(s: &str) -> String {
@@ -230,11 +234,11 @@ fn decode(s: &str) -> String {
     String::from_utf8(out).expect("utf8 query")
 }
 
-fn ok<T: Serialize + ?Sized>(v: &T) -> (StatusCode, String) {
+fn ok<T: Serialize + ?Sized>(v: &T) -> Reply {
     (StatusCode::OK, serde_json::to_string(v).expect("serialize"))
 }
 
-fn err(status: StatusCode, kind: &str, message: &str) -> (StatusCode, String) {
+fn err(status: StatusCode, kind: &str, message: &str) -> Reply {
     let body = ApiError {
         kind: kind.into(),
         message: message.into(),
@@ -257,6 +261,7 @@ impl FakeManager {
             endpoints: Vec::new(),
             v4_capacity: 253,
             healthy: true,
+            reject_ready: false,
             log: Vec::new(),
             next_id: 0,
         }));

@@ -32,8 +32,7 @@ fn preflight() {
     );
     for tool in ["ip", "nsenter", "ping"] {
         let found = std::env::var_os("PATH")
-            .map(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
-            .unwrap_or(false);
+            .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()));
         assert!(
             found,
             "required tool {tool:?} is not installed (apt: iproute2, util-linux, iputils-ping)"
