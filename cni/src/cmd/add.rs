@@ -5,7 +5,7 @@ use crate::error::CniError;
 use crate::netconf::NetConf;
 use crate::netlink::{self, veth};
 use crate::result::{CniResult, Plumbed};
-use crate::revert::{RevertStack, Undo};
+use crate::revert::{self, RevertStack, Undo};
 use crate::{manager, netns};
 use std::fs::File;
 use std::os::fd::AsFd;
@@ -43,7 +43,9 @@ pub async fn run(env: &CniEnv, conf: &NetConf) -> Result<CniResult, CniError> {
             env.container_id, ep.id, env.ifname
         )));
     }
-    let mut revert = RevertStack::new(conf.socket.clone());
+    let mut revert = RevertStack::new(revert::Node {
+        socket: conf.socket.clone(),
+    });
     revert.push(Undo::Release {
         container_id: env.container_id.clone(),
         ifname: env.ifname.clone(),
