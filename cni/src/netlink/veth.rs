@@ -3,6 +3,10 @@
 use super::{describe, errno};
 use crate::error::CniError;
 use futures::StreamExt;
+use netlink_packet_core::{
+    NLM_F_ACK, NLM_F_CREATE, NLM_F_ECHO, NLM_F_EXCL, NLM_F_REQUEST, NetlinkMessage, NetlinkPayload,
+};
+use netlink_packet_route::RouteNetlinkMessage;
 use netlink_packet_route::link::{InfoData, InfoKind, InfoVeth, LinkAttribute, LinkMessage};
 use nix::errno::Errno;
 use rtnetlink::{Handle, LinkMessageBuilder, LinkUnspec};
@@ -36,10 +40,12 @@ pub struct Created {
     pub pod_index: Option<u32>,
 }
 
-/// Creates the pair, both ends up, MACs and MTU set: one request (creating in the node netns and
-/// moving the peer costs 16–20 ms more, PLATFORM.md). Then one lookup of the host end gives both
-/// indexes: its own, and `IFLA_LINK`, the peer's index inside the pod netns.
+/// Creates the pair, MACs and MTU set, host end up: one request (creating in the node netns and
+/// moving the peer costs 16–20 ms more, PLATFORM.md).
 ///
+/// `NLM_F_ECHO` makes the kernel send the new host link back: its index and `IFLA_LINK` (the
+/// peer's index inside the pod netns) save a lookup on each side. Kernels that ignore the flag
+/// get one `RTM_GETLINK` instead.
 pub async fn create(handle: &Handle, spec: &VethSpec<'_>) -> Result<Created, CniError> {
     let peer = LinkMessageBuilder::<LinkUnspec>::new()
         .name(spec.pod_name.to_owned())
@@ -57,21 +63,38 @@ pub async fn create(handle: &Handle, spec: &VethSpec<'_>) -> Result<Created, Cni
         .up()
         .set_info_data(InfoData::Veth(InfoVeth::Peer(peer)))
         .build();
-    if let Err(e) = handle.link().add(msg).execute().await {
-        if errno(&e) == Some(Errno::EEXIST as i32) {
-            return Err(exists(handle, spec).await);
+    let mut req = NetlinkMessage::from(RouteNetlinkMessage::NewLink(msg));
+    req.header.flags = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL | NLM_F_ECHO;
+    let mut responses = handle
+        .clone()
+        .request(req)
+        .map_err(|e| CniError::netlink("creating the veth pair", e))?;
+    let mut echoed = None;
+    while let Some(msg) = responses.next().await {
+        match msg.payload {
+            NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewLink(link)) => echoed = Some(link),
+            NetlinkPayload::Error(e) if e.code.is_some() => {
+                let e = rtnetlink::Error::NetlinkError(e);
+                if errno(&e) == Some(Errno::EEXIST as i32) {
+                    return Err(exists(handle, spec).await);
+                }
+                return Err(CniError::netlink(
+                    format!("creating veth {} <-> {}", spec.host_name, spec.pod_name),
+                    describe(&e),
+                ));
+            }
+            _ => {}
         }
-        return Err(CniError::netlink(
-            format!("creating veth {} <-> {}", spec.host_name, spec.pod_name),
-            describe(&e),
-        ));
     }
-    let link = lookup(handle, spec.host_name).await?.ok_or_else(|| {
-        CniError::netlink(
-            "creating the veth pair",
-            format!("{} vanished", spec.host_name),
-        )
-    })?;
+    let link = match echoed {
+        Some(link) => link,
+        None => lookup(handle, spec.host_name).await?.ok_or_else(|| {
+            CniError::netlink(
+                "creating the veth pair",
+                format!("{} vanished", spec.host_name),
+            )
+        })?,
+    };
     Ok(Created {
         host_index: link.header.index,
         pod_index: link.attributes.iter().find_map(|a| match a {
