@@ -62,6 +62,10 @@ pub async fn run(env: &CniEnv, conf: &NetConf) -> Result<CniResult, CniError> {
     }
 
     let nl = netlink::connect()?;
+    // Pushed before the request: a failed request may still have created the pair (kernel 6.18
+    // creates it and then fails the notification with ENOTCONN in one case), and deleting a
+    // missing link is a no-op. The name is this (container, ifname)'s own, never another pod's.
+    revert.push(Undo::DeleteLink(host_name.clone()));
     let created = veth::create(
         &nl,
         &veth::VethSpec {
@@ -75,7 +79,6 @@ pub async fn run(env: &CniEnv, conf: &NetConf) -> Result<CniResult, CniError> {
         },
     )
     .await?;
-    revert.push(Undo::DeleteLink(host_name.clone()));
 
     let pod_ips = ep.ips.clone();
     let ifname = env.ifname.clone();

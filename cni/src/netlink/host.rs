@@ -1,7 +1,8 @@
 //! Host-side configuration in the node netns: a host route and a permanent neighbour per pod IP.
 
-use super::describe;
+use super::{describe, pipeline};
 use crate::error::CniError;
+use futures::future::BoxFuture;
 use netlink_packet_route::route::RouteScope;
 use rtnetlink::{Handle, RouteMessageBuilder};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -17,8 +18,10 @@ pub async fn configure(
     ips: &[IpConfig],
     pod_mac: [u8; 6],
 ) -> Result<(), CniError> {
+    let mut steps: Vec<BoxFuture<'static, Result<(), CniError>>> = Vec::new();
     for ip in ips {
-        let route = match ip.address {
+        let addr = ip.address;
+        let route = match addr {
             IpAddr::V4(a) => RouteMessageBuilder::<Ipv4Addr>::new()
                 .destination_prefix(a, 32)
                 .output_interface(index)
@@ -29,31 +32,22 @@ pub async fn configure(
                 .output_interface(index)
                 .build(),
         };
-        handle
-            .route()
-            .add(route)
-            .replace()
-            .execute()
-            .await
-            .map_err(|e| {
-                CniError::netlink(
-                    format!("adding the host route to {}", ip.address),
-                    describe(&e),
-                )
-            })?;
-        handle
+        let req = handle.route().add(route).replace();
+        steps.push(Box::pin(async move {
+            req.execute().await.map_err(|e| {
+                CniError::netlink(format!("adding the host route to {addr}"), describe(&e))
+            })
+        }));
+        let req = handle
             .neighbours()
-            .add(index, ip.address)
+            .add(index, addr)
             .link_layer_address(&pod_mac)
-            .replace()
-            .execute()
-            .await
-            .map_err(|e| {
-                CniError::netlink(
-                    format!("adding the host neighbour {}", ip.address),
-                    describe(&e),
-                )
-            })?;
+            .replace();
+        steps.push(Box::pin(async move {
+            req.execute().await.map_err(|e| {
+                CniError::netlink(format!("adding the host neighbour {addr}"), describe(&e))
+            })
+        }));
     }
-    Ok(())
+    pipeline(steps).await
 }

@@ -16,6 +16,17 @@ pub fn connect() -> Result<Handle, CniError> {
     Ok(handle)
 }
 
+/// Runs netlink requests with their round trips overlapped, yet in list order: each future sends
+/// its request on its first poll, `try_join_all` first-polls in list order, and the kernel handles
+/// a socket's requests one by one as they are sent (`rtnetlink_rcv` runs in `sendmsg`). The first
+/// error is returned; later requests may already have been applied, which the caller's revert
+/// covers.
+pub async fn pipeline(
+    steps: Vec<futures::future::BoxFuture<'static, Result<(), CniError>>>,
+) -> Result<(), CniError> {
+    futures::future::try_join_all(steps).await.map(drop)
+}
+
 /// The positive errno of a kernel NACK, if that is what `e` is.
 #[must_use]
 pub fn errno(e: &rtnetlink::Error) -> Option<i32> {

@@ -1,7 +1,8 @@
 //! Pod-side configuration: runs inside the pod netns on its own netlink socket.
 
-use super::describe;
+use super::{describe, pipeline};
 use crate::error::CniError;
+use futures::future::BoxFuture;
 use netlink_packet_route::address::{AddressAttribute, AddressFlags};
 use netlink_packet_route::route::RouteScope;
 use rtnetlink::{Handle, LinkUnspec, RouteMessageBuilder};
@@ -18,26 +19,23 @@ fn fail(what: String) -> impl FnOnce(rtnetlink::Error) -> CniError {
 
 /// `lo` and the interface up, addresses, routes via the gateway and a permanent neighbour for it.
 ///
-/// Order matters: routes need the link up (ENETDOWN otherwise), and the default route's gateway
-/// must be reachable when it is added, so the link-scope route to the gateway goes first.
+/// Order matters and is the order of the list: routes need the link up (ENETDOWN otherwise), and
+/// the default route's gateway must be reachable when it is added, so the link-scope route to the
+/// gateway goes first. [`pipeline`] keeps that order.
 pub async fn configure(
     handle: &Handle,
     index: u32,
     ips: &[IpConfig],
     host_mac: [u8; 6],
 ) -> Result<(), CniError> {
-    handle
-        .link()
-        .set(LinkUnspec::new_with_index(LOOPBACK_IFINDEX).up().build())
-        .execute()
-        .await
-        .map_err(fail("bringing lo up".into()))?;
-    handle
-        .link()
-        .set(LinkUnspec::new_with_index(index).up().build())
-        .execute()
-        .await
-        .map_err(fail("bringing the pod interface up".into()))?;
+    let mut steps: Vec<BoxFuture<'static, Result<(), CniError>>> = Vec::new();
+    for (i, what) in [(LOOPBACK_IFINDEX, "lo"), (index, "the pod interface")] {
+        let req = handle
+            .link()
+            .set(LinkUnspec::new_with_index(i).up().build());
+        let err = fail(format!("bringing {what} up"));
+        steps.push(Box::pin(async move { req.execute().await.map_err(err) }));
+    }
     for ip in ips {
         let prefix = if ip.address.is_ipv4() { 32 } else { 128 };
         let mut add = handle.address().add(index, ip.address, prefix);
@@ -48,23 +46,37 @@ pub async fn configure(
                 .attributes
                 .push(AddressAttribute::Flags(AddressFlags::Nodad));
         }
-        add.execute()
-            .await
-            .map_err(fail(format!("adding {}/{prefix}", ip.address)))?;
-        add_routes(handle, index, ip.gateway).await?;
-        handle
+        let err = fail(format!("adding {}/{prefix}", ip.address));
+        steps.push(Box::pin(async move { add.execute().await.map_err(err) }));
+
+        let gw = ip.gateway;
+        let (to_gw, default) = routes(index, gw);
+        let req = handle.route().add(to_gw);
+        let err = fail(format!("adding the route to gateway {gw}"));
+        steps.push(Box::pin(async move { req.execute().await.map_err(err) }));
+        let req = handle.route().add(default);
+        let err = fail(format!("adding the default route via {gw}"));
+        steps.push(Box::pin(async move { req.execute().await.map_err(err) }));
+
+        let req = handle
             .neighbours()
-            .add(index, ip.gateway)
-            .link_layer_address(&host_mac)
-            .execute()
-            .await
-            .map_err(fail(format!("adding neighbour {}", ip.gateway)))?;
+            .add(index, gw)
+            .link_layer_address(&host_mac);
+        let err = fail(format!("adding neighbour {gw}"));
+        steps.push(Box::pin(async move { req.execute().await.map_err(err) }));
     }
-    Ok(())
+    pipeline(steps).await
 }
 
-async fn add_routes(handle: &Handle, index: u32, gateway: IpAddr) -> Result<(), CniError> {
-    let (to_gw, default) = match gateway {
+/// The link-scope route to the gateway and the default route via it.
+fn routes(
+    index: u32,
+    gateway: IpAddr,
+) -> (
+    netlink_packet_route::route::RouteMessage,
+    netlink_packet_route::route::RouteMessage,
+) {
+    match gateway {
         IpAddr::V4(gw) => (
             RouteMessageBuilder::<Ipv4Addr>::new()
                 .destination_prefix(gw, 32)
@@ -88,17 +100,5 @@ async fn add_routes(handle: &Handle, index: u32, gateway: IpAddr) -> Result<(), 
                 .output_interface(index)
                 .build(),
         ),
-    };
-    handle
-        .route()
-        .add(to_gw)
-        .execute()
-        .await
-        .map_err(fail(format!("adding the route to gateway {gateway}")))?;
-    handle
-        .route()
-        .add(default)
-        .execute()
-        .await
-        .map_err(fail(format!("adding the default route via {gateway}")))
+    }
 }
