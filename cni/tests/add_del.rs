@@ -150,9 +150,12 @@ fn del_removes_veth_releases_and_is_idempotent() {
     add.expect_ok();
     let host = World::host_ifname("ctr-del");
     assert!(w.has_node_link(&host));
-    // Logs went to logFile, not stdout (stdout parsed as one JSON document above).
+    // Logs went to logFile, not stdout (stdout is parsed as one JSON document below).
     let log = std::fs::read_to_string(w.dir.join("cni.log")).expect("logFile written");
-    assert!(log.contains("ctr-del") && log.contains("allocated"), "{log}");
+    assert!(
+        log.contains("ctr-del") && log.contains("allocated"),
+        "{log}"
+    );
     assert!(add.stderr.is_empty(), "{add:?}");
 
     let mut del_conf = conf.clone();
