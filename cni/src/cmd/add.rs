@@ -62,9 +62,9 @@ pub async fn run(env: &CniEnv, conf: &NetConf) -> Result<CniResult, CniError> {
     }
 
     let nl = netlink::connect()?;
-    // Pushed before the request: a failed request may still have created the pair (kernel 6.18
-    // creates it and then fails the notification with ENOTCONN in one case), and deleting a
-    // missing link is a no-op. The name is this (container, ifname)'s own, never another pod's.
+    // Pushed before the request: an error can come after the kernel registered the pair (e.g.
+    // from the notification step), and deleting a missing link is a no-op. The name is this
+    // (container, ifname)'s own, never another pod's.
     revert.push(Undo::DeleteLink(host_name.clone()));
     let created = veth::create(
         &nl,
