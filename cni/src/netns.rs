@@ -68,7 +68,7 @@ where
     let result = rx.await.map_err(|_| {
         CniError::netlink(
             "pod netns thread",
-            "died before reporting (netns restore failed?)",
+            "died before reporting (panic, or netns restore failed)",
         )
     })?;
     // The thread has sent its result and is ending; joining only reaps it.
