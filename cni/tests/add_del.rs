@@ -264,3 +264,32 @@ fn gc_sends_valid_attachments_and_prints_nothing() {
     assert_eq!(st.endpoints.len(), 1);
     assert_eq!(st.endpoints[0].container_id, "ctr-keep");
 }
+
+#[test]
+fn parallel_adds_and_dels_in_one_node() {
+    let mut w = World::new("par");
+    let conf = w.conf("1.0.0");
+    let pods: Vec<(String, String)> = (0..8)
+        .map(|i| (format!("ctr-par-{i}"), w.add_pod()))
+        .collect();
+    let before = w.snapshot();
+    std::thread::scope(|s| {
+        for (cid, netns) in &pods {
+            let (w, conf) = (&w, &conf);
+            s.spawn(move || w.run("ADD", cid, netns, conf).expect_ok().json());
+        }
+    });
+    assert_eq!(w.manager().state().endpoints.len(), 8);
+    for (cid, netns) in &pods {
+        assert!(w.has_node_link(&World::host_ifname(cid)), "{cid}");
+        assert!(ping(netns, "10.77.0.1"), "{cid} cannot reach the router");
+    }
+    std::thread::scope(|s| {
+        for (cid, netns) in &pods {
+            let (w, conf) = (&w, &conf);
+            s.spawn(move || w.run("DEL", cid, netns, conf).expect_ok().code);
+        }
+    });
+    assert!(w.manager().state().endpoints.is_empty());
+    assert_eq!(w.snapshot(), before, "parallel DEL left something behind");
+}
