@@ -1,1 +1,86 @@
-fn main() {}
+//! weft-cni: the CNI plugin. Parses and validates everything first, then talks to weft-manager over
+//! its unix socket and plumbs the pod's veth with netlink. See DESIGN.md §2.
+
+mod cmd;
+mod env;
+mod error;
+mod logging;
+mod manager;
+mod netconf;
+mod netlink;
+mod netns;
+mod result;
+mod revert;
+mod version;
+
+use env::{CniEnv, Command};
+use error::CniError;
+use netconf::NetConf;
+use std::io::{Read, Write};
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let mut stdin = Vec::new();
+    // VERSION may come with nothing on stdin; a read error is then the same as empty input.
+    let _ = std::io::stdin().read_to_end(&mut stdin);
+    match run(&stdin) {
+        Ok(out) => {
+            if let Some(v) = out {
+                print_json(&v);
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            let requested =
+                netconf::sniff_version(&stdin).filter(|v| version::SUPPORTED.contains(&v.as_str()));
+            tracing::error!(code = e.code(), error = %e, "failed");
+            print_json(&e.to_json(requested.as_deref().unwrap_or(version::LATEST)));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn print_json(v: &serde_json::Value) {
+    let mut out = std::io::stdout().lock();
+    // Nothing useful can be done if the runtime closed our stdout.
+    let _ = serde_json::to_writer(&mut out, v);
+    let _ = out.write_all(b"\n");
+    let _ = out.flush();
+}
+
+fn run(stdin: &[u8]) -> Result<Option<serde_json::Value>, CniError> {
+    let env = CniEnv::from_lookup(|k| std::env::var(k).ok())?;
+    if env.command == Command::Version {
+        return Ok(Some(version::version_info(
+            netconf::sniff_version(stdin).as_deref(),
+        )));
+    }
+    let conf = NetConf::parse(stdin)?;
+    logging::init(&conf);
+    let span = tracing::info_span!(
+        "cni",
+        command = ?env.command,
+        container_id = %env.container_id,
+        ifname = %env.ifname
+    );
+    let _enter = span.enter();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+        .map_err(|e| CniError::netlink("building the runtime", e))?;
+    rt.block_on(async {
+        match env.command {
+            Command::Add => {
+                let result = cmd::add::run(&env, &conf).await?;
+                Ok(Some(
+                    serde_json::to_value(result).expect("result serializes"),
+                ))
+            }
+            Command::Del => cmd::del::run(&env, &conf).await.map(|()| None),
+            Command::Check => cmd::check::run(&env, &conf).await.map(|()| None),
+            Command::Status => cmd::status::status(&conf).await.map(|()| None),
+            Command::Gc => cmd::status::gc(&conf).await.map(|()| None),
+            Command::Version => unreachable!("handled before the config is parsed"),
+        }
+    })
+}

@@ -1,0 +1,145 @@
+//! ADD: allocate → veth → pod side ∥ host side → register → result. Undone in reverse on failure.
+
+use crate::env::CniEnv;
+use crate::error::CniError;
+use crate::netconf::NetConf;
+use crate::netlink::{self, veth};
+use crate::result::{CniResult, Plumbed};
+use crate::revert::{self, RevertStack, Undo};
+use crate::{manager, netns};
+use std::fs::File;
+use std::os::fd::AsFd;
+use weft_api::client::Client;
+use weft_api::naming::{format_mac, host_ifname, veth_macs};
+use weft_api::{AllocateRequest, EndpointState, IpConfig, RegisterRequest};
+
+/// Runs ADD and returns the result to print.
+pub async fn run(env: &CniEnv, conf: &NetConf) -> Result<CniResult, CniError> {
+    let netns_path = super::netns_path(env)?;
+    let netns_str = netns_path.to_string_lossy().into_owned();
+    let netns = File::open(netns_path)
+        .map_err(|e| CniError::InvalidEnv(format!("cannot open CNI_NETNS {netns_str}: {e}")))?;
+    let client = Client::new(&conf.socket);
+    let host_name = host_ifname(&env.container_id, &env.ifname);
+    let (host_mac, pod_mac) = veth_macs(&env.container_id, &env.ifname);
+
+    let ep = manager::allocate(
+        &client,
+        &AllocateRequest {
+            container_id: env.container_id.clone(),
+            ifname: env.ifname.clone(),
+            netns: netns_str.clone(),
+            pod_namespace: env.args.pod_namespace.clone(),
+            pod_name: env.args.pod_name.clone(),
+            labels: conf.labels.clone(),
+        },
+    )
+    .await?;
+    // Allocation is idempotent: a ready endpoint means this ADD is a duplicate of one that
+    // succeeded. Failing without undo keeps the running pod's IP.
+    if ep.state == EndpointState::Ready {
+        return Err(CniError::InterfaceExists(format!(
+            "container {} already has a ready endpoint {} on {}; DEL it first",
+            env.container_id, ep.id, env.ifname
+        )));
+    }
+    let mut revert = RevertStack::new(revert::Node {
+        socket: conf.socket.clone(),
+    });
+    revert.push(Undo::Release {
+        container_id: env.container_id.clone(),
+        ifname: env.ifname.clone(),
+    });
+    tracing::info!(endpoint = ep.id, ips = ?ep.ips, "allocated");
+    if ep.ips.is_empty() {
+        return Err(CniError::Manager(format!(
+            "endpoint {} was allocated no IP",
+            ep.id
+        )));
+    }
+    if ep.host_ifname != host_name {
+        tracing::warn!(manager = %ep.host_ifname, cni = %host_name, "host veth names disagree");
+    }
+
+    let nl = netlink::connect()?;
+    // Pushed before the request: an error can come after the kernel registered the pair (e.g.
+    // from the notification step), and deleting a missing link is a no-op. The name is this
+    // (container, ifname)'s own, never another pod's.
+    revert.push(Undo::DeleteLink(host_name.clone()));
+    let created = veth::create(
+        &nl,
+        &veth::VethSpec {
+            host_name: &host_name,
+            host_mac,
+            pod_name: &env.ifname,
+            pod_mac,
+            mtu: conf.mtu,
+            netns: netns.as_fd(),
+            netns_path: &netns_str,
+        },
+    )
+    .await?;
+
+    let pod_ips = ep.ips.clone();
+    let ifname = env.ifname.clone();
+    let pod = netns::run_in_netns(netns, move || {
+        pod_side(created.pod_index, &ifname, &pod_ips, host_mac)
+    });
+    let host = netlink::host::configure(&nl, created.host_index, &ep.ips, pod_mac);
+    let (pod, host) = futures::join!(pod, host);
+    pod?;
+    host?;
+
+    let host_mac_s = format_mac(&host_mac);
+    let pod_mac_s = format_mac(&pod_mac);
+    manager::ready(
+        &client,
+        ep.id,
+        &RegisterRequest {
+            container_id: env.container_id.clone(),
+            host_ifname: host_name.clone(),
+            host_ifindex: created.host_index,
+            host_mac: host_mac_s.clone(),
+            pod_mac: pod_mac_s.clone(),
+        },
+    )
+    .await?;
+    revert.disarm();
+    tracing::info!(endpoint = ep.id, host_ifname = %host_name, "ready");
+
+    Ok(CniResult::build(
+        &conf.cni_version,
+        conf.version,
+        &Plumbed {
+            host: (&host_name, &host_mac_s),
+            pod: (&env.ifname, &pod_mac_s),
+            sandbox: &netns_str,
+            mtu: conf.mtu,
+            ips: &ep.ips,
+        },
+        conf.dns.clone(),
+    ))
+}
+
+/// Runs on the netns thread: its own runtime, and a netlink socket opened inside the pod netns.
+fn pod_side(
+    pod_index: Option<u32>,
+    ifname: &str,
+    ips: &[IpConfig],
+    host_mac: [u8; 6],
+) -> Result<(), CniError> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+        .map_err(|e| CniError::netlink("building the pod-side runtime", e))?;
+    rt.block_on(async {
+        let nl = netlink::connect()?;
+        let index = match pod_index {
+            Some(i) => i,
+            None => veth::index_of(&nl, ifname).await?.ok_or_else(|| {
+                CniError::netlink("configuring the pod side", format!("{ifname} not found"))
+            })?,
+        };
+        netlink::pod::configure(&nl, index, ips, host_mac).await
+    })
+}

@@ -1,0 +1,53 @@
+//! Host-side configuration in the node netns: a host route and a permanent neighbour per pod IP.
+
+use super::{describe, pipeline};
+use crate::error::CniError;
+use futures::future::BoxFuture;
+use netlink_packet_route::route::RouteScope;
+use rtnetlink::{Handle, RouteMessageBuilder};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use weft_api::IpConfig;
+
+/// `/32` (`/128`) route to each pod IP via the host veth, and pod IP → pod MAC (no ARP/NDP).
+///
+/// Both are `replace`: the manager gave us the address, so any stale entry for it (a veth the
+/// kernel is still tearing down) must yield.
+pub async fn configure(
+    handle: &Handle,
+    index: u32,
+    ips: &[IpConfig],
+    pod_mac: [u8; 6],
+) -> Result<(), CniError> {
+    let mut steps: Vec<BoxFuture<'static, Result<(), CniError>>> = Vec::new();
+    for ip in ips {
+        let addr = ip.address;
+        let route = match addr {
+            IpAddr::V4(a) => RouteMessageBuilder::<Ipv4Addr>::new()
+                .destination_prefix(a, 32)
+                .output_interface(index)
+                .scope(RouteScope::Link)
+                .build(),
+            IpAddr::V6(a) => RouteMessageBuilder::<Ipv6Addr>::new()
+                .destination_prefix(a, 128)
+                .output_interface(index)
+                .build(),
+        };
+        let req = handle.route().add(route).replace();
+        steps.push(Box::pin(async move {
+            req.execute().await.map_err(|e| {
+                CniError::netlink(format!("adding the host route to {addr}"), describe(&e))
+            })
+        }));
+        let req = handle
+            .neighbours()
+            .add(index, addr)
+            .link_layer_address(&pod_mac)
+            .replace();
+        steps.push(Box::pin(async move {
+            req.execute().await.map_err(|e| {
+                CniError::netlink(format!("adding the host neighbour {addr}"), describe(&e))
+            })
+        }));
+    }
+    pipeline(steps).await
+}
