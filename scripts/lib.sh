@@ -63,7 +63,9 @@ weft_make_node() {
 
 # weft_start_manager [extra weft-manager flags...]
 weft_start_manager() {
-  in_node "$WEFT_BIN/weft-manager" --state-dir "$WEFT_STATE" --socket "$WEFT_SOCK" \
+  # nsenter directly, not the in_node function: `$!` of a backgrounded function is a subshell,
+  # and killing that would leave the manager running.
+  nsenter --net="/run/netns/$WEFT_NODE" "$WEFT_BIN/weft-manager" --state-dir "$WEFT_STATE" --socket "$WEFT_SOCK" \
     --bpffs "$WEFT_BPFFS" --node-name "$WEFT_P" "$@" >>"$WEFT_TMP/manager.log" 2>&1 &
   WEFT_MANAGER_PID=$!
   weftctl status --wait 20 >/dev/null || die "weft-manager did not become ready (log: $WEFT_TMP/manager.log)"
@@ -122,11 +124,11 @@ pod_ip() {
 # check DESCRIPTION COMMAND...: records a pass or a failure (with the command's output).
 check() {
   local desc=$1; shift
-  local out
-  if out=$("$@" 2>&1); then
+  local _out
+  if _out=$("$@" 2>&1); then
     WEFT_PASSED=$((WEFT_PASSED + 1)); echo "  ok   $desc"
   else
-    WEFT_FAILED=$((WEFT_FAILED + 1)); echo "  FAIL $desc"; printf '%s\n' "$out" | sed 's/^/       /' | tail -15
+    WEFT_FAILED=$((WEFT_FAILED + 1)); echo "  FAIL $desc"; printf '%s\n' "$_out" | sed 's/^/       /' | tail -15
   fi
 }
 

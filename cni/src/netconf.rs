@@ -121,7 +121,9 @@ impl NetConf {
         if !value.is_object() {
             return Err(CniError::Decode("expected a JSON object".into()));
         }
-        let raw: RawNetConf = serde_json::from_value(value).map_err(|e| invalid(e.to_string()))?;
+        // The path names the offending field ("mtu: invalid type ..."), which serde alone omits.
+        let raw: RawNetConf = serde_path_to_error::deserialize(value)
+            .map_err(|e| invalid(format!("{}: {}", e.path(), e.inner())))?;
 
         let cni_version = raw
             .cni_version

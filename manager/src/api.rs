@@ -12,6 +12,8 @@ use serde::de::DeserializeOwned;
 use std::sync::Arc;
 use weft_api::{AllocateRequest, ApiError, GcRequest, RegisterRequest};
 
+use crate::service::TraceRequest;
+
 use crate::endpoint::EndpointError;
 use crate::ipam::IpamError;
 use crate::service::{Manager, ManagerError};
@@ -98,8 +100,18 @@ pub fn router(manager: Shared) -> Router {
         )
         .route("/v1/endpoints/{id}", get(get_endpoint))
         .route("/v1/endpoints/{id}/ready", post(register))
+        .route("/v1/endpoints/{id}/labels", post(set_labels))
         .route("/v1/gc", post(gc))
         .route("/v1/ipam", get(ipam))
+        .route(
+            "/v1/policies",
+            get(list_policies).post(import_policy).delete(delete_policy),
+        )
+        .route("/v1/policy/trace", post(trace))
+        .route("/v1/identities", get(identities))
+        .route("/v1/maps", get(maps))
+        .route("/v1/maps/{name}", get(map_dump))
+        .route("/v1/monitor", get(monitor))
         .fallback(|| async {
             HttpError::new(
                 StatusCode::NOT_FOUND,
@@ -179,4 +191,97 @@ async fn gc(State(m): State<Shared>, bytes: Bytes) -> Reply {
 
 async fn ipam(State(m): State<Shared>) -> Reply {
     json(&m.allocations())
+}
+
+/// `POST /v1/policies` body: the file's name (for error messages) and its text.
+#[derive(Deserialize)]
+struct ImportBody {
+    file: String,
+    content: String,
+}
+
+async fn import_policy(State(m): State<Shared>, bytes: Bytes) -> Reply {
+    let req: ImportBody = body(&bytes)?;
+    json(&m.import_policy(&req.file, &req.content)?)
+}
+
+async fn list_policies(State(m): State<Shared>) -> Reply {
+    json(&m.policies())
+}
+
+#[derive(Deserialize)]
+struct DeletePolicyQuery {
+    /// Comma-separated `k=v` labels.
+    labels: Option<String>,
+    #[serde(default)]
+    all: bool,
+}
+
+async fn delete_policy(State(m): State<Shared>, Query(q): Query<DeletePolicyQuery>) -> Reply {
+    let filter: Vec<String> = q
+        .labels
+        .unwrap_or_default()
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect();
+    json(&m.delete_policy(&filter, q.all)?)
+}
+
+async fn trace(State(m): State<Shared>, bytes: Bytes) -> Reply {
+    let req: TraceRequest = body(&bytes)?;
+    json(&m.trace(&req)?)
+}
+
+async fn identities(State(m): State<Shared>) -> Reply {
+    json(&m.identities())
+}
+
+#[derive(Deserialize)]
+struct LabelsBody {
+    #[serde(default)]
+    add: Vec<String>,
+    #[serde(default)]
+    remove: Vec<String>,
+}
+
+async fn set_labels(State(m): State<Shared>, Path(id): Path<u32>, bytes: Bytes) -> Reply {
+    let req: LabelsBody = body(&bytes)?;
+    json(&m.set_labels(id, &req.add, &req.remove)?)
+}
+
+async fn maps(State(m): State<Shared>) -> Reply {
+    json(&m.datapath().map_list())
+}
+
+async fn map_dump(State(m): State<Shared>, Path(name): Path<String>) -> Reply {
+    m.datapath()
+        .map_dump(&name)
+        .map_err(|e| HttpError::new(StatusCode::NOT_FOUND, "not_found", e.to_string()))
+        .and_then(|v| json(&v))
+}
+
+/// Streams drop events as JSON lines until the client goes away.
+async fn monitor(State(m): State<Shared>) -> Response {
+    let rx = m.datapath().subscribe_events();
+    let stream = futures::stream::unfold(rx, |mut rx| async move {
+        loop {
+            match rx.recv().await {
+                Ok(ev) => {
+                    let mut line = serde_json::to_vec(&ev).expect("events serialize");
+                    line.push(b'\n');
+                    return Some((Ok::<_, std::convert::Infallible>(Bytes::from(line)), rx));
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                    tracing::warn!(missed = n, "monitor client too slow; events skipped");
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+            }
+        }
+    });
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/x-ndjson")],
+        axum::body::Body::from_stream(stream),
+    )
+        .into_response()
 }

@@ -16,8 +16,13 @@ check "podCIDR only" pools_are podcidr-only.yaml '[["10.0.3.0/24","spec.podCIDR"
 check "annotation only" pools_are annotation-only.json '[["10.0.4.0/24","annotation","network.weft.io/ipv4-pod-cidr"],["fd00:10:4::/64","annotation","network.cilium.io/ipv6-pod-cidr"]]'
 check "podCIDR beats annotation" pools_are podcidr-and-annotation.json '[["10.0.1.0/24","spec.podCIDR","spec.podCIDR"]]'
 check "invalid podCIDR, valid annotation" pools_are invalid-podcidr-valid-annotation.yaml '[["10.0.5.0/24","annotation","io.cilium.network.ipv4-pod-cidr"]]'
-refuses_no_cidr() { ! in_node "$WEFT_BIN/weft-manager" --state-dir "$WEFT_STATE" --socket "$WEFT_SOCK" --node-manifest "$WEFT_ROOT/testdata/nodes/no-cidr.json" 2>&1 | grep -q 'no usable pod CIDR'; }
-check_not "no CIDR anywhere -> start-up error" refuses_no_cidr
+refuses_no_cidr() {
+  local out rc
+  out=$(in_node "$WEFT_BIN/weft-manager" --state-dir "$WEFT_STATE" --socket "$WEFT_SOCK" --bpffs "$WEFT_BPFFS" \
+    --node-manifest "$WEFT_ROOT/testdata/nodes/no-cidr.json" 2>&1); rc=$?
+  [ "$rc" != 0 ] && grep -q 'no usable pod CIDR' <<<"$out"
+}
+check "no CIDR anywhere -> start-up error" refuses_no_cidr
 
 # CIDR change with a live endpoint.
 rm -rf "$WEFT_STATE"

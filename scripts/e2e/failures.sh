@@ -34,7 +34,6 @@ mapfile -t NO_CMD < <(without CNI_COMMAND "${E[@]}")
 mapfile -t NO_CID < <(without CNI_CONTAINERID "${E[@]}")
 mapfile -t NO_NS < <(without CNI_NETNS "${E[@]}")
 mapfile -t NO_IF < <(without CNI_IFNAME "${E[@]}")
-mapfile -t NO_PATH < <(without CNI_PATH "${E[@]}")
 
 IN=$GOOD
 expect 4 "CNI_COMMAND" "missing CNI_COMMAND" -- "${NO_CMD[@]}"
@@ -45,7 +44,6 @@ expect 4 "CNI_NETNS" "missing CNI_NETNS" -- "${NO_NS[@]}"
 expect 4 "CNI_NETNS|netns" "netns path does not exist" -- "${NO_NS[@]}" CNI_NETNS=/run/netns/does-not-exist
 expect 4 "CNI_IFNAME" "missing CNI_IFNAME" -- "${NO_IF[@]}"
 expect 4 "CNI_IFNAME|15" "ifname longer than 15 bytes" -- "${NO_IF[@]}" CNI_IFNAME=abcdefghijklmnop
-expect 4 "CNI_PATH" "missing CNI_PATH" -- "${NO_PATH[@]}"
 expect 4 "CNI_ARGS|BOGUS" "unknown CNI_ARGS key without IgnoreUnknown" -- "${E[@]}" "CNI_ARGS=BOGUS=1"
 IN=$(cat "$WEFT_ROOT/testdata/netconf/bad-json.json")
 expect 6 "." "malformed netconf JSON" -- "${E[@]}"
@@ -54,9 +52,9 @@ expect 7 "type" "wrong plugin type" -- "${E[@]}"
 IN=$(cat "$WEFT_ROOT/testdata/netconf/bad-version.json")
 expect 1 "9.9.9" "unsupported cniVersion" -- "${E[@]}"
 IN=$(cat "$WEFT_ROOT/testdata/netconf/bad-mtu.json")
-expect 6 "mtu" "mtu is not a number" -- "${E[@]}"
+expect 7 "mtu" "mtu is not a number" -- "${E[@]}"
 IN=$(cat "$WEFT_ROOT/testdata/netconf/bad-labels.json")
-expect 6 "labels" "labels not a list" -- "${E[@]}"
+expect 7 "labels" "labels not a list" -- "${E[@]}"
 IN=$(weft_netconf | jq -c --arg s "$WEFT_TMP/nope.sock" '.socket = $s')
 expect 11 "nope.sock" "manager socket missing" -- "${E[@]}"
 

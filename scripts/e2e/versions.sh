@@ -32,8 +32,13 @@ check_not "CHECK fails once the pod's default route is gone" check_v110
 
 version_ok() { weft_netconf 1.1.0 | weft_cni VERSION x "" eth0 | jq -e '.supportedVersions | index("0.4.0") != null and index("1.0.0") != null and index("1.1.0") != null'; }
 check "VERSION lists 0.4.0, 1.0.0, 1.1.0" version_ok
-status_rc() { weft_netconf 1.1.0 | weft_cni STATUS "" "" "" >"$WEFT_TMP/status.out"; echo $?; }
-check "STATUS exits 0 with the manager ready" test "$(status_rc)" = 0
+# STATUS: exit 0 when ready; otherwise a non-zero exit and the CNI error code in the JSON.
+status_result() {
+  local out rc
+  out=$(weft_netconf 1.1.0 | weft_cni STATUS "" "" "" 2>/dev/null); rc=$?
+  if [ "$rc" = 0 ]; then echo ok; else jq -r '.code' <<<"$out"; fi
+}
+check "STATUS exits 0 with the manager ready" test "$(status_result)" = ok
 
 # GC: only v040 is still valid; v100 and v110 are released, with their host veths.
 gc_conf=$(weft_netconf 1.1.0 | jq -c --arg c "$WEFT_P-v040" '.["cni.dev/valid-attachments"] = [{"containerID": $c, "ifname": "eth0"}]')
@@ -45,5 +50,5 @@ veths() { in_node ip -o link show | grep -c ' weft[0-9a-f]\{11\}@'; }
 check "GC removed the released pods' host veths" test "$(veths)" = 1
 
 weft_stop_manager
-check "STATUS exits 50 without the manager" test "$(status_rc)" = 50
+check "STATUS fails with code 50 without the manager" test "$(status_result)" = 50
 weft_summary

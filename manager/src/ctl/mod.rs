@@ -1,12 +1,17 @@
 //! weftctl: the operator CLI over the manager's API.
 
+mod render;
 pub mod table;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use weft_api::client::{Client, ClientError};
+use serde_json::Value;
 use weft_api::{Allocation, Endpoint, StatusResponse};
+
+use crate::service::{ImportResult, TraceResult};
+use crate::service::policy_api::{TracePeerRequest, TraceRequest};
 
 /// Output format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -51,6 +56,75 @@ pub enum Command {
     /// IP allocations.
     #[command(subcommand)]
     Ipam(IpamCmd),
+    /// Network policy.
+    #[command(subcommand)]
+    Policy(PolicyCmd),
+    /// Security identities.
+    #[command(subcommand)]
+    Identity(IdentityCmd),
+    /// eBPF maps.
+    #[command(subcommand)]
+    Map(MapCmd),
+    /// Stream drop events (one line each; `-o json` for JSON lines).
+    Monitor,
+}
+
+/// `weftctl policy ...`
+#[derive(Debug, Subcommand)]
+pub enum PolicyCmd {
+    /// Import a Cilium (JSON/YAML) or Kubernetes NetworkPolicy file; prints the revision.
+    Import {
+        /// The policy file.
+        file: PathBuf,
+        /// Return only once every endpoint enforces the new revision.
+        #[arg(long)]
+        wait: bool,
+    },
+    /// Rules and revision.
+    List,
+    /// Delete rules by label, or all of them.
+    Delete {
+        /// Rules carrying this label (`k=v`); repeatable, all must match.
+        #[arg(long = "labels", value_delimiter = ',', required_unless_present = "all")]
+        labels: Vec<String>,
+        /// Every rule.
+        #[arg(long, conflicts_with = "labels")]
+        all: bool,
+    },
+    /// What the policy decides for a flow and which rule decided.
+    Trace {
+        /// Source: labels (`id=app2,k=v`), an endpoint id, or an IP.
+        #[arg(long)]
+        src: String,
+        /// Destination: labels, an endpoint id, or an IP.
+        #[arg(long)]
+        dst: String,
+        /// Destination port.
+        #[arg(long = "dport", default_value_t = 0)]
+        dport: u16,
+        /// Protocol: tcp, udp, sctp, icmp, icmpv6.
+        #[arg(long, default_value = "tcp")]
+        proto: String,
+    },
+}
+
+/// `weftctl identity ...`
+#[derive(Debug, Subcommand)]
+pub enum IdentityCmd {
+    /// Every identity in use.
+    List,
+}
+
+/// `weftctl map ...`
+#[derive(Debug, Subcommand)]
+pub enum MapCmd {
+    /// The pinned maps with their sizes.
+    List,
+    /// Decoded entries of one map.
+    Dump {
+        /// Map name (see `map list`).
+        name: String,
+    },
 }
 
 /// `weftctl endpoint ...`
@@ -62,6 +136,17 @@ pub enum EndpointCmd {
     Get {
         /// Endpoint id.
         id: u32,
+    },
+    /// Change an endpoint's labels (new identity; policy follows).
+    Labels {
+        /// Endpoint id.
+        id: u32,
+        /// Add or replace `k=v`; repeatable.
+        #[arg(long)]
+        add: Vec<String>,
+        /// Remove key `k`; repeatable.
+        #[arg(long)]
+        remove: Vec<String>,
     },
 }
 
@@ -78,6 +163,9 @@ pub enum CtlError {
     /// The API call failed.
     #[error(transparent)]
     Client(#[from] ClientError),
+    /// A local problem (file unreadable, ...).
+    #[error("{0}")]
+    Local(String),
     /// `status --wait` ran out of time.
     #[error("weft-manager at {socket} not ready after {secs} s: {last}")]
     NotReady {
@@ -109,21 +197,174 @@ pub async fn run(cli: Cli) -> Result<(), CtlError> {
                 wait_ready(&client, secs).await?;
             }
             let s: StatusResponse = client.get("/v1/status").await?;
-            print(cli.output, &s, status_table);
+            print(cli.output, &s, render::status_table);
         }
         Command::Endpoint(EndpointCmd::List) => {
             let eps: Vec<Endpoint> = client.get("/v1/endpoints").await?;
-            print(cli.output, &eps, |e| endpoint_table(e));
+            print(cli.output, &eps, |e| render::endpoint_table(e));
         }
         Command::Endpoint(EndpointCmd::Get { id }) => {
             let ep: Endpoint = client.get(&format!("/v1/endpoints/{id}")).await?;
-            print(cli.output, &ep, |e| endpoint_table(std::slice::from_ref(e)));
+            print(cli.output, &ep, |e| {
+                render::endpoint_table(std::slice::from_ref(e))
+            });
         }
         Command::Ipam(IpamCmd::List) => {
             let allocs: Vec<Allocation> = client.get("/v1/ipam").await?;
-            print(cli.output, &allocs, |a| ipam_table(a));
+            print(cli.output, &allocs, |a| render::ipam_table(a));
+        }
+        Command::Endpoint(EndpointCmd::Labels { id, add, remove }) => {
+            let body = serde_json::json!({"add": add, "remove": remove});
+            let ep: Endpoint = client.post(&format!("/v1/endpoints/{id}/labels"), &body).await?;
+            print(cli.output, &ep, |e| {
+                render::endpoint_table(std::slice::from_ref(e))
+            });
+        }
+        Command::Policy(cmd) => policy(&client, cli.output, cmd).await?,
+        Command::Identity(IdentityCmd::List) => {
+            let v: Value = client.get("/v1/identities").await?;
+            print(cli.output, &v, render::identity_table);
+        }
+        Command::Map(MapCmd::List) => {
+            let v: Value = client.get("/v1/maps").await?;
+            print(cli.output, &v, render::map_list_table);
+        }
+        Command::Map(MapCmd::Dump { name }) => {
+            let v: Value = client.get(&format!("/v1/maps/{name}")).await?;
+            print(cli.output, &v, render::map_dump_lines);
+        }
+        Command::Monitor => monitor(&client, cli.output).await?,
+    }
+    Ok(())
+}
+
+/// `ep:ID`/`ID` → endpoint, an IP → ip, otherwise comma-separated labels.
+fn trace_peer(s: &str) -> TracePeerRequest {
+    let s = s.trim();
+    if let Ok(ip) = s.parse() {
+        return TracePeerRequest {
+            ip: Some(ip),
+            ..TracePeerRequest::default()
+        };
+    }
+    if let Ok(id) = s.trim_start_matches("ep:").parse() {
+        return TracePeerRequest {
+            endpoint: Some(id),
+            ..TracePeerRequest::default()
+        };
+    }
+    TracePeerRequest {
+        labels: s.split(',').filter(|p| !p.is_empty()).map(str::to_owned).collect(),
+        ..TracePeerRequest::default()
+    }
+}
+
+async fn policy(client: &Client, output: Output, cmd: PolicyCmd) -> Result<(), CtlError> {
+    match cmd {
+        PolicyCmd::Import { file, wait } => {
+            let content = std::fs::read_to_string(&file)
+                .map_err(|e| CtlError::Local(format!("cannot read {}: {e}", file.display())))?;
+            let name = file.display().to_string();
+            let body = serde_json::json!({"file": name, "content": content});
+            let r: ImportResult = client.post("/v1/policies", &body).await?;
+            if wait {
+                wait_revision(client, r.revision).await?;
+            }
+            match output {
+                Output::Json => print(output, &r, |_| String::new()),
+                Output::Table => println!(
+                    "revision {} ({} rules; {} endpoints regenerated in {:.2} ms)",
+                    r.revision, r.rules, r.regenerated, r.elapsed_ms
+                ),
+            }
+        }
+        PolicyCmd::List => {
+            let v: Value = client.get("/v1/policies").await?;
+            print(output, &v, render::policy_table);
+        }
+        PolicyCmd::Delete { labels, all } => {
+            let path = if all {
+                "/v1/policies?all=true".to_string()
+            } else {
+                format!("/v1/policies?labels={}", labels.join(","))
+            };
+            let r: ImportResult = client.delete(&path).await?;
+            match output {
+                Output::Json => print(output, &r, |_| String::new()),
+                Output::Table => println!("revision {} ({} rules left)", r.revision, r.rules),
+            }
+        }
+        PolicyCmd::Trace {
+            src,
+            dst,
+            dport,
+            proto,
+        } => {
+            let req = TraceRequest {
+                src: trace_peer(&src),
+                dst: trace_peer(&dst),
+                port: dport,
+                protocol: proto,
+            };
+            let t: TraceResult = client.post("/v1/policy/trace", &req).await?;
+            print(output, &t, |t| {
+                format!(
+                    "verdict: {}\nsource identity {} egress: {}\ndestination identity {} ingress: {}\n",
+                    t.verdict.to_uppercase(),
+                    t.src_identity,
+                    t.egress.as_deref().unwrap_or("not a local endpoint"),
+                    t.dst_identity,
+                    t.ingress.as_deref().unwrap_or("not a local endpoint"),
+                )
+            });
         }
     }
+    Ok(())
+}
+
+/// Polls until every ready endpoint reports `revision` or later.
+async fn wait_revision(client: &Client, revision: u64) -> Result<(), CtlError> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let eps: Vec<Endpoint> = client.get("/v1/endpoints").await?;
+        let behind = eps
+            .iter()
+            .filter(|e| e.state == weft_api::EndpointState::Ready && e.policy_revision < revision)
+            .count();
+        if behind == 0 {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(CtlError::Local(format!(
+                "{behind} endpoint(s) still below revision {revision} after 30 s"
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+async fn monitor(client: &Client, output: Output) -> Result<(), CtlError> {
+    use std::io::Write;
+    let mut pending = Vec::new();
+    client
+        .stream("/v1/monitor", |chunk| {
+            pending.extend_from_slice(chunk);
+            while let Some(pos) = pending.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = pending.drain(..=pos).collect();
+                let text = String::from_utf8_lossy(&line[..line.len() - 1]).into_owned();
+                let out = match output {
+                    Output::Json => text,
+                    Output::Table => serde_json::from_str::<Value>(&text)
+                        .map_or(text, |v| render::event_line(&v)),
+                };
+                let mut stdout = std::io::stdout().lock();
+                if writeln!(stdout, "{out}").and_then(|()| stdout.flush()).is_err() {
+                    return false;
+                }
+            }
+            true
+        })
+        .await?;
     Ok(())
 }
 
@@ -149,87 +390,3 @@ async fn wait_ready(client: &Client, secs: u64) -> Result<(), CtlError> {
     }
 }
 
-fn status_table(s: &StatusResponse) -> String {
-    let mut out = format!(
-        "Node:       {}\nReady:      {}\nEndpoints:  {}\nPolicy rev: {}\nVersion:    {}\n\n",
-        s.node_name, s.ready, s.endpoints, s.policy_revision, s.version
-    );
-    let rows: Vec<Vec<String>> = s
-        .pools
-        .iter()
-        .map(|p| {
-            vec![
-                p.cidr.clone(),
-                match &p.source_detail {
-                    Some(d) if *d != p.source.to_string() => format!("{} ({d})", p.source),
-                    _ => p.source.to_string(),
-                },
-                p.router_ip.to_string(),
-                format!("{}/{}", p.used, p.capacity),
-            ]
-        })
-        .collect();
-    out.push_str(&table::render(&["CIDR", "SOURCE", "ROUTER", "USED"], &rows));
-    out
-}
-
-fn endpoint_table(eps: &[Endpoint]) -> String {
-    let rows: Vec<Vec<String>> = eps
-        .iter()
-        .map(|e| {
-            vec![
-                e.id.to_string(),
-                format!("{:?}", e.state).to_lowercase(),
-                e.ips
-                    .iter()
-                    .map(|i| i.address.to_string())
-                    .collect::<Vec<_>>()
-                    .join(","),
-                e.host_ifname.clone(),
-                e.identity.to_string(),
-                match (&e.pod_namespace, &e.pod_name) {
-                    (Some(ns), Some(n)) => format!("{ns}/{n}"),
-                    _ => "-".into(),
-                },
-                e.container_id.chars().take(12).collect(),
-                e.labels
-                    .iter()
-                    .map(|l| format!("{}={}", l.key, l.value))
-                    .collect::<Vec<_>>()
-                    .join(","),
-            ]
-        })
-        .collect();
-    table::render(
-        &[
-            "ID",
-            "STATE",
-            "IPS",
-            "HOST-IF",
-            "IDENTITY",
-            "POD",
-            "CONTAINER",
-            "LABELS",
-        ],
-        &rows,
-    )
-}
-
-fn ipam_table(allocs: &[Allocation]) -> String {
-    let rows: Vec<Vec<String>> = allocs
-        .iter()
-        .map(|a| {
-            vec![
-                a.address.to_string(),
-                a.pool.clone(),
-                a.endpoint_id.to_string(),
-                a.container_id.chars().take(12).collect(),
-                a.ifname.clone(),
-            ]
-        })
-        .collect();
-    table::render(
-        &["ADDRESS", "POOL", "ENDPOINT", "CONTAINER", "IFNAME"],
-        &rows,
-    )
-}

@@ -7,11 +7,11 @@
 //! deletes of host veths happen outside it.
 
 mod labels;
-mod policy;
+pub mod policy_api;
 mod regen;
 
 pub use labels::{from_api_labels, to_api_labels};
-pub use policy::{ImportResult, TraceRequest, TraceResult};
+pub use policy_api::{ImportResult, TraceRequest, TraceResult};
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -221,11 +221,11 @@ fn trace_agrees_with_the_installed_map() {
     ] {
         let t =
             w.m.trace(&TraceRequest {
-                src: policy::TracePeerRequest {
+                src: policy_api::TracePeerRequest {
                     endpoint: Some(src.id),
                     ..Default::default()
                 },
-                dst: policy::TracePeerRequest {
+                dst: policy_api::TracePeerRequest {
                     labels: vec!["id=app1".into()],
                     ..Default::default()
                 },

@@ -1,0 +1,234 @@
+//! Table renderings of the API's answers for weftctl's default output.
+
+use serde_json::Value;
+use weft_api::{Allocation, Endpoint, StatusResponse};
+
+use super::table;
+
+pub fn status_table(s: &StatusResponse) -> String {
+    let mut out = format!(
+        "Node:       {}\nReady:      {}\nEndpoints:  {}\nPolicy rev: {}\nVersion:    {}\n\n",
+        s.node_name, s.ready, s.endpoints, s.policy_revision, s.version
+    );
+    let rows: Vec<Vec<String>> = s
+        .pools
+        .iter()
+        .map(|p| {
+            vec![
+                p.cidr.clone(),
+                match &p.source_detail {
+                    Some(d) if *d != p.source.to_string() => format!("{} ({d})", p.source),
+                    _ => p.source.to_string(),
+                },
+                p.router_ip.to_string(),
+                format!("{}/{}", p.used, p.capacity),
+            ]
+        })
+        .collect();
+    out.push_str(&table::render(&["CIDR", "SOURCE", "ROUTER", "USED"], &rows));
+    out
+}
+
+pub fn endpoint_table(eps: &[Endpoint]) -> String {
+    let rows: Vec<Vec<String>> = eps
+        .iter()
+        .map(|e| {
+            vec![
+                e.id.to_string(),
+                format!("{:?}", e.state).to_lowercase(),
+                e.ips
+                    .iter()
+                    .map(|i| i.address.to_string())
+                    .collect::<Vec<_>>()
+                    .join(","),
+                e.host_ifname.clone(),
+                e.identity.to_string(),
+                match (&e.pod_namespace, &e.pod_name) {
+                    (Some(ns), Some(n)) => format!("{ns}/{n}"),
+                    _ => "-".into(),
+                },
+                e.container_id.chars().take(12).collect(),
+                e.labels
+                    .iter()
+                    .map(|l| format!("{}={}", l.key, l.value))
+                    .collect::<Vec<_>>()
+                    .join(","),
+            ]
+        })
+        .collect();
+    table::render(
+        &[
+            "ID",
+            "STATE",
+            "IPS",
+            "HOST-IF",
+            "IDENTITY",
+            "POD",
+            "CONTAINER",
+            "LABELS",
+        ],
+        &rows,
+    )
+}
+
+pub fn ipam_table(allocs: &[Allocation]) -> String {
+    let rows: Vec<Vec<String>> = allocs
+        .iter()
+        .map(|a| {
+            vec![
+                a.address.to_string(),
+                a.pool.clone(),
+                a.endpoint_id.to_string(),
+                a.container_id.chars().take(12).collect(),
+                a.ifname.clone(),
+            ]
+        })
+        .collect();
+    table::render(
+        &["ADDRESS", "POOL", "ENDPOINT", "CONTAINER", "IFNAME"],
+        &rows,
+    )
+}
+
+fn s(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Null => "-".into(),
+        other => other.to_string(),
+    }
+}
+
+/// `policy list`.
+pub fn policy_table(v: &Value) -> String {
+    let rules = v["rules"].as_array().cloned().unwrap_or_default();
+    let rows: Vec<Vec<String>> = rules
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let count = |k: &str| r[k].as_array().map_or(0, Vec::len);
+            vec![
+                i.to_string(),
+                labels_of(&r["labels"]),
+                serde_json::to_string(&r["endpoint_selector"]).unwrap_or_default(),
+                format!(
+                    "{}/{}",
+                    count("ingress"),
+                    count("ingress_deny")
+                ),
+                format!("{}/{}", count("egress"), count("egress_deny")),
+            ]
+        })
+        .collect();
+    format!(
+        "Revision: {}\n{}",
+        s(&v["revision"]),
+        table::render(
+            &["#", "LABELS", "SELECTOR", "INGRESS(allow/deny)", "EGRESS(allow/deny)"],
+            &rows
+        )
+    )
+}
+
+fn labels_of(v: &Value) -> String {
+    match v {
+        Value::Array(items) => items
+            .iter()
+            .map(|l| match (&l["source"], &l["key"], &l["value"]) {
+                (Value::String(src), Value::String(k), Value::String(val)) if val.is_empty() => {
+                    format!("{src}:{k}")
+                }
+                (Value::String(src), Value::String(k), Value::String(val)) => {
+                    format!("{src}:{k}={val}")
+                }
+                _ => l.to_string(),
+            })
+            .collect::<Vec<_>>()
+            .join(","),
+        other => s(other),
+    }
+}
+
+/// `identity list`.
+pub fn identity_table(v: &Value) -> String {
+    let rows: Vec<Vec<String>> = v
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|i| {
+            vec![
+                s(&i["id"]),
+                s(&i["references"]),
+                i["labels"]
+                    .as_array()
+                    .map(|l| l.iter().map(s).collect::<Vec<_>>().join(","))
+                    .unwrap_or_default(),
+            ]
+        })
+        .collect();
+    table::render(&["ID", "REFS", "LABELS"], &rows)
+}
+
+/// `map list`.
+pub fn map_list_table(v: &Value) -> String {
+    let rows: Vec<Vec<String>> = v
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|m| {
+            let cols: Vec<String> = m
+                .as_object()
+                .map(|o| o.values().map(s).collect())
+                .unwrap_or_default();
+            cols
+        })
+        .collect();
+    let headers: Vec<String> = v
+        .as_array()
+        .and_then(|a| a.first())
+        .and_then(Value::as_object)
+        .map(|o| o.keys().map(|k| k.to_uppercase()).collect())
+        .unwrap_or_else(|| vec!["NAME".into()]);
+    let headers: Vec<&str> = headers.iter().map(String::as_str).collect();
+    table::render(&headers, &rows)
+}
+
+/// `map dump NAME`: one decoded entry per line.
+pub fn map_dump_lines(v: &Value) -> String {
+    let mut out = String::new();
+    for e in v.as_array().into_iter().flatten() {
+        out.push_str(&e.to_string());
+        out.push('\n');
+    }
+    out
+}
+
+/// One `monitor` line.
+pub fn event_line(e: &Value) -> String {
+    let sock = |ip: &Value, port: &Value| {
+        let ip = s(ip);
+        if ip.contains(':') {
+            format!("[{ip}]:{}", s(port))
+        } else {
+            format!("{ip}:{}", s(port))
+        }
+    };
+    let proto = match e["proto"].as_u64() {
+        Some(6) => "tcp".to_string(),
+        Some(17) => "udp".into(),
+        Some(132) => "sctp".into(),
+        Some(1) => "icmp".into(),
+        Some(58) => "icmpv6".into(),
+        other => format!("proto {}", other.unwrap_or(0)),
+    };
+    format!(
+        "drop ({}) endpoint {} {} {} {} -> {} identity {} -> {}",
+        s(&e["reason"]),
+        s(&e["endpoint_id"]),
+        s(&e["direction"]),
+        proto,
+        sock(&e["src_ip"], &e["src_port"]),
+        sock(&e["dst_ip"], &e["dst_port"]),
+        s(&e["src_identity"]),
+        s(&e["dst_identity"]),
+    )
+}
