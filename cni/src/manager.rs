@@ -3,6 +3,7 @@
 use crate::error::CniError;
 use std::fmt::Write;
 use weft_api::client::Client;
+use weft_api::delete_queue::{DeleteQueue, DeleteRequest};
 use weft_api::{
     AllocateRequest, DeleteResponse, Endpoint, GcRequest, GcResponse, RegisterRequest,
     StatusResponse,
@@ -47,6 +48,34 @@ pub async fn delete(
     ifname: &str,
 ) -> Result<DeleteResponse, CniError> {
     Ok(c.delete(&selector(container_id, ifname)).await?)
+}
+
+/// Releases the endpoint, or, when the manager cannot be reached, leaves the request in the
+/// durable delete queue next to its socket for the manager to complete at start (Cilium's
+/// deletion queue). Fails ("try again later") only when the queue is full or unwritable.
+pub async fn release_or_queue(
+    c: &Client,
+    container_id: &str,
+    ifname: &str,
+) -> Result<Option<u32>, CniError> {
+    match delete(c, container_id, ifname).await {
+        Ok(resp) => Ok(resp.deleted.map(|e| e.id)),
+        Err(CniError::TryAgainLater { msg, .. }) => {
+            let queue = DeleteQueue::for_socket(c.socket());
+            queue
+                .push(&DeleteRequest {
+                    container_id: container_id.to_owned(),
+                    ifname: ifname.to_owned(),
+                })
+                .map_err(|e| CniError::TryAgainLater {
+                    msg: format!("{msg}; and the delete queue cannot take the request: {e}"),
+                    details: String::new(),
+                })?;
+            tracing::warn!(queue = %queue.dir().display(), "manager unreachable; DEL queued for its next start");
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// `GET /v1/endpoints?container_id=..&ifname=..` (0 or 1 endpoint).

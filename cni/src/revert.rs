@@ -108,7 +108,7 @@ async fn unwind(socket: PathBuf, steps: Vec<Undo>) {
             Undo::Release {
                 container_id,
                 ifname,
-            } => manager::delete(&client, container_id, ifname)
+            } => manager::release_or_queue(&client, container_id, ifname)
                 .await
                 .map(drop),
             Undo::DeleteLink(name) => {

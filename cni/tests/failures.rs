@@ -164,22 +164,44 @@ fn bad_env_and_netconf_fail_with_their_codes_and_touch_nothing() {
 }
 
 #[test]
-fn del_with_manager_down_deletes_the_veth_and_reports_11() {
+fn del_with_manager_down_deletes_the_veth_and_queues_the_release() {
     let mut w = World::new("deldown");
     let netns = w.add_pod();
     let conf = w.conf("1.0.0");
     w.run("ADD", "ctr-deldown", &netns, &conf).expect_ok();
     assert!(w.has_node_link(&World::host_ifname("ctr-deldown")));
     w.stop_manager();
-    let v = w.run("DEL", "ctr-deldown", &netns, &conf).expect_error(11);
-    assert!(
-        v["msg"]
-            .as_str()
-            .unwrap()
-            .contains(&w.socket().display().to_string()),
-        "{v}"
-    );
+    w.run("DEL", "ctr-deldown", &netns, &conf).expect_ok();
     assert!(!w.has_node_link(&World::host_ifname("ctr-deldown")));
+    let queue = weft_api::delete_queue::DeleteQueue::for_socket(&w.socket());
+    let mut queued = Vec::new();
+    queue
+        .drain(|r| {
+            queued.push((r.container_id.clone(), r.ifname.clone()));
+            true
+        })
+        .unwrap();
+    assert_eq!(
+        queued,
+        vec![("ctr-deldown".to_string(), "eth0".to_string())]
+    );
+}
+
+#[test]
+fn del_with_manager_down_and_a_full_queue_reports_11() {
+    let mut w = World::new("delfull");
+    let netns = w.add_pod();
+    let conf = w.conf("1.0.0");
+    w.stop_manager();
+    let queue = weft_api::delete_queue::DeleteQueue::for_socket(&w.socket());
+    std::fs::create_dir_all(queue.dir()).unwrap();
+    for i in 0..weft_api::delete_queue::MAX_ENTRIES {
+        std::fs::write(queue.dir().join(format!("filler{i}.json")), b"{}").unwrap();
+    }
+    let v = w.run("DEL", "ctr-delfull", &netns, &conf).expect_error(11);
+    let msg = v["msg"].as_str().unwrap();
+    assert!(msg.contains(&w.socket().display().to_string()), "{v}");
+    assert!(msg.contains("full"), "{v}");
 }
 
 #[test]

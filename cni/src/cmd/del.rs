@@ -37,11 +37,8 @@ pub async fn run(env: &CniEnv, conf: &NetConf) -> Result<(), CniError> {
         });
 
     let mut errors = Vec::new();
-    match manager::delete(&client, &env.container_id, &env.ifname).await {
-        Ok(resp) => tracing::info!(
-            released = ?resp.deleted.as_ref().map(|e| e.id),
-            "manager released the endpoint"
-        ),
+    match manager::release_or_queue(&client, &env.container_id, &env.ifname).await {
+        Ok(released) => tracing::info!(?released, "manager released the endpoint (or queued)"),
         Err(e) => errors.push(e),
     }
     let link = match spawned {

@@ -122,6 +122,8 @@ impl State {
             endpoints: self.endpoints.len() as u64,
             policy_revision: 1,
             version: "fake".into(),
+            restore_ms: Vec::new(),
+            regenerations: 0,
         }
     }
 

@@ -4,14 +4,14 @@ mod render;
 pub mod table;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use serde_json::Value;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use weft_api::client::{Client, ClientError};
-use serde_json::Value;
 use weft_api::{Allocation, Endpoint, StatusResponse};
 
-use crate::service::{ImportResult, TraceResult};
 use crate::service::policy_api::{TracePeerRequest, TraceRequest};
+use crate::service::{ImportResult, TraceResult};
 
 /// Output format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -85,7 +85,11 @@ pub enum PolicyCmd {
     /// Delete rules by label, or all of them.
     Delete {
         /// Rules carrying this label (`k=v`); repeatable, all must match.
-        #[arg(long = "labels", value_delimiter = ',', required_unless_present = "all")]
+        #[arg(
+            long = "labels",
+            value_delimiter = ',',
+            required_unless_present = "all"
+        )]
         labels: Vec<String>,
         /// Every rule.
         #[arg(long, conflicts_with = "labels")]
@@ -215,7 +219,9 @@ pub async fn run(cli: Cli) -> Result<(), CtlError> {
         }
         Command::Endpoint(EndpointCmd::Labels { id, add, remove }) => {
             let body = serde_json::json!({"add": add, "remove": remove});
-            let ep: Endpoint = client.post(&format!("/v1/endpoints/{id}/labels"), &body).await?;
+            let ep: Endpoint = client
+                .post(&format!("/v1/endpoints/{id}/labels"), &body)
+                .await?;
             print(cli.output, &ep, |e| {
                 render::endpoint_table(std::slice::from_ref(e))
             });
@@ -254,7 +260,11 @@ fn trace_peer(s: &str) -> TracePeerRequest {
         };
     }
     TracePeerRequest {
-        labels: s.split(',').filter(|p| !p.is_empty()).map(str::to_owned).collect(),
+        labels: s
+            .split(',')
+            .filter(|p| !p.is_empty())
+            .map(str::to_owned)
+            .collect(),
         ..TracePeerRequest::default()
     }
 }
@@ -358,7 +368,10 @@ async fn monitor(client: &Client, output: Output) -> Result<(), CtlError> {
                         .map_or(text, |v| render::event_line(&v)),
                 };
                 let mut stdout = std::io::stdout().lock();
-                if writeln!(stdout, "{out}").and_then(|()| stdout.flush()).is_err() {
+                if writeln!(stdout, "{out}")
+                    .and_then(|()| stdout.flush())
+                    .is_err()
+                {
                     return false;
                 }
             }
@@ -389,4 +402,3 @@ async fn wait_ready(client: &Client, secs: u64) -> Result<(), CtlError> {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
-

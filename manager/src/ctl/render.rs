@@ -110,11 +110,7 @@ pub fn policy_table(v: &Value) -> String {
                 i.to_string(),
                 labels_of(&r["labels"]),
                 serde_json::to_string(&r["endpoint_selector"]).unwrap_or_default(),
-                format!(
-                    "{}/{}",
-                    count("ingress"),
-                    count("ingress_deny")
-                ),
+                format!("{}/{}", count("ingress"), count("ingress_deny")),
                 format!("{}/{}", count("egress"), count("egress_deny")),
             ]
         })
@@ -123,7 +119,13 @@ pub fn policy_table(v: &Value) -> String {
         "Revision: {}\n{}",
         s(&v["revision"]),
         table::render(
-            &["#", "LABELS", "SELECTOR", "INGRESS(allow/deny)", "EGRESS(allow/deny)"],
+            &[
+                "#",
+                "LABELS",
+                "SELECTOR",
+                "INGRESS(allow/deny)",
+                "EGRESS(allow/deny)"
+            ],
             &rows
         )
     )
