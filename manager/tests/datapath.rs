@@ -263,13 +263,61 @@ fn icmp_and_neighbour_discovery_follow_policy() {
             "echo request type: {ev}"
         );
     }
-    dp.apply_policy(101, &allow_icmp).unwrap();
+    // Only echo requests (ICMP "port" = type) are allowed now: the node's neighbour solicitations
+    // into the pod (ICMPv6 135) must pass anyway, and the echo replies pass as ct replies.
+    support::sh(&["ip", "-n", &w.node, "neigh", "flush", "all"]);
+    let echo_only = [
+        (Direction::Ingress, ID_A, proto::ICMP, 8, 8, Verdict::Allow),
+        (
+            Direction::Ingress,
+            ID_A,
+            proto::ICMPV6,
+            128,
+            128,
+            Verdict::Allow,
+        ),
+    ];
+    dp.apply_policy(101, &policy(true, true, &echo_only))
+        .unwrap();
     for ip in ips(&w, B) {
         assert!(
             ping_ok(&w.pods[A].ns, ip),
-            "ping {ip} allowed again (NDP passes)"
+            "ping {ip} allowed again, NDP passes"
         );
     }
+    let neigh = support::sh(&[
+        "ip",
+        "-n",
+        &w.node,
+        "-6",
+        "neigh",
+        "show",
+        "dev",
+        &w.pods[B].host_if,
+    ]);
+    assert!(
+        neigh.contains(&w.pods[B].ip6.to_string()),
+        "node resolved B over NDP: {neigh}"
+    );
+}
+
+#[test]
+fn peer_identities_come_from_the_ipcache_world_by_default() {
+    let w = World::new();
+    let dp = open_and_attach(&w);
+    let from_host = [(Direction::Ingress, 1, proto::ICMP, 0, 65535, Verdict::Allow)];
+    dp.apply_policy(101, &policy(true, false, &from_host))
+        .unwrap();
+    let mut rx = dp.subscribe_events();
+    let b4: IpAddr = w.pods[B].ip4.into();
+    // The node's 169.254.1.1 is not in the ipcache yet: it is "world".
+    assert!(!ping_ok(&w.node, b4), "world is not allowed");
+    let ev = wait_event(&mut rx, |e| e.dst_ip == b4);
+    assert_eq!((ev.src_identity, ev.dst_identity), (2, 1001));
+    dp.upsert_ipcache("169.254.1.1/32".parse().unwrap(), 1)
+        .unwrap();
+    assert!(ping_ok(&w.node, b4), "host identity is allowed");
+    assert!(!ping_ok(&w.pods[A].ns, b4), "pod A (identity 1000) is not");
 }
 
 #[test]
