@@ -1,7 +1,7 @@
 //! `weftctl map list` / `map dump`: map summaries and decoded entries.
 
-use super::bpf::Maps;
 use super::error::DatapathError;
+use super::state::Maps;
 use super::types::{MapSummary, addr_from, direction_name, drop_reason_name};
 use aya::maps::MapInfo;
 use serde_json::{Value, json};

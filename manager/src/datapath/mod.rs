@@ -13,6 +13,7 @@ mod encode;
 mod error;
 mod events;
 mod fake;
+mod state;
 mod types;
 
 pub use bpf::BpfDatapath;

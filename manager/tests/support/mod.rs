@@ -2,6 +2,7 @@
 //! `eth0` in two "pod" netns, routed through the node like Weft's pods. Never the host netns.
 //! Everything (netns, veths via their netns, the bpffs pin dir) is removed in Drop, also on panic.
 
+pub mod checks;
 pub mod traffic;
 
 use std::fs::File;
