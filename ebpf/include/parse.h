@@ -32,6 +32,9 @@
 #define ICMP_ECHO 8
 #define ICMPV6_ECHO_REQUEST 128
 #define ICMPV6_ECHO_REPLY 129
+#define MLD_LISTENER_QUERY 130
+#define MLD_LISTENER_DONE 132
+#define MLD2_LISTENER_REPORT 143
 #define NDISC_ROUTER_SOLICITATION 133
 #define NDISC_NEIGHBOUR_ADVERTISEMENT 136
 
@@ -88,8 +91,12 @@ static __always_inline int parse_l4(struct __sk_buff *skb, __u32 off, struct flo
 
 		__builtin_memcpy(&id, &hdr[4], sizeof(id));
 
-		if (f->proto == IPPROTO_ICMPV6 && type >= NDISC_ROUTER_SOLICITATION &&
-		    type <= NDISC_NEIGHBOUR_ADVERTISEMENT)
+		/* Link-local control that IPv6 cannot work without: NDP (RS, RA, NS, NA) and MLD
+		 * (queries/reports the kernel sends on every interface). Never subject to policy. */
+		if (f->proto == IPPROTO_ICMPV6 &&
+		    ((type >= NDISC_ROUTER_SOLICITATION && type <= NDISC_NEIGHBOUR_ADVERTISEMENT) ||
+		     (type >= MLD_LISTENER_QUERY && type <= MLD_LISTENER_DONE) ||
+		     type == MLD2_LISTENER_REPORT))
 			return PARSE_NEIGHBOUR;
 		f->policy_port = bpf_htons(type);
 		if ((f->proto == IPPROTO_ICMP && type == ICMP_ECHO) ||

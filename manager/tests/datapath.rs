@@ -9,7 +9,7 @@ use support::checks::{assert_endpoint_gone, ips, open_and_attach, policy, prog_i
 use support::traffic::{echo_servers, ping_ok, tcp_ok, udp_ok};
 use support::{World, in_ns};
 use weft_manager::datapath::{BpfDatapath, Datapath};
-use weft_policy::mapstate::{Direction, Verdict, proto};
+use weft_policy::mapstate::proto;
 
 const A: usize = 0;
 const B: usize = 1;
@@ -24,24 +24,7 @@ fn allowed_ports_pass_denied_ports_drop_with_an_event() {
     let p = policy(
         true,
         false,
-        &[
-            (
-                Direction::Ingress,
-                ID_A,
-                proto::TCP,
-                8080,
-                8080,
-                Verdict::Allow,
-            ),
-            (
-                Direction::Ingress,
-                ID_A,
-                proto::UDP,
-                8080,
-                8080,
-                Verdict::Allow,
-            ),
-        ],
+        "ingress 1000 tcp 8080 allow; ingress 1000 udp 8080 allow",
     );
     dp.apply_policy(w.pods[B].ep.endpoint_id, &p).unwrap();
     let mut rx = dp.subscribe_events();
@@ -90,24 +73,7 @@ fn replies_of_pod_initiated_flows_pass_an_enforced_ingress() {
     let p = policy(
         true,
         true,
-        &[
-            (
-                Direction::Egress,
-                1001,
-                proto::TCP,
-                9000,
-                9000,
-                Verdict::Allow,
-            ),
-            (
-                Direction::Egress,
-                1001,
-                proto::UDP,
-                9000,
-                9000,
-                Verdict::Allow,
-            ),
-        ],
+        "egress 1001 tcp 9000 allow; egress 1001 udp 9000 allow",
     );
     dp.apply_policy(w.pods[A].ep.endpoint_id, &p).unwrap();
     for ip in ips(&w, B) {
@@ -141,24 +107,7 @@ fn icmp_and_neighbour_discovery_follow_policy() {
     let allow_icmp = policy(
         true,
         false,
-        &[
-            (
-                Direction::Ingress,
-                ID_A,
-                proto::ICMP,
-                0,
-                65535,
-                Verdict::Allow,
-            ),
-            (
-                Direction::Ingress,
-                ID_A,
-                proto::ICMPV6,
-                0,
-                65535,
-                Verdict::Allow,
-            ),
-        ],
+        "ingress 1000 icmp 0-65535 allow; ingress 1000 icmpv6 0-65535 allow",
     );
     dp.apply_policy(101, &allow_icmp).unwrap();
     for ip in ips(&w, B) {
@@ -167,7 +116,7 @@ fn icmp_and_neighbour_discovery_follow_policy() {
     // Flush the node's neighbours: IPv6 ping now needs NDP through the enforcing programs.
     support::sh(&["ip", "-n", &w.node, "neigh", "flush", "all"]);
     let mut rx = dp.subscribe_events();
-    dp.apply_policy(101, &policy(true, false, &[])).unwrap();
+    dp.apply_policy(101, &policy(true, false, "")).unwrap();
     // ICMP ct entries are per echo id: a new ping process uses a new id.
     for ip in ips(&w, B) {
         assert!(!ping_ok(&w.pods[A].ns, ip), "ping {ip} must be dropped");
@@ -181,18 +130,8 @@ fn icmp_and_neighbour_discovery_follow_policy() {
     // Only echo requests (ICMP "port" = type) are allowed now: the node's neighbour solicitations
     // into the pod (ICMPv6 135) must pass anyway, and the echo replies pass as ct replies.
     support::sh(&["ip", "-n", &w.node, "neigh", "flush", "all"]);
-    let echo_only = [
-        (Direction::Ingress, ID_A, proto::ICMP, 8, 8, Verdict::Allow),
-        (
-            Direction::Ingress,
-            ID_A,
-            proto::ICMPV6,
-            128,
-            128,
-            Verdict::Allow,
-        ),
-    ];
-    dp.apply_policy(101, &policy(true, true, &echo_only))
+    let echo_only = "ingress 1000 icmp 8 allow; ingress 1000 icmpv6 128 allow";
+    dp.apply_policy(101, &policy(true, true, echo_only))
         .unwrap();
     for ip in ips(&w, B) {
         assert!(
@@ -220,8 +159,8 @@ fn icmp_and_neighbour_discovery_follow_policy() {
 fn peer_identities_come_from_the_ipcache_world_by_default() {
     let w = World::new();
     let dp = open_and_attach(&w);
-    let from_host = [(Direction::Ingress, 1, proto::ICMP, 0, 65535, Verdict::Allow)];
-    dp.apply_policy(101, &policy(true, false, &from_host))
+    let from_host = "ingress 1 icmp 0-65535 allow";
+    dp.apply_policy(101, &policy(true, false, from_host))
         .unwrap();
     let mut rx = dp.subscribe_events();
     let b4: IpAddr = w.pods[B].ip4.into();
@@ -240,15 +179,15 @@ fn enforcement_off_passes_everything() {
     let w = World::new();
     let dp = open_and_attach(&w);
     echo_servers(&w.pods[B].ns, 7000);
-    let deny_all = [(Direction::Ingress, 0, 0, 0, 65535, Verdict::Deny)];
-    dp.apply_policy(101, &policy(false, false, &deny_all))
+    let deny_all = "ingress 0 any * deny";
+    dp.apply_policy(101, &policy(false, false, deny_all))
         .unwrap();
     for ip in ips(&w, B) {
         assert!(tcp_ok(&w.pods[A].ns, ip, 7000));
         assert!(udp_ok(&w.pods[A].ns, ip, 7000, 43_000));
         assert!(ping_ok(&w.pods[A].ns, ip));
     }
-    dp.apply_policy(101, &policy(true, false, &deny_all))
+    dp.apply_policy(101, &policy(true, false, deny_all))
         .unwrap();
     for ip in ips(&w, B) {
         assert!(
@@ -268,33 +207,7 @@ fn deny_beats_allow_and_port_ranges_match_inside_only() {
     let p = policy(
         true,
         false,
-        &[
-            (
-                Direction::Ingress,
-                ID_A,
-                proto::TCP,
-                9000,
-                9010,
-                Verdict::Allow,
-            ),
-            (
-                Direction::Ingress,
-                0,
-                proto::TCP,
-                9100,
-                9101,
-                Verdict::Allow,
-            ),
-            (
-                Direction::Ingress,
-                ID_A,
-                proto::TCP,
-                9101,
-                9101,
-                Verdict::Deny,
-            ),
-            (Direction::Ingress, 0, proto::TCP, 9005, 9005, Verdict::Deny),
-        ],
+        "ingress 1000 tcp 9000-9010 allow; ingress 0 tcp 9100-9101 allow; ingress 1000 tcp 9101 deny; ingress 0 tcp 9005 deny",
     );
     dp.apply_policy(101, &p).unwrap();
     let mut rx = dp.subscribe_events();
@@ -328,18 +241,7 @@ fn survives_manager_exit_reopens_same_maps_and_detach_removes_everything() {
     let dp = open_and_attach(&w);
     echo_servers(&w.pods[B].ns, 6000);
     echo_servers(&w.pods[B].ns, 6001);
-    let p = policy(
-        true,
-        false,
-        &[(
-            Direction::Ingress,
-            ID_A,
-            proto::TCP,
-            6000,
-            6000,
-            Verdict::Allow,
-        )],
-    );
+    let p = policy(true, false, "ingress 1000 tcp 6000 allow");
     dp.apply_policy(101, &p).unwrap();
     let map_id = |name: &str| {
         aya::maps::MapInfo::from_pin(w.pin_dir.join(name))
@@ -455,15 +357,8 @@ fn maps_are_listed_and_decoded_and_reconcile_removes_stale_endpoints() {
             .iter()
             .any(|e| e["prefix"] == "192.0.2.0/24")
     );
-    dp.apply_policy(
-        101,
-        &policy(
-            true,
-            false,
-            &[(Direction::Ingress, 0, proto::TCP, 80, 83, Verdict::Allow)],
-        ),
-    )
-    .unwrap();
+    dp.apply_policy(101, &policy(true, false, "ingress 0 tcp 80-83 allow"))
+        .unwrap();
     let pol = dp.map_dump("policy").unwrap();
     assert_eq!(pol.len(), 1, "80-83 is one aligned block: {pol:#?}");
     assert_eq!(
@@ -476,4 +371,68 @@ fn maps_are_listed_and_decoded_and_reconcile_removes_stale_endpoints() {
     assert_eq!(dp.endpoint_ids().unwrap(), BTreeSet::from([100]));
     assert!(dp.map_dump("policy").unwrap().is_empty());
     assert!(!w.tc_filters(B, "egress").contains("weft"));
+}
+
+#[test]
+fn policy_updates_never_drop_what_both_versions_allow() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let w = World::new();
+    let dp = open_and_attach(&w);
+    let exact = policy(true, false, "ingress 1000 udp 6000 allow");
+    // 5952-6015 is one aligned /90 block: switching removes the /96 block and adds another.
+    let range = policy(
+        true,
+        false,
+        "ingress 1000 udp 5952-6015 allow; ingress 0 udp 7000 deny",
+    );
+    dp.apply_policy(101, &exact).unwrap();
+    let mut rx = dp.subscribe_events();
+    let (stop, sent) = (AtomicBool::new(false), AtomicU64::new(0));
+    let dst = std::net::SocketAddr::new(w.pods[B].ip4.into(), 6000);
+    std::thread::scope(|s| {
+        // Every datagram comes from a fresh socket, i.e. a new flow that needs a policy lookup.
+        s.spawn(|| {
+            in_ns(&w.pods[A].ns, || {
+                while !stop.load(Ordering::Relaxed) {
+                    let sock = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+                    let _ = sock.send_to(b"x", dst);
+                    sent.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+        });
+        // Keep swapping while 20 000 new flows go through.
+        let mut swaps = 0u32;
+        while sent.load(Ordering::Relaxed) < 20_000 {
+            let next = if swaps.is_multiple_of(2) {
+                &range
+            } else {
+                &exact
+            };
+            dp.apply_policy(101, next).unwrap();
+            swaps += 1;
+        }
+        assert!(
+            swaps > 100,
+            "only {swaps} policy swaps happened during the stream"
+        );
+        stop.store(true, Ordering::Relaxed);
+    });
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let mut drops = Vec::new();
+    while let Ok(ev) = rx.try_recv() {
+        if ev.dst_port == 6000 {
+            drops.push(ev.to_string());
+        }
+    }
+    assert!(
+        drops.is_empty(),
+        "allowed by both versions, yet dropped: {drops:#?}"
+    );
+    // The stream really went through the policy: its flows are in ct as policy-allowed.
+    let ct = dp.map_dump("ct").unwrap();
+    assert!(
+        ct.iter().any(|e| e["endpoint_id"] == 101
+            && e["dport"] == 6000
+            && e["reason"] == "allow-policy")
+    );
 }

@@ -5,31 +5,55 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 use tokio::sync::broadcast::Receiver;
 use weft_manager::datapath::{BpfDatapath, Datapath, DropEvent};
-use weft_policy::mapstate::{Direction, EndpointPolicy, PolicyEntry, Verdict};
+use weft_policy::mapstate::{Direction, EndpointPolicy, PolicyEntry, Verdict, proto};
 
-pub fn policy(
-    ingress: bool,
-    egress: bool,
-    entries: &[(Direction, u32, u8, u16, u16, Verdict)],
-) -> EndpointPolicy {
+/// Builds a policy from `"direction identity proto ports verdict; ..."`, e.g.
+/// `"ingress 1000 tcp 8080-8090 allow; ingress 0 any * deny"` (identity 0 = any peer, proto
+/// `any` with ports `*`; ports are one number or `lo-hi`; ICMP "ports" are types).
+pub fn policy(ingress: bool, egress: bool, rules: &str) -> EndpointPolicy {
+    let mut entries = std::collections::BTreeMap::new();
+    for rule in rules.split(';').map(str::trim).filter(|r| !r.is_empty()) {
+        let f: Vec<&str> = rule.split_whitespace().collect();
+        assert_eq!(f.len(), 5, "bad rule {rule:?}");
+        let direction = match f[0] {
+            "ingress" => Direction::Ingress,
+            "egress" => Direction::Egress,
+            d => panic!("bad direction {d}"),
+        };
+        let proto = match f[2] {
+            "any" => proto::ANY,
+            "tcp" => proto::TCP,
+            "udp" => proto::UDP,
+            "icmp" => proto::ICMP,
+            "icmpv6" => proto::ICMPV6,
+            p => panic!("bad proto {p}"),
+        };
+        let (port_lo, port_hi) = match f[3].split_once('-') {
+            _ if f[3] == "*" => (0, u16::MAX),
+            Some((lo, hi)) => (lo.parse().unwrap(), hi.parse().unwrap()),
+            None => (f[3].parse().unwrap(), f[3].parse().unwrap()),
+        };
+        let verdict = if f[4] == "deny" {
+            Verdict::Deny
+        } else {
+            Verdict::Allow
+        };
+        let identity = f[1].parse().unwrap();
+        entries.insert(
+            PolicyEntry {
+                direction,
+                identity,
+                proto,
+                port_lo,
+                port_hi,
+            },
+            verdict,
+        );
+    }
     EndpointPolicy {
         ingress_enforced: ingress,
         egress_enforced: egress,
-        entries: entries
-            .iter()
-            .map(|&(direction, identity, proto, port_lo, port_hi, v)| {
-                (
-                    PolicyEntry {
-                        direction,
-                        identity,
-                        proto,
-                        port_lo,
-                        port_hi,
-                    },
-                    v,
-                )
-            })
-            .collect(),
+        entries,
     }
 }
 
