@@ -62,6 +62,14 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } ct SEC(".maps");
 
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct frag_key);
+	__type(value, struct frag_value);
+	__uint(max_entries, 8192);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} frags SEC(".maps");
+
 /* Not preallocated: per-CPU values for every possible (endpoint, direction, reason) would cost
  * max_entries * ncpus * 16 bytes up front. */
 struct {
@@ -165,6 +173,36 @@ static __always_inline int ct_alive(struct ct_value *v, __u8 proto, __u64 now)
 	return 1;
 }
 
+/* The first fragment records its ports, later ones take them over (fragments of one datagram
+ * can only be matched by the IP identification). A later fragment whose first one was not seen
+ * keeps ports 0 and is judged as such. */
+static __always_inline void track_fragment(struct flow *f)
+{
+	struct frag_key k = { .id = f->frag_id, .proto = f->proto, .family = f->family };
+
+	__builtin_memcpy(k.saddr, f->saddr, 16);
+	__builtin_memcpy(k.daddr, f->daddr, 16);
+	if (f->frag == FRAG_FIRST) {
+		struct frag_value v = {
+			.sport = f->sport,
+			.dport = f->dport,
+			.policy_port = f->policy_port,
+			.has_ports = f->has_ports,
+		};
+
+		bpf_map_update_elem(&frags, &k, &v, BPF_ANY);
+		return;
+	}
+	struct frag_value *v = bpf_map_lookup_elem(&frags, &k);
+
+	if (v) {
+		f->sport = v->sport;
+		f->dport = v->dport;
+		f->policy_port = v->policy_port;
+		f->has_ports = v->has_ports;
+	}
+}
+
 static __always_inline void send_drop(struct __sk_buff *skb, const struct endpoint_info *ep,
 				      __u8 dir, __u8 reason, const struct flow *f, __u32 peer)
 {
@@ -227,6 +265,9 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 		send_drop(skb, ep, dir, WEFT_REASON_DROP_INVALID, &f, 0);
 		return TC_ACT_SHOT;
 	}
+
+	if (f.frag != FRAG_NONE)
+		track_fragment(&f);
 
 	__u64 now = bpf_ktime_get_ns();
 	struct ct_key ck = {};

@@ -57,7 +57,14 @@ struct flow {
 	__u8 icmp_echo_request;
 	/* TCP/UDP/SCTP: may create a ct entry. */
 	__u8 has_ports;
+	/* Part of a fragmented datagram (0 = not fragmented, 1 = first, 2 = later). */
+	__u8 frag;
+	__u32 frag_id;
 };
+
+#define FRAG_NONE 0
+#define FRAG_FIRST 1
+#define FRAG_LATER 2
 
 static __always_inline int parse_l4(struct __sk_buff *skb, __u32 off, struct flow *f, int first_frag)
 {
@@ -128,6 +135,12 @@ static __always_inline int parse_ipv4(struct __sk_buff *skb, struct flow *f)
 	__builtin_memcpy(f->daddr, &ip.daddr, 4);
 	int first_frag = (ip.frag_off & bpf_htons(0x1fff)) == 0;
 
+	/* More-fragments flag or a non-zero offset: part of a fragmented datagram. */
+	if (ip.frag_off & bpf_htons(0x3fff)) {
+		f->frag = first_frag ? FRAG_FIRST : FRAG_LATER;
+		f->frag_id = bpf_ntohs(ip.id);
+	}
+
 	return parse_l4(skb, ETH_HLEN + ip.ihl * 4, f, first_frag);
 }
 
@@ -156,11 +169,19 @@ static __always_inline int parse_ipv6(struct __sk_buff *skb, struct flow *f)
 		if (bpf_skb_load_bytes(skb, off, ext, sizeof(ext)) < 0)
 			return PARSE_INVALID;
 		if (nexthdr == NEXTHDR_FRAGMENT) {
-			__be16 frag_off;
+			/* next header, reserved, offset+flags, identification */
+			struct {
+				__u8 nexthdr;
+				__u8 reserved;
+				__be16 frag_off;
+				__be32 id;
+			} fh;
 
-			if (bpf_skb_load_bytes(skb, off + 2, &frag_off, sizeof(frag_off)) < 0)
+			if (bpf_skb_load_bytes(skb, off, &fh, sizeof(fh)) < 0)
 				return PARSE_INVALID;
-			first_frag = (frag_off & bpf_htons(0xfff8)) == 0;
+			first_frag = (fh.frag_off & bpf_htons(0xfff8)) == 0;
+			f->frag = first_frag ? FRAG_FIRST : FRAG_LATER;
+			f->frag_id = bpf_ntohl(fh.id);
 			off += 8;
 		} else if (nexthdr == NEXTHDR_AUTH) {
 			off += (ext[1] + 2) * 4;

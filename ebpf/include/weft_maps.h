@@ -105,6 +105,28 @@ struct ct_value {
 	__u8 pad[7];
 };
 
+/*
+ * frags: LRU_HASH. Only the first fragment of an IP datagram carries the L4 header; its ports
+ * are remembered under the datagram's identity so later fragments get the same ports (and thus
+ * the same conntrack and policy result) instead of ports 0.
+ */
+struct frag_key {
+	__u8 saddr[16];
+	__u8 daddr[16];
+	__u32 id;
+	__u8 proto;
+	__u8 family;
+	__u8 pad[2];
+};
+
+struct frag_value {
+	__be16 sport;
+	__be16 dport;
+	__be16 policy_port;
+	__u8 has_ports;
+	__u8 pad;
+};
+
 /* Reasons (metrics_key.reason, drop_event.reason, ct_value.reason). */
 #define WEFT_REASON_ALLOW_POLICY 1
 #define WEFT_REASON_ALLOW_NOT_ENFORCED 2

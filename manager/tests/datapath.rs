@@ -6,7 +6,7 @@ mod support;
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 use support::checks::{assert_endpoint_gone, ips, open_and_attach, policy, prog_id, wait_event};
-use support::traffic::{echo_servers, ping_ok, tcp_ok, udp_ok};
+use support::traffic::{echo_servers, ping_ok, tcp_ok, udp_big_ok, udp_ok};
 use support::{World, in_ns};
 use weft_manager::datapath::{BpfDatapath, Datapath};
 use weft_policy::mapstate::proto;
@@ -325,7 +325,15 @@ fn maps_are_listed_and_decoded_and_reconcile_removes_stale_endpoints() {
     let names: Vec<&str> = list.iter().map(|m| m.name.as_str()).collect();
     assert_eq!(
         names,
-        ["endpoints", "ipcache", "policy", "ct", "metrics", "events"]
+        [
+            "endpoints",
+            "ipcache",
+            "policy",
+            "ct",
+            "frags",
+            "metrics",
+            "events"
+        ]
     );
     let ep = list.iter().find(|m| m.name == "endpoints").unwrap();
     assert_eq!((ep.entries, ep.max_entries), (2, 64));
@@ -435,4 +443,33 @@ fn policy_updates_never_drop_what_both_versions_allow() {
             && e["dport"] == 6000
             && e["reason"] == "allow-policy")
     );
+}
+
+#[test]
+fn fragmented_datagrams_follow_the_first_fragment() {
+    let w = World::new();
+    let dp = open_and_attach(&w);
+    echo_servers(&w.pods[B].ns, 5000);
+    // B admits UDP 5000 from A; A admits nothing: the fragmented echo must pass as a reply.
+    dp.apply_policy(101, &policy(true, false, "ingress 1000 udp 5000 allow"))
+        .unwrap();
+    dp.apply_policy(100, &policy(true, false, "")).unwrap();
+    for (n, ip) in ips(&w, B).into_iter().enumerate() {
+        let local = 44_000 + u16::try_from(n).unwrap();
+        assert!(
+            udp_big_ok(&w.pods[A].ns, ip, 5000, local, 4000),
+            "4000-byte datagram to {ip} and back"
+        );
+        assert!(
+            !udp_big_ok(&w.pods[A].ns, ip, 5001, local + 10, 4000),
+            "port 5001 to {ip} denied"
+        );
+    }
+    let frags = dp.map_dump("frags").unwrap();
+    for ip in ips(&w, B) {
+        let seen = frags
+            .iter()
+            .any(|f| f["dst"] == ip.to_string() && f["dport"] == 5000);
+        assert!(seen, "first fragments to {ip} recorded: {frags:#?}");
+    }
 }

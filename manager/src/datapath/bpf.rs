@@ -42,6 +42,7 @@ impl BpfDatapath {
             .map_max_entries(names::IPCACHE, config.ipcache_max)
             .map_max_entries(names::POLICY, config.policy_max)
             .map_max_entries(names::CT, config.ct_max)
+            .map_max_entries(names::FRAGS, config.frags_max)
             .map_max_entries(names::METRICS, config.metrics_max)
             .map_max_entries(names::EVENTS, config.events_bytes)
             .load(abi::object())
@@ -65,6 +66,7 @@ impl BpfDatapath {
             ipcache: take(&mut ebpf, names::IPCACHE)?,
             policy: take(&mut ebpf, names::POLICY)?,
             ct: take(&mut ebpf, names::CT)?,
+            frags: take(&mut ebpf, names::FRAGS)?,
             metrics: take(&mut ebpf, names::METRICS)?,
             ebpf,
             installed: HashMap::new(),

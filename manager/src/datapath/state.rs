@@ -19,6 +19,7 @@ pub(crate) struct Maps {
     pub(crate) ipcache: LpmTrie<MapData, abi::IpcacheKey, abi::IpcacheValue>,
     pub(crate) policy: LpmTrie<MapData, abi::PolicyKey, abi::PolicyValue>,
     pub(crate) ct: BpfHash<MapData, abi::CtKey, abi::CtValue>,
+    pub(crate) frags: BpfHash<MapData, abi::FragKey, abi::FragValue>,
     pub(crate) metrics: PerCpuHashMap<MapData, abi::MetricsKey, abi::MetricsValue>,
     /// What the policy map holds per endpoint (read back from the map at open, so a restarted
     /// manager diffs against the kernel's state, not against nothing).

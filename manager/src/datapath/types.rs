@@ -20,6 +20,8 @@ pub struct DatapathConfig {
     pub policy_max: u32,
     /// `ct` max entries (LRU).
     pub ct_max: u32,
+    /// `frags` max entries (LRU: datagrams being fragmented right now).
+    pub frags_max: u32,
     /// `metrics` max entries.
     pub metrics_max: u32,
     /// `events` ring buffer bytes (power of two, multiple of the page size).
@@ -36,6 +38,7 @@ impl Default for DatapathConfig {
             ipcache_max: 512 * 1024,
             policy_max: 1024 * 1024,
             ct_max: 512 * 1024,
+            frags_max: 8192,
             metrics_max: 256 * 1024,
             events_bytes: 256 * 1024,
             event_channel: 4096,

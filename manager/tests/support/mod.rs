@@ -189,6 +189,7 @@ impl World {
             ipcache_max: 1024,
             policy_max: 16 * 1024,
             ct_max: 4096,
+            frags_max: 256,
             metrics_max: 1024,
             events_bytes: 64 * 1024,
             event_channel: 1024,
