@@ -162,6 +162,31 @@ static __always_inline void ct_fill(struct ct_key *k, const struct flow *f, __u3
 	}
 }
 
+/* An ICMP error is related to a flow when its quoted packet belongs to it: the quoted packet went
+ * the other way (dir ^ 1) as an original-direction packet, or this way reversed as a reply. */
+static __always_inline int ct_related(const struct flow *f, __u32 endpoint_id, __u8 dir)
+{
+	struct ct_key k = {
+		.sport = f->inner_sport,
+		.dport = f->inner_dport,
+		.endpoint_id = endpoint_id,
+		.proto = f->inner_proto,
+		.direction = dir ^ 1,
+		.family = f->family,
+	};
+
+	__builtin_memcpy(k.saddr, f->inner_saddr, 16);
+	__builtin_memcpy(k.daddr, f->inner_daddr, 16);
+	if (bpf_map_lookup_elem(&ct, &k))
+		return 1;
+	__builtin_memcpy(k.saddr, f->inner_daddr, 16);
+	__builtin_memcpy(k.daddr, f->inner_saddr, 16);
+	k.sport = f->inner_dport;
+	k.dport = f->inner_sport;
+	k.direction = dir;
+	return bpf_map_lookup_elem(&ct, &k) != 0;
+}
+
 static __always_inline int ct_alive(struct ct_value *v, __u8 proto, __u64 now)
 {
 	__u64 lifetime = proto == IPPROTO_TCP ? CT_LIFETIME_TCP_NS : CT_LIFETIME_OTHER_NS;
@@ -285,6 +310,11 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 	cv = bpf_map_lookup_elem(&ct, &rk);
 	if (cv && ct_alive(cv, f.proto, now)) {
 		count(endpoint_id, dir, WEFT_REASON_ALLOW_REPLY, skb->len);
+		return TC_ACT_OK;
+	}
+
+	if (f.related && ct_related(&f, endpoint_id, dir)) {
+		count(endpoint_id, dir, WEFT_REASON_ALLOW_RELATED, skb->len);
 		return TC_ACT_OK;
 	}
 

@@ -60,11 +60,62 @@ struct flow {
 	/* Part of a fragmented datagram (0 = not fragmented, 1 = first, 2 = later). */
 	__u8 frag;
 	__u32 frag_id;
+	/* ICMP error about a TCP/UDP/SCTP packet: the tuple of that (inner) packet. */
+	__u8 related;
+	__u8 inner_proto;
+	__be16 inner_sport;
+	__be16 inner_dport;
+	__u8 inner_saddr[16];
+	__u8 inner_daddr[16];
 };
 
 #define FRAG_NONE 0
 #define FRAG_FIRST 1
 #define FRAG_LATER 2
+
+/* ICMP errors quote the header of the packet that caused them (RFC 792, RFC 4443 §2.4): parse
+ * that quoted packet so conntrack can relate the error to its flow (PMTU discovery, port
+ * unreachable, traceroute). Best effort: an unparseable quote just leaves the error unrelated. */
+static __always_inline void parse_icmp_error(struct __sk_buff *skb, __u32 off, struct flow *f)
+{
+	__be16 ports[2];
+	__u32 l4;
+
+	if (f->family == WEFT_FAMILY_V4) {
+		struct iphdr ip;
+
+		if (bpf_skb_load_bytes(skb, off, &ip, sizeof(ip)) < 0 || ip.ihl < 5)
+			return;
+		f->inner_proto = ip.protocol;
+		__builtin_memcpy(f->inner_saddr, &ip.saddr, 4);
+		__builtin_memcpy(f->inner_daddr, &ip.daddr, 4);
+		l4 = off + ip.ihl * 4;
+	} else {
+		struct ipv6hdr ip6;
+
+		if (bpf_skb_load_bytes(skb, off, &ip6, sizeof(ip6)) < 0)
+			return;
+		f->inner_proto = ip6.nexthdr;
+		__builtin_memcpy(f->inner_saddr, &ip6.saddr, 16);
+		__builtin_memcpy(f->inner_daddr, &ip6.daddr, 16);
+		l4 = off + sizeof(ip6);
+	}
+	if (f->inner_proto != IPPROTO_TCP && f->inner_proto != IPPROTO_UDP &&
+	    f->inner_proto != IPPROTO_SCTP)
+		return;
+	if (bpf_skb_load_bytes(skb, l4, ports, sizeof(ports)) < 0)
+		return;
+	f->inner_sport = ports[0];
+	f->inner_dport = ports[1];
+	f->related = 1;
+}
+
+static __always_inline int is_icmp_error(__u8 proto, __u8 type)
+{
+	if (proto == IPPROTO_ICMP)
+		return type == 3 || type == 11 || type == 12; /* unreachable, time exceeded, param */
+	return type >= 1 && type <= 4; /* unreachable, too big, time exceeded, param problem */
+}
 
 static __always_inline int parse_l4(struct __sk_buff *skb, __u32 off, struct flow *f, int first_frag)
 {
@@ -113,6 +164,8 @@ static __always_inline int parse_l4(struct __sk_buff *skb, __u32 off, struct flo
 		} else if ((f->proto == IPPROTO_ICMP && type == ICMP_ECHOREPLY) ||
 			   (f->proto == IPPROTO_ICMPV6 && type == ICMPV6_ECHO_REPLY)) {
 			f->dport = id;
+		} else if (is_icmp_error(f->proto, type)) {
+			parse_icmp_error(skb, off + 8, f);
 		}
 		return PARSE_OK;
 	}

@@ -137,7 +137,8 @@ struct frag_value {
 #define WEFT_REASON_DROP_POLICY_DENY 7
 #define WEFT_REASON_DROP_POLICY_DEFAULT 8
 #define WEFT_REASON_DROP_INVALID 9
-#define WEFT_REASON_MAX 9
+#define WEFT_REASON_ALLOW_RELATED 10
+#define WEFT_REASON_MAX 10
 
 /* metrics: PERCPU_HASH. */
 struct metrics_key {

@@ -6,7 +6,7 @@ mod support;
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 use support::checks::{assert_endpoint_gone, ips, open_and_attach, policy, prog_id, wait_event};
-use support::traffic::{echo_servers, ping_ok, tcp_ok, udp_big_ok, udp_ok};
+use support::traffic::{echo_servers, ping_ok, tcp_ok, udp_big_ok, udp_ok, udp_refused};
 use support::{World, in_ns};
 use weft_manager::datapath::{BpfDatapath, Datapath};
 use weft_policy::mapstate::proto;
@@ -472,4 +472,24 @@ fn fragmented_datagrams_follow_the_first_fragment() {
             .any(|f| f["dst"] == ip.to_string() && f["dport"] == 5000);
         assert!(seen, "first fragments to {ip} recorded: {frags:#?}");
     }
+}
+
+#[test]
+fn icmp_errors_of_a_flow_pass_as_related() {
+    let w = World::new();
+    let dp = open_and_attach(&w);
+    // A admits nothing: B's port-unreachable for A's datagram must pass as related to A's flow.
+    dp.apply_policy(100, &policy(true, false, "")).unwrap();
+    for ip in ips(&w, B) {
+        assert!(
+            udp_refused(&w.pods[A].ns, ip, 5999),
+            "port unreachable from {ip} reached A"
+        );
+    }
+    let metrics = dp.map_dump("metrics").unwrap();
+    let related = metrics
+        .iter()
+        .find(|m| m["endpoint_id"] == 100 && m["reason"] == "allow-related")
+        .unwrap_or_else(|| panic!("no related packets counted: {metrics:#?}"));
+    assert!(related["packets"].as_u64() >= Some(2), "{related}");
 }

@@ -113,6 +113,7 @@ pub fn drop_reason_name(reason: u8) -> &'static str {
         abi::REASON_ALLOW_NOT_ENFORCED => "allow-not-enforced",
         abi::REASON_ALLOW_ESTABLISHED => "allow-established",
         abi::REASON_ALLOW_REPLY => "allow-reply",
+        abi::REASON_ALLOW_RELATED => "allow-related",
         abi::REASON_PASS_NEIGHBOUR => "pass-neighbour",
         abi::REASON_PASS_NOT_IP => "pass-not-ip",
         abi::REASON_DROP_POLICY_DENY => "policy-deny",

@@ -93,3 +93,17 @@ pub fn ping_ok(ns: &str, ip: IpAddr) -> bool {
         .status
         .success()
 }
+
+/// A UDP datagram to a closed port from netns `ns`: true when the ICMP port-unreachable came
+/// back (the connected socket then reports ECONNREFUSED), false when nothing came back.
+pub fn udp_refused(ns: &str, ip: IpAddr, port: u16) -> bool {
+    let any: SocketAddr = if ip.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }
+        .parse()
+        .unwrap();
+    let s = in_ns(ns, || UdpSocket::bind(any).expect("bind udp client"));
+    s.connect(SocketAddr::new(ip, port)).unwrap();
+    s.set_read_timeout(Some(WAIT)).unwrap();
+    let mut buf = [0u8; 16];
+    s.send(b"anyone?").unwrap();
+    matches!(s.recv(&mut buf), Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused)
+}
