@@ -99,11 +99,11 @@ impl World {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let pid = std::process::id();
         let tag = format!("{}{n}", pid % 100_000);
-        let node = format!("weft-t{tag}-node");
+        let node = format!("wdpt{tag}-node");
         let mut world = World {
             node: node.clone(),
             pods: Vec::new(),
-            pin_dir: PathBuf::from(format!("/sys/fs/bpf/weft-test-{tag}")),
+            pin_dir: PathBuf::from(format!("/sys/fs/bpf/wdp-test-{tag}")),
         };
         sh(&["ip", "netns", "add", &node]);
         disable_dad(&node);
@@ -126,7 +126,7 @@ impl World {
     fn add_pod(&mut self, tag: &str, n: u32, i: u8) {
         let node = self.node.clone();
         let world = self;
-        let ns = format!("weft-t{tag}-p{i}");
+        let ns = format!("wdpt{tag}-p{i}");
         let host_if = format!("wt{tag}h{i}");
         assert!(host_if.len() <= 15, "{host_if} too long");
         let third = u8::try_from(n % 250).unwrap();
