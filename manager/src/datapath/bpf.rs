@@ -47,18 +47,18 @@ impl BpfDatapath {
             .map_max_entries(names::EVENTS, config.events_bytes)
             .load(abi::object())
             .map_err(|e| DatapathError::Load(Box::new(e)))?;
+        // Loaded (verified) once per manager; attach_endpoint only creates filters.
         for program in [abi::PROG_FROM_POD, abi::PROG_TO_POD] {
-            let prog: &mut SchedClassifier = ebpf
+            let prog = ebpf
                 .program_mut(program)
-                .ok_or(DatapathError::Missing(program))?
-                .try_into()
-                .and_then(|p: &mut SchedClassifier| p.load().map(|()| p))
+                .ok_or(DatapathError::Missing(program))?;
+            <&mut SchedClassifier>::try_from(prog)
+                .and_then(SchedClassifier::load)
                 .map_err(|e| DatapathError::Program {
                     program,
-                    ifname: String::new(),
+                    ifname: "(load)".to_owned(),
                     source: Box::new(e),
                 })?;
-            let _ = prog;
         }
         let ring: RingBuf<MapData> = take(&mut ebpf, names::EVENTS)?;
         let mut maps = Maps {
