@@ -228,6 +228,16 @@ static __always_inline void track_fragment(struct flow *f)
 	}
 }
 
+static __always_inline int source_valid(const struct endpoint_info *ep, const struct flow *f)
+{
+	if (f->family == WEFT_FAMILY_V4)
+		return (ep->flags & WEFT_EP_HAS_IPV4) &&
+		       __builtin_memcmp(f->saddr, ep->ipv4, 4) == 0;
+	if (f->saddr[0] == 0xfe && (f->saddr[1] & 0xc0) == 0x80)
+		return 1;
+	return (ep->flags & WEFT_EP_HAS_IPV6) && __builtin_memcmp(f->saddr, ep->ipv6, 16) == 0;
+}
+
 static __always_inline void send_drop(struct __sk_buff *skb, const struct endpoint_info *ep,
 				      __u8 dir, __u8 reason, const struct flow *f, __u32 peer)
 {
@@ -288,6 +298,14 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 		}
 		count(endpoint_id, dir, WEFT_REASON_DROP_INVALID, skb->len);
 		send_drop(skb, ep, dir, WEFT_REASON_DROP_INVALID, &f, 0);
+		return TC_ACT_SHOT;
+	}
+
+	/* The source address decides the identity other pods see (ipcache): a pod may only send
+	 * from its own addresses. IPv6 link-local sources cannot be routed to another pod. */
+	if (dir == WEFT_DIR_EGRESS && !source_valid(ep, &f)) {
+		count(endpoint_id, dir, WEFT_REASON_DROP_SPOOFED, skb->len);
+		send_drop(skb, ep, dir, WEFT_REASON_DROP_SPOOFED, &f, 0);
 		return TC_ACT_SHOT;
 	}
 

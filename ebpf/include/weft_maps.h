@@ -138,7 +138,8 @@ struct frag_value {
 #define WEFT_REASON_DROP_POLICY_DEFAULT 8
 #define WEFT_REASON_DROP_INVALID 9
 #define WEFT_REASON_ALLOW_RELATED 10
-#define WEFT_REASON_MAX 10
+#define WEFT_REASON_DROP_SPOOFED 11
+#define WEFT_REASON_MAX 11
 
 /* metrics: PERCPU_HASH. */
 struct metrics_key {

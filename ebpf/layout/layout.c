@@ -39,6 +39,7 @@ int main(void)
 	CONST(u8, WEFT_REASON_DROP_POLICY_DEFAULT);
 	CONST(u8, WEFT_REASON_DROP_INVALID);
 	CONST(u8, WEFT_REASON_ALLOW_RELATED);
+	CONST(u8, WEFT_REASON_DROP_SPOOFED);
 	CONST(u8, WEFT_REASON_MAX);
 
 	printf("/// (struct, field or \"\" for sizeof, offset or size) as the C compiler laid them out.\n");

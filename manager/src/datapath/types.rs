@@ -85,7 +85,8 @@ pub struct DropEvent {
     pub ifindex: u32,
     /// "ingress" (into the pod) or "egress" (out of the pod).
     pub direction: &'static str,
-    /// Why: "policy-deny" (an explicit deny), "policy-default" (no allow matched), "invalid".
+    /// Why: "policy-deny" (an explicit deny), "policy-default" (no allow matched), "invalid"
+    /// (unparseable), "invalid-source" (the pod sent from an address that is not its own).
     pub reason: &'static str,
     /// IP protocol number.
     pub proto: u8,
@@ -119,6 +120,7 @@ pub fn drop_reason_name(reason: u8) -> &'static str {
         abi::REASON_DROP_POLICY_DENY => "policy-deny",
         abi::REASON_DROP_POLICY_DEFAULT => "policy-default",
         abi::REASON_DROP_INVALID => "invalid",
+        abi::REASON_DROP_SPOOFED => "invalid-source",
         _ => "unknown",
     }
 }
