@@ -62,6 +62,14 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } ct SEC(".maps");
 
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct frag_key);
+	__type(value, struct frag_value);
+	__uint(max_entries, 8192);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} frags SEC(".maps");
+
 /* Not preallocated: per-CPU values for every possible (endpoint, direction, reason) would cost
  * max_entries * ncpus * 16 bytes up front. */
 struct {
@@ -154,6 +162,31 @@ static __always_inline void ct_fill(struct ct_key *k, const struct flow *f, __u3
 	}
 }
 
+/* An ICMP error is related to a flow when its quoted packet belongs to it: the quoted packet went
+ * the other way (dir ^ 1) as an original-direction packet, or this way reversed as a reply. */
+static __always_inline int ct_related(const struct flow *f, __u32 endpoint_id, __u8 dir)
+{
+	struct ct_key k = {
+		.sport = f->inner_sport,
+		.dport = f->inner_dport,
+		.endpoint_id = endpoint_id,
+		.proto = f->inner_proto,
+		.direction = dir ^ 1,
+		.family = f->family,
+	};
+
+	__builtin_memcpy(k.saddr, f->inner_saddr, 16);
+	__builtin_memcpy(k.daddr, f->inner_daddr, 16);
+	if (bpf_map_lookup_elem(&ct, &k))
+		return 1;
+	__builtin_memcpy(k.saddr, f->inner_daddr, 16);
+	__builtin_memcpy(k.daddr, f->inner_saddr, 16);
+	k.sport = f->inner_dport;
+	k.dport = f->inner_sport;
+	k.direction = dir;
+	return bpf_map_lookup_elem(&ct, &k) != 0;
+}
+
 static __always_inline int ct_alive(struct ct_value *v, __u8 proto, __u64 now)
 {
 	__u64 lifetime = proto == IPPROTO_TCP ? CT_LIFETIME_TCP_NS : CT_LIFETIME_OTHER_NS;
@@ -163,6 +196,46 @@ static __always_inline int ct_alive(struct ct_value *v, __u8 proto, __u64 now)
 	if (now - v->last_seen_ns > CT_REFRESH_NS)
 		v->last_seen_ns = now;
 	return 1;
+}
+
+/* The first fragment records its ports, later ones take them over (fragments of one datagram
+ * can only be matched by the IP identification). A later fragment whose first one was not seen
+ * keeps ports 0 and is judged as such. */
+static __always_inline void track_fragment(struct flow *f)
+{
+	struct frag_key k = { .id = f->frag_id, .proto = f->proto, .family = f->family };
+
+	__builtin_memcpy(k.saddr, f->saddr, 16);
+	__builtin_memcpy(k.daddr, f->daddr, 16);
+	if (f->frag == FRAG_FIRST) {
+		struct frag_value v = {
+			.sport = f->sport,
+			.dport = f->dport,
+			.policy_port = f->policy_port,
+			.has_ports = f->has_ports,
+		};
+
+		bpf_map_update_elem(&frags, &k, &v, BPF_ANY);
+		return;
+	}
+	struct frag_value *v = bpf_map_lookup_elem(&frags, &k);
+
+	if (v) {
+		f->sport = v->sport;
+		f->dport = v->dport;
+		f->policy_port = v->policy_port;
+		f->has_ports = v->has_ports;
+	}
+}
+
+static __always_inline int source_valid(const struct endpoint_info *ep, const struct flow *f)
+{
+	if (f->family == WEFT_FAMILY_V4)
+		return (ep->flags & WEFT_EP_HAS_IPV4) &&
+		       __builtin_memcmp(f->saddr, ep->ipv4, 4) == 0;
+	if (f->saddr[0] == 0xfe && (f->saddr[1] & 0xc0) == 0x80)
+		return 1;
+	return (ep->flags & WEFT_EP_HAS_IPV6) && __builtin_memcmp(f->saddr, ep->ipv6, 16) == 0;
 }
 
 static __always_inline void send_drop(struct __sk_buff *skb, const struct endpoint_info *ep,
@@ -228,6 +301,17 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 		return TC_ACT_SHOT;
 	}
 
+	/* The source address decides the identity other pods see (ipcache): a pod may only send
+	 * from its own addresses. IPv6 link-local sources cannot be routed to another pod. */
+	if (dir == WEFT_DIR_EGRESS && !source_valid(ep, &f)) {
+		count(endpoint_id, dir, WEFT_REASON_DROP_SPOOFED, skb->len);
+		send_drop(skb, ep, dir, WEFT_REASON_DROP_SPOOFED, &f, 0);
+		return TC_ACT_SHOT;
+	}
+
+	if (f.frag != FRAG_NONE)
+		track_fragment(&f);
+
 	__u64 now = bpf_ktime_get_ns();
 	struct ct_key ck = {};
 	struct ct_value *cv;
@@ -244,6 +328,11 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 	cv = bpf_map_lookup_elem(&ct, &rk);
 	if (cv && ct_alive(cv, f.proto, now)) {
 		count(endpoint_id, dir, WEFT_REASON_ALLOW_REPLY, skb->len);
+		return TC_ACT_OK;
+	}
+
+	if (f.related && ct_related(&f, endpoint_id, dir)) {
+		count(endpoint_id, dir, WEFT_REASON_ALLOW_RELATED, skb->len);
 		return TC_ACT_OK;
 	}
 

@@ -32,6 +32,9 @@
 #define ICMP_ECHO 8
 #define ICMPV6_ECHO_REQUEST 128
 #define ICMPV6_ECHO_REPLY 129
+#define MLD_LISTENER_QUERY 130
+#define MLD_LISTENER_DONE 132
+#define MLD2_LISTENER_REPORT 143
 #define NDISC_ROUTER_SOLICITATION 133
 #define NDISC_NEIGHBOUR_ADVERTISEMENT 136
 
@@ -54,7 +57,65 @@ struct flow {
 	__u8 icmp_echo_request;
 	/* TCP/UDP/SCTP: may create a ct entry. */
 	__u8 has_ports;
+	/* Part of a fragmented datagram (0 = not fragmented, 1 = first, 2 = later). */
+	__u8 frag;
+	__u32 frag_id;
+	/* ICMP error about a TCP/UDP/SCTP packet: the tuple of that (inner) packet. */
+	__u8 related;
+	__u8 inner_proto;
+	__be16 inner_sport;
+	__be16 inner_dport;
+	__u8 inner_saddr[16];
+	__u8 inner_daddr[16];
 };
+
+#define FRAG_NONE 0
+#define FRAG_FIRST 1
+#define FRAG_LATER 2
+
+/* ICMP errors quote the header of the packet that caused them (RFC 792, RFC 4443 §2.4): parse
+ * that quoted packet so conntrack can relate the error to its flow (PMTU discovery, port
+ * unreachable, traceroute). Best effort: an unparseable quote just leaves the error unrelated. */
+static __always_inline void parse_icmp_error(struct __sk_buff *skb, __u32 off, struct flow *f)
+{
+	__be16 ports[2];
+	__u32 l4;
+
+	if (f->family == WEFT_FAMILY_V4) {
+		struct iphdr ip;
+
+		if (bpf_skb_load_bytes(skb, off, &ip, sizeof(ip)) < 0 || ip.ihl < 5)
+			return;
+		f->inner_proto = ip.protocol;
+		__builtin_memcpy(f->inner_saddr, &ip.saddr, 4);
+		__builtin_memcpy(f->inner_daddr, &ip.daddr, 4);
+		l4 = off + ip.ihl * 4;
+	} else {
+		struct ipv6hdr ip6;
+
+		if (bpf_skb_load_bytes(skb, off, &ip6, sizeof(ip6)) < 0)
+			return;
+		f->inner_proto = ip6.nexthdr;
+		__builtin_memcpy(f->inner_saddr, &ip6.saddr, 16);
+		__builtin_memcpy(f->inner_daddr, &ip6.daddr, 16);
+		l4 = off + sizeof(ip6);
+	}
+	if (f->inner_proto != IPPROTO_TCP && f->inner_proto != IPPROTO_UDP &&
+	    f->inner_proto != IPPROTO_SCTP)
+		return;
+	if (bpf_skb_load_bytes(skb, l4, ports, sizeof(ports)) < 0)
+		return;
+	f->inner_sport = ports[0];
+	f->inner_dport = ports[1];
+	f->related = 1;
+}
+
+static __always_inline int is_icmp_error(__u8 proto, __u8 type)
+{
+	if (proto == IPPROTO_ICMP)
+		return type == 3 || type == 11 || type == 12; /* unreachable, time exceeded, param */
+	return type >= 1 && type <= 4; /* unreachable, too big, time exceeded, param problem */
+}
 
 static __always_inline int parse_l4(struct __sk_buff *skb, __u32 off, struct flow *f, int first_frag)
 {
@@ -88,8 +149,12 @@ static __always_inline int parse_l4(struct __sk_buff *skb, __u32 off, struct flo
 
 		__builtin_memcpy(&id, &hdr[4], sizeof(id));
 
-		if (f->proto == IPPROTO_ICMPV6 && type >= NDISC_ROUTER_SOLICITATION &&
-		    type <= NDISC_NEIGHBOUR_ADVERTISEMENT)
+		/* Link-local control that IPv6 cannot work without: NDP (RS, RA, NS, NA) and MLD
+		 * (queries/reports the kernel sends on every interface). Never subject to policy. */
+		if (f->proto == IPPROTO_ICMPV6 &&
+		    ((type >= NDISC_ROUTER_SOLICITATION && type <= NDISC_NEIGHBOUR_ADVERTISEMENT) ||
+		     (type >= MLD_LISTENER_QUERY && type <= MLD_LISTENER_DONE) ||
+		     type == MLD2_LISTENER_REPORT))
 			return PARSE_NEIGHBOUR;
 		f->policy_port = bpf_htons(type);
 		if ((f->proto == IPPROTO_ICMP && type == ICMP_ECHO) ||
@@ -99,6 +164,8 @@ static __always_inline int parse_l4(struct __sk_buff *skb, __u32 off, struct flo
 		} else if ((f->proto == IPPROTO_ICMP && type == ICMP_ECHOREPLY) ||
 			   (f->proto == IPPROTO_ICMPV6 && type == ICMPV6_ECHO_REPLY)) {
 			f->dport = id;
+		} else if (is_icmp_error(f->proto, type)) {
+			parse_icmp_error(skb, off + 8, f);
 		}
 		return PARSE_OK;
 	}
@@ -120,6 +187,12 @@ static __always_inline int parse_ipv4(struct __sk_buff *skb, struct flow *f)
 	__builtin_memcpy(f->saddr, &ip.saddr, 4);
 	__builtin_memcpy(f->daddr, &ip.daddr, 4);
 	int first_frag = (ip.frag_off & bpf_htons(0x1fff)) == 0;
+
+	/* More-fragments flag or a non-zero offset: part of a fragmented datagram. */
+	if (ip.frag_off & bpf_htons(0x3fff)) {
+		f->frag = first_frag ? FRAG_FIRST : FRAG_LATER;
+		f->frag_id = bpf_ntohs(ip.id);
+	}
 
 	return parse_l4(skb, ETH_HLEN + ip.ihl * 4, f, first_frag);
 }
@@ -149,11 +222,19 @@ static __always_inline int parse_ipv6(struct __sk_buff *skb, struct flow *f)
 		if (bpf_skb_load_bytes(skb, off, ext, sizeof(ext)) < 0)
 			return PARSE_INVALID;
 		if (nexthdr == NEXTHDR_FRAGMENT) {
-			__be16 frag_off;
+			/* next header, reserved, offset+flags, identification */
+			struct {
+				__u8 nexthdr;
+				__u8 reserved;
+				__be16 frag_off;
+				__be32 id;
+			} fh;
 
-			if (bpf_skb_load_bytes(skb, off + 2, &frag_off, sizeof(frag_off)) < 0)
+			if (bpf_skb_load_bytes(skb, off, &fh, sizeof(fh)) < 0)
 				return PARSE_INVALID;
-			first_frag = (frag_off & bpf_htons(0xfff8)) == 0;
+			first_frag = (fh.frag_off & bpf_htons(0xfff8)) == 0;
+			f->frag = first_frag ? FRAG_FIRST : FRAG_LATER;
+			f->frag_id = bpf_ntohl(fh.id);
 			off += 8;
 		} else if (nexthdr == NEXTHDR_AUTH) {
 			off += (ext[1] + 2) * 4;

@@ -105,6 +105,28 @@ struct ct_value {
 	__u8 pad[7];
 };
 
+/*
+ * frags: LRU_HASH. Only the first fragment of an IP datagram carries the L4 header; its ports
+ * are remembered under the datagram's identity so later fragments get the same ports (and thus
+ * the same conntrack and policy result) instead of ports 0.
+ */
+struct frag_key {
+	__u8 saddr[16];
+	__u8 daddr[16];
+	__u32 id;
+	__u8 proto;
+	__u8 family;
+	__u8 pad[2];
+};
+
+struct frag_value {
+	__be16 sport;
+	__be16 dport;
+	__be16 policy_port;
+	__u8 has_ports;
+	__u8 pad;
+};
+
 /* Reasons (metrics_key.reason, drop_event.reason, ct_value.reason). */
 #define WEFT_REASON_ALLOW_POLICY 1
 #define WEFT_REASON_ALLOW_NOT_ENFORCED 2
@@ -115,7 +137,9 @@ struct ct_value {
 #define WEFT_REASON_DROP_POLICY_DENY 7
 #define WEFT_REASON_DROP_POLICY_DEFAULT 8
 #define WEFT_REASON_DROP_INVALID 9
-#define WEFT_REASON_MAX 9
+#define WEFT_REASON_ALLOW_RELATED 10
+#define WEFT_REASON_DROP_SPOOFED 11
+#define WEFT_REASON_MAX 11
 
 /* metrics: PERCPU_HASH. */
 struct metrics_key {

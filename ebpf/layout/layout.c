@@ -38,6 +38,8 @@ int main(void)
 	CONST(u8, WEFT_REASON_DROP_POLICY_DENY);
 	CONST(u8, WEFT_REASON_DROP_POLICY_DEFAULT);
 	CONST(u8, WEFT_REASON_DROP_INVALID);
+	CONST(u8, WEFT_REASON_ALLOW_RELATED);
+	CONST(u8, WEFT_REASON_DROP_SPOOFED);
 	CONST(u8, WEFT_REASON_MAX);
 
 	printf("/// (struct, field or \"\" for sizeof, offset or size) as the C compiler laid them out.\n");
@@ -76,6 +78,17 @@ int main(void)
 	FIELD(ct_value, created_ns);
 	FIELD(ct_value, last_seen_ns);
 	FIELD(ct_value, reason);
+	SIZE(frag_key);
+	FIELD(frag_key, saddr);
+	FIELD(frag_key, daddr);
+	FIELD(frag_key, id);
+	FIELD(frag_key, proto);
+	FIELD(frag_key, family);
+	SIZE(frag_value);
+	FIELD(frag_value, sport);
+	FIELD(frag_value, dport);
+	FIELD(frag_value, policy_port);
+	FIELD(frag_value, has_ports);
 	SIZE(metrics_key);
 	FIELD(metrics_key, endpoint_id);
 	FIELD(metrics_key, direction);

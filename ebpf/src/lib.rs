@@ -46,10 +46,12 @@ pub mod map_names {
     pub const CT: &str = "ct";
     /// [`super::MetricsKey`] → per-CPU [`super::MetricsValue`].
     pub const METRICS: &str = "metrics";
+    /// [`super::FragKey`] → [`super::FragValue`].
+    pub const FRAGS: &str = "frags";
     /// Ring buffer of [`super::DropEvent`].
     pub const EVENTS: &str = "events";
     /// All of them.
-    pub const ALL: [&str; 6] = [ENDPOINTS, IPCACHE, POLICY, CT, METRICS, EVENTS];
+    pub const ALL: [&str; 7] = [ENDPOINTS, IPCACHE, POLICY, CT, FRAGS, METRICS, EVENTS];
 }
 
 /// Value of the `endpoints` map (key: host-side ifindex, `u32`).
@@ -159,6 +161,40 @@ pub struct CtValue {
     pub pad: [u8; 7],
 }
 
+/// Key of the `frags` map: one fragmented datagram.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct FragKey {
+    /// Source address.
+    pub saddr: [u8; 16],
+    /// Destination address.
+    pub daddr: [u8; 16],
+    /// IP identification (IPv4: 16 bits, IPv6: 32 bits), host order.
+    pub id: u32,
+    /// IP protocol.
+    pub proto: u8,
+    /// `FAMILY_V4` or `FAMILY_V6`.
+    pub family: u8,
+    /// Padding (zero).
+    pub pad: [u8; 2],
+}
+
+/// Value of the `frags` map: the ports seen in the first fragment.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FragValue {
+    /// Source port, network order.
+    pub sport: u16,
+    /// Destination port, network order.
+    pub dport: u16,
+    /// Port used for the policy lookup, network order.
+    pub policy_port: u16,
+    /// The protocol has ports.
+    pub has_ports: u8,
+    /// Padding (zero).
+    pub pad: u8,
+}
+
 /// Key of the per-CPU `metrics` map.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
@@ -231,8 +267,8 @@ impl DropEvent {
 #[cfg(feature = "aya")]
 mod pod {
     use super::{
-        CtKey, CtValue, EndpointInfo, IpcacheKey, IpcacheValue, MetricsKey, MetricsValue,
-        PolicyKey, PolicyValue,
+        CtKey, CtValue, EndpointInfo, FragKey, FragValue, IpcacheKey, IpcacheValue, MetricsKey,
+        MetricsValue, PolicyKey, PolicyValue,
     };
     // SAFETY (all): #[repr(C)], Copy, no pointers, every bit pattern valid, padding explicit.
     unsafe impl aya::Pod for EndpointInfo {}
@@ -242,6 +278,8 @@ mod pod {
     unsafe impl aya::Pod for PolicyValue {}
     unsafe impl aya::Pod for CtKey {}
     unsafe impl aya::Pod for CtValue {}
+    unsafe impl aya::Pod for FragKey {}
+    unsafe impl aya::Pod for FragValue {}
     unsafe impl aya::Pod for MetricsKey {}
     unsafe impl aya::Pod for MetricsValue {}
 }

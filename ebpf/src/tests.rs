@@ -103,6 +103,22 @@ fn rust_layout_matches_c() {
     check!(
         c,
         seen,
+        "frag_key",
+        FragKey,
+        lpm_shift = 0,
+        [saddr, daddr, id, proto, family]
+    );
+    check!(
+        c,
+        seen,
+        "frag_value",
+        FragValue,
+        lpm_shift = 0,
+        [sport, dport, policy_port, has_ports]
+    );
+    check!(
+        c,
+        seen,
         "metrics_key",
         MetricsKey,
         lpm_shift = 0,

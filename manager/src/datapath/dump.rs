@@ -1,7 +1,7 @@
 //! `weftctl map list` / `map dump`: map summaries and decoded entries.
 
-use super::bpf::Maps;
 use super::error::DatapathError;
+use super::state::Maps;
 use super::types::{MapSummary, addr_from, direction_name, drop_reason_name};
 use aya::maps::MapInfo;
 use serde_json::{Value, json};
@@ -34,6 +34,7 @@ pub(crate) fn list(maps: &Maps, pin_dir: &Path) -> Vec<MapSummary> {
                 names::IPCACHE => maps.ipcache.keys().count(),
                 names::POLICY => maps.policy.keys().count(),
                 names::CT => maps.ct.keys().count(),
+                names::FRAGS => maps.frags.keys().count(),
                 names::METRICS => maps.metrics.keys().count(),
                 _ => 0,
             };
@@ -134,6 +135,22 @@ fn ct(maps: &Maps) -> Result<Vec<Value>, DatapathError> {
     Ok(out)
 }
 
+fn frags(maps: &Maps) -> Result<Vec<Value>, DatapathError> {
+    let mut out = Vec::new();
+    for item in &maps.frags {
+        let (k, v) = item.map_err(DatapathError::map(names::FRAGS))?;
+        out.push(json!({
+            "src": addr_from(k.family, &k.saddr).to_string(),
+            "dst": addr_from(k.family, &k.daddr).to_string(),
+            "id": k.id,
+            "proto": k.proto,
+            "sport": u16::from_be(v.sport),
+            "dport": u16::from_be(v.dport),
+        }));
+    }
+    Ok(out)
+}
+
 fn metrics(maps: &Maps) -> Result<Vec<Value>, DatapathError> {
     let mut out = Vec::new();
     for item in &maps.metrics {
@@ -158,6 +175,7 @@ pub(crate) fn dump(maps: &Maps, name: &str) -> Result<Vec<Value>, DatapathError>
         names::IPCACHE => ipcache(maps),
         names::POLICY => policy(maps),
         names::CT => ct(maps),
+        names::FRAGS => frags(maps),
         names::METRICS => metrics(maps),
         names::EVENTS => Err(DatapathError::Invalid(
             "events is a ring buffer: read it with `weftctl monitor`".into(),

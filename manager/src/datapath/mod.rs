@@ -13,6 +13,7 @@ mod encode;
 mod error;
 mod events;
 mod fake;
+mod state;
 mod types;
 
 pub use bpf::BpfDatapath;
@@ -30,7 +31,8 @@ pub trait Datapath: Send + Sync {
     /// and writes its `endpoints` and ipcache (`ip/32`, `ip/128` → identity) entries. Calling it
     /// again for an attached endpoint atomically replaces the programs with the loaded ones and
     /// rewrites the entries: this is how a restarted manager re-adopts its endpoints. Enforcement
-    /// flags already installed for the endpoint are kept.
+    /// flags already installed for the endpoint are kept. On error, entries already written stay:
+    /// undo with [`Datapath::detach_endpoint`] (idempotent, tolerates a half-done attach).
     fn attach_endpoint(&self, ep: &EndpointDatapath) -> Result<(), DatapathError>;
 
     /// Detaches the programs (a missing veth counts as detached) and removes every map entry that

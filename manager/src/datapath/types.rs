@@ -20,6 +20,8 @@ pub struct DatapathConfig {
     pub policy_max: u32,
     /// `ct` max entries (LRU).
     pub ct_max: u32,
+    /// `frags` max entries (LRU: datagrams being fragmented right now).
+    pub frags_max: u32,
     /// `metrics` max entries.
     pub metrics_max: u32,
     /// `events` ring buffer bytes (power of two, multiple of the page size).
@@ -36,6 +38,7 @@ impl Default for DatapathConfig {
             ipcache_max: 512 * 1024,
             policy_max: 1024 * 1024,
             ct_max: 512 * 1024,
+            frags_max: 8192,
             metrics_max: 256 * 1024,
             events_bytes: 256 * 1024,
             event_channel: 4096,
@@ -82,7 +85,8 @@ pub struct DropEvent {
     pub ifindex: u32,
     /// "ingress" (into the pod) or "egress" (out of the pod).
     pub direction: &'static str,
-    /// Why: "policy-deny" (an explicit deny), "policy-default" (no allow matched), "invalid".
+    /// Why: "policy-deny" (an explicit deny), "policy-default" (no allow matched), "invalid"
+    /// (unparseable), "invalid-source" (the pod sent from an address that is not its own).
     pub reason: &'static str,
     /// IP protocol number.
     pub proto: u8,
@@ -110,11 +114,13 @@ pub fn drop_reason_name(reason: u8) -> &'static str {
         abi::REASON_ALLOW_NOT_ENFORCED => "allow-not-enforced",
         abi::REASON_ALLOW_ESTABLISHED => "allow-established",
         abi::REASON_ALLOW_REPLY => "allow-reply",
+        abi::REASON_ALLOW_RELATED => "allow-related",
         abi::REASON_PASS_NEIGHBOUR => "pass-neighbour",
         abi::REASON_PASS_NOT_IP => "pass-not-ip",
         abi::REASON_DROP_POLICY_DENY => "policy-deny",
         abi::REASON_DROP_POLICY_DEFAULT => "policy-default",
         abi::REASON_DROP_INVALID => "invalid",
+        abi::REASON_DROP_SPOOFED => "invalid-source",
         _ => "unknown",
     }
 }

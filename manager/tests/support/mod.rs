@@ -2,6 +2,7 @@
 //! `eth0` in two "pod" netns, routed through the node like Weft's pods. Never the host netns.
 //! Everything (netns, veths via their netns, the bpffs pin dir) is removed in Drop, also on panic.
 
+pub mod checks;
 pub mod traffic;
 
 use std::fs::File;
@@ -98,11 +99,11 @@ impl World {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let pid = std::process::id();
         let tag = format!("{}{n}", pid % 100_000);
-        let node = format!("weft-t{tag}-node");
+        let node = format!("wdpt{tag}-node");
         let mut world = World {
             node: node.clone(),
             pods: Vec::new(),
-            pin_dir: PathBuf::from(format!("/sys/fs/bpf/weft-test-{tag}")),
+            pin_dir: PathBuf::from(format!("/sys/fs/bpf/wdp-test-{tag}")),
         };
         sh(&["ip", "netns", "add", &node]);
         disable_dad(&node);
@@ -125,7 +126,7 @@ impl World {
     fn add_pod(&mut self, tag: &str, n: u32, i: u8) {
         let node = self.node.clone();
         let world = self;
-        let ns = format!("weft-t{tag}-p{i}");
+        let ns = format!("wdpt{tag}-p{i}");
         let host_if = format!("wt{tag}h{i}");
         assert!(host_if.len() <= 15, "{host_if} too long");
         let third = u8::try_from(n % 250).unwrap();
@@ -188,6 +189,7 @@ impl World {
             ipcache_max: 1024,
             policy_max: 16 * 1024,
             ct_max: 4096,
+            frags_max: 256,
             metrics_max: 1024,
             events_bytes: 64 * 1024,
             event_channel: 1024,

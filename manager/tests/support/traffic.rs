@@ -33,7 +33,7 @@ pub fn echo_servers(ns: &str, port: u16) {
         }
     });
     std::thread::spawn(move || {
-        let mut buf = [0u8; 64];
+        let mut buf = vec![0u8; 65_536];
         while let Ok((n, peer)) = udp.recv_from(&mut buf) {
             let _ = udp.send_to(&buf[..n], peer);
         }
@@ -54,6 +54,16 @@ pub fn tcp_ok(ns: &str, ip: IpAddr, port: u16) -> bool {
 
 /// UDP datagram + echo from netns `ns`, from a fixed local port: true when the echo came back.
 pub fn udp_ok(ns: &str, ip: IpAddr, port: u16, local_port: u16) -> bool {
+    udp_echo(ns, ip, port, local_port, b"ping")
+}
+
+/// Like [`udp_ok`] with a `size`-byte datagram (bigger than the MTU: sent as IP fragments).
+pub fn udp_big_ok(ns: &str, ip: IpAddr, port: u16, local_port: u16, size: usize) -> bool {
+    let payload: Vec<u8> = (0..size).map(|i| u8::try_from(i % 251).unwrap()).collect();
+    udp_echo(ns, ip, port, local_port, &payload)
+}
+
+fn udp_echo(ns: &str, ip: IpAddr, port: u16, local_port: u16, payload: &[u8]) -> bool {
     let local: SocketAddr = match ip {
         IpAddr::V4(_) => format!("0.0.0.0:{local_port}"),
         IpAddr::V6(_) => format!("[::]:{local_port}"),
@@ -62,12 +72,12 @@ pub fn udp_ok(ns: &str, ip: IpAddr, port: u16, local_port: u16) -> bool {
     .unwrap();
     let s = in_ns(ns, || UdpSocket::bind(local).expect("bind udp client"));
     s.set_read_timeout(Some(WAIT)).unwrap();
-    let mut buf = [0u8; 16];
+    let mut buf = vec![0u8; 65_536];
     // Two tries: the very first datagram can be lost to neighbour resolution.
     for _ in 0..2 {
-        s.send_to(b"ping", SocketAddr::new(ip, port)).unwrap();
+        s.send_to(payload, SocketAddr::new(ip, port)).unwrap();
         if let Ok((n, _)) = s.recv_from(&mut buf) {
-            return &buf[..n] == b"ping";
+            return &buf[..n] == payload;
         }
     }
     false
@@ -82,4 +92,18 @@ pub fn ping_ok(ns: &str, ip: IpAddr) -> bool {
         .expect("run ping")
         .status
         .success()
+}
+
+/// A UDP datagram to a closed port from netns `ns`: true when the ICMP port-unreachable came
+/// back (the connected socket then reports ECONNREFUSED), false when nothing came back.
+pub fn udp_refused(ns: &str, ip: IpAddr, port: u16) -> bool {
+    let any: SocketAddr = if ip.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }
+        .parse()
+        .unwrap();
+    let s = in_ns(ns, || UdpSocket::bind(any).expect("bind udp client"));
+    s.connect(SocketAddr::new(ip, port)).unwrap();
+    s.set_read_timeout(Some(WAIT)).unwrap();
+    let mut buf = [0u8; 16];
+    s.send(b"anyone?").unwrap();
+    matches!(s.recv(&mut buf), Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused)
 }

@@ -1,0 +1,205 @@
+//! Drives `weft_manager::datapath` from scripts (benchmarks), one operation per invocation: the
+//! attachments and pinned maps outlive each run, exactly as they outlive the manager.
+//! Run inside the netns that holds the interfaces (`nsenter --net=...`, which keeps bpffs).
+
+use clap::{Parser, Subcommand};
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Instant;
+use weft_manager::datapath::{BpfDatapath, Datapath, DatapathConfig, EndpointDatapath};
+use weft_policy::mapstate::{Direction, EndpointPolicy, PolicyEntry, Verdict, proto};
+
+#[derive(Parser)]
+struct Cli {
+    /// bpffs pin directory.
+    #[arg(long)]
+    pin_dir: PathBuf,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Attach both programs to a host veth and write its endpoint entries.
+    Attach {
+        #[arg(long)]
+        ifname: String,
+        #[arg(long)]
+        endpoint_id: u32,
+        #[arg(long)]
+        identity: u32,
+        #[arg(long = "ip")]
+        ips: Vec<IpAddr>,
+    },
+    /// Detach and remove every entry of the endpoint.
+    Detach {
+        #[arg(long)]
+        ifname: String,
+        #[arg(long)]
+        endpoint_id: u32,
+    },
+    /// Install a policy: allow TCP `port` from/to `peer` plus `filler` unrelated entries.
+    Policy {
+        #[arg(long)]
+        endpoint_id: u32,
+        #[arg(long)]
+        peer: u32,
+        #[arg(long)]
+        port: u16,
+        #[arg(long, default_value_t = 999)]
+        filler: u32,
+        /// Enforce ingress (the allow entry is an ingress entry).
+        #[arg(long)]
+        ingress: bool,
+        /// Enforce egress (the allow entry is an egress entry).
+        #[arg(long)]
+        egress: bool,
+    },
+    /// Time attach/detach of `count` fresh veths in the current netns.
+    AttachCost {
+        #[arg(long, default_value_t = 50)]
+        count: u32,
+    },
+}
+
+fn endpoint(ifname: &str, endpoint_id: u32, identity: u32, ips: Vec<IpAddr>) -> EndpointDatapath {
+    let host_ifindex = nix::net::if_::if_nametoindex(ifname).expect("interface exists");
+    EndpointDatapath {
+        endpoint_id,
+        identity,
+        host_ifindex,
+        host_ifname: ifname.to_owned(),
+        ips,
+        pod_mac: [0; 6],
+    }
+}
+
+fn policy(peer: u32, port: u16, filler: u32, ingress: bool, egress: bool) -> EndpointPolicy {
+    let mut p = EndpointPolicy {
+        ingress_enforced: ingress,
+        egress_enforced: egress,
+        ..Default::default()
+    };
+    for (enforced, direction) in [(ingress, Direction::Ingress), (egress, Direction::Egress)] {
+        if !enforced {
+            continue;
+        }
+        let allow = PolicyEntry {
+            direction,
+            identity: peer,
+            proto: proto::TCP,
+            port_lo: port,
+            port_hi: port,
+        };
+        p.entries.insert(allow, Verdict::Allow);
+        for i in 0..filler {
+            let lo = u16::try_from(1000 + i % 5000).unwrap();
+            let entry = PolicyEntry {
+                direction,
+                identity: 10_000 + i,
+                proto: if i % 2 == 0 { proto::TCP } else { proto::UDP },
+                port_lo: lo,
+                port_hi: lo + u16::try_from(i % 7).unwrap(),
+            };
+            p.entries.insert(entry, Verdict::Allow);
+        }
+    }
+    p
+}
+
+fn median_us(mut v: Vec<f64>) -> (f64, f64) {
+    v.sort_by(f64::total_cmp);
+    (v[v.len() / 2], v[v.len() * 9 / 10])
+}
+
+fn ip(args: &str) {
+    let ok = Command::new("ip")
+        .args(args.split_whitespace())
+        .status()
+        .expect("run ip")
+        .success();
+    assert!(ok, "ip {args} failed");
+}
+
+fn attach_cost(dp: &BpfDatapath, count: u32) {
+    let (mut attach, mut detach) = (Vec::new(), Vec::new());
+    for i in 0..count {
+        let name = format!("wbench{i}");
+        ip(&format!("link add {name} type veth peer name {name}p"));
+        ip(&format!("link set {name} up"));
+        let ep = endpoint(
+            &name,
+            50_000 + i,
+            300,
+            vec![IpAddr::from([10, 250, 0, u8::try_from(i % 250).unwrap()])],
+        );
+        let t = Instant::now();
+        dp.attach_endpoint(&ep).expect("attach");
+        attach.push(t.elapsed().as_secs_f64() * 1e6);
+        let t = Instant::now();
+        dp.detach_endpoint(&ep).expect("detach");
+        detach.push(t.elapsed().as_secs_f64() * 1e6);
+        ip(&format!("link del {name}"));
+    }
+    let (am, ap) = median_us(attach);
+    let (dm, dp90) = median_us(detach);
+    println!(
+        "attach_endpoint (clsact + 2 netlink cls_bpf filters + map writes): median {am:.0} us, p90 {ap:.0} us (n={count})"
+    );
+    println!(
+        "detach_endpoint (2 filters + every map entry of the endpoint):      median {dm:.0} us, p90 {dp90:.0} us (n={count})"
+    );
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let dp = BpfDatapath::open(DatapathConfig {
+        pin_dir: cli.pin_dir,
+        ..Default::default()
+    })
+    .expect("open datapath");
+    match cli.cmd {
+        Cmd::Attach {
+            ifname,
+            endpoint_id,
+            identity,
+            ips,
+        } => {
+            dp.attach_endpoint(&endpoint(&ifname, endpoint_id, identity, ips))
+                .expect("attach");
+        }
+        Cmd::Detach {
+            ifname,
+            endpoint_id,
+        } => {
+            let ep = EndpointDatapath {
+                endpoint_id,
+                identity: 0,
+                host_ifindex: nix::net::if_::if_nametoindex(ifname.as_str()).unwrap_or(0),
+                host_ifname: ifname,
+                ips: Vec::new(),
+                pod_mac: [0; 6],
+            };
+            dp.detach_endpoint(&ep).expect("detach");
+        }
+        Cmd::Policy {
+            endpoint_id,
+            peer,
+            port,
+            filler,
+            ingress,
+            egress,
+        } => {
+            let p = policy(peer, port, filler, ingress, egress);
+            let t = Instant::now();
+            dp.apply_policy(endpoint_id, &p).expect("apply policy");
+            eprintln!(
+                "apply_policy: {} entries in {:.0} us",
+                p.entries.len(),
+                t.elapsed().as_secs_f64() * 1e6
+            );
+        }
+        Cmd::AttachCost { count } => attach_cost(&dp, count),
+    }
+}

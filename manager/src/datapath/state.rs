@@ -1,0 +1,257 @@
+//! Kernel-side state the datapath owns: the typed pinned maps, the loaded programs, and the
+//! in-memory mirrors needed to diff policies and find endpoints by id.
+
+use super::encode::{Encoded, PolicyBlock, diff, encode_policy};
+use super::error::DatapathError;
+use super::types::EndpointDatapath;
+use aya::Ebpf;
+use aya::maps::lpm_trie::{Key, LpmTrie};
+use aya::maps::{HashMap as BpfHash, MapData, MapError, PerCpuHashMap};
+use std::collections::{BTreeSet, HashMap};
+use std::net::IpAddr;
+use weft_ebpf::{self as abi, map_names as names};
+use weft_policy::mapstate::{EndpointPolicy, reserved};
+
+pub(crate) struct Maps {
+    /// Owns the loaded programs; dropping it closes our fds, not the attached filters.
+    pub(crate) ebpf: Ebpf,
+    pub(crate) endpoints: BpfHash<MapData, u32, abi::EndpointInfo>,
+    pub(crate) ipcache: LpmTrie<MapData, abi::IpcacheKey, abi::IpcacheValue>,
+    pub(crate) policy: LpmTrie<MapData, abi::PolicyKey, abi::PolicyValue>,
+    pub(crate) ct: BpfHash<MapData, abi::CtKey, abi::CtValue>,
+    pub(crate) frags: BpfHash<MapData, abi::FragKey, abi::FragValue>,
+    pub(crate) metrics: PerCpuHashMap<MapData, abi::MetricsKey, abi::MetricsValue>,
+    /// What the policy map holds per endpoint (read back from the map at open, so a restarted
+    /// manager diffs against the kernel's state, not against nothing).
+    pub(crate) installed: HashMap<u32, Encoded>,
+    /// Enforcement flags per endpoint id, also for endpoints whose policy arrives before attach.
+    pub(crate) enforcement: HashMap<u32, u32>,
+    /// endpoint id → host ifindex, mirrors the endpoints map.
+    pub(crate) by_id: HashMap<u32, u32>,
+}
+
+pub(crate) fn ignore_missing(r: Result<(), MapError>) -> Result<(), MapError> {
+    match r {
+        Err(MapError::KeyNotFound) => Ok(()),
+        Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+        other => other,
+    }
+}
+
+pub(crate) fn ipcache_key(prefix: ipnet::IpNet) -> Key<abi::IpcacheKey> {
+    let prefix = prefix.trunc();
+    let mut data = abi::IpcacheKey::default();
+    match prefix.addr() {
+        IpAddr::V4(a) => {
+            data.family = abi::FAMILY_V4;
+            data.addr[..4].copy_from_slice(&a.octets());
+        }
+        IpAddr::V6(a) => {
+            data.family = abi::FAMILY_V6;
+            data.addr = a.octets();
+        }
+    }
+    Key::new(
+        abi::IPCACHE_FIXED_PREFIX + u32::from(prefix.prefix_len()),
+        data,
+    )
+}
+
+fn enforcement_flags(policy: &EndpointPolicy) -> u32 {
+    let mut flags = 0;
+    if policy.ingress_enforced {
+        flags |= abi::EP_INGRESS_ENFORCED;
+    }
+    if policy.egress_enforced {
+        flags |= abi::EP_EGRESS_ENFORCED;
+    }
+    flags
+}
+
+const ENFORCE_MASK: u32 = abi::EP_INGRESS_ENFORCED | abi::EP_EGRESS_ENFORCED;
+
+impl Maps {
+    /// Rebuilds the in-memory mirrors from the pinned maps (they may predate this process).
+    pub(crate) fn read_back(&mut self) -> Result<(), DatapathError> {
+        for item in &self.endpoints {
+            let (ifindex, info) = item.map_err(DatapathError::map(names::ENDPOINTS))?;
+            self.by_id.insert(info.endpoint_id, ifindex);
+            self.enforcement
+                .insert(info.endpoint_id, info.flags & ENFORCE_MASK);
+        }
+        for item in &self.policy {
+            let (key, value) = item.map_err(DatapathError::map(names::POLICY))?;
+            let block = PolicyBlock {
+                prefix_len: key.prefix_len(),
+                key: key.data(),
+            };
+            self.installed
+                .entry(block.key.endpoint_id)
+                .or_default()
+                .insert(block, value.verdict);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn install_world(&mut self) -> Result<(), DatapathError> {
+        for prefix in ["0.0.0.0/0", "::/0"] {
+            let key = ipcache_key(prefix.parse().expect("valid prefix"));
+            match self.ipcache.get(&key, 0) {
+                Ok(_) => {}
+                Err(MapError::KeyNotFound) => {
+                    let value = abi::IpcacheValue {
+                        identity: reserved::WORLD,
+                        flags: 0,
+                    };
+                    self.ipcache
+                        .insert(&key, value, 0)
+                        .map_err(DatapathError::map(names::IPCACHE))?;
+                }
+                Err(e) => return Err(DatapathError::map(names::IPCACHE)(e)),
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn set_flags(&mut self, endpoint_id: u32, flags: u32) -> Result<(), DatapathError> {
+        self.enforcement.insert(endpoint_id, flags);
+        let Some(&ifindex) = self.by_id.get(&endpoint_id) else {
+            return Ok(());
+        };
+        let mut info = self
+            .endpoints
+            .get(&ifindex, 0)
+            .map_err(DatapathError::map(names::ENDPOINTS))?;
+        info.flags = (info.flags & !ENFORCE_MASK) | flags;
+        self.endpoints
+            .insert(ifindex, info, 0)
+            .map_err(DatapathError::map(names::ENDPOINTS))
+    }
+
+    pub(crate) fn apply(
+        &mut self,
+        endpoint_id: u32,
+        policy: &EndpointPolicy,
+    ) -> Result<(), DatapathError> {
+        let new = encode_policy(endpoint_id, policy);
+        let mut current = self.installed.remove(&endpoint_id).unwrap_or_default();
+        let (upserts, removes) = diff(&current, &new);
+        let result = (|| {
+            // Add-before-delete (Cilium #46927): the union of old and new never drops a packet
+            // that both allow; the encoding guarantees no deny block covers such a packet.
+            for (block, verdict) in upserts {
+                let value = abi::PolicyValue {
+                    verdict,
+                    pad: [0; 3],
+                };
+                self.policy
+                    .insert(&Key::new(block.prefix_len, block.key), value, 0)
+                    .map_err(DatapathError::map(names::POLICY))?;
+                current.insert(block, verdict);
+            }
+            self.set_flags(endpoint_id, enforcement_flags(policy))?;
+            for block in removes {
+                ignore_missing(self.policy.remove(&Key::new(block.prefix_len, block.key)))
+                    .map_err(DatapathError::map(names::POLICY))?;
+                current.remove(&block);
+            }
+            Ok(())
+        })();
+        // Record exactly what reached the kernel, also after a failure half-way.
+        self.installed.insert(endpoint_id, current);
+        result
+    }
+
+    /// Removes the policy, ct and metrics entries of the given endpoints.
+    pub(crate) fn purge(&mut self, ids: &BTreeSet<u32>) -> Result<(), DatapathError> {
+        for id in ids {
+            if let Some(blocks) = self.installed.remove(id) {
+                for block in blocks.keys() {
+                    ignore_missing(self.policy.remove(&Key::new(block.prefix_len, block.key)))
+                        .map_err(DatapathError::map(names::POLICY))?;
+                }
+            }
+            self.enforcement.remove(id);
+        }
+        // Scans only live flows; an endpoint id reused by a new pod must not inherit them.
+        let stale_ct: Vec<abi::CtKey> = self
+            .ct
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| ids.contains(&k.endpoint_id))
+            .collect();
+        for key in stale_ct {
+            ignore_missing(self.ct.remove(&key)).map_err(DatapathError::map(names::CT))?;
+        }
+        // Metrics keys are known: deleting them directly avoids scanning every bucket.
+        for &endpoint_id in ids {
+            for direction in [abi::DIR_INGRESS, abi::DIR_EGRESS] {
+                for reason in 0..=abi::REASON_MAX {
+                    let key = abi::MetricsKey {
+                        endpoint_id,
+                        direction,
+                        reason,
+                        pad: 0,
+                    };
+                    ignore_missing(self.metrics.remove(&key))
+                        .map_err(DatapathError::map(names::METRICS))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn remove_endpoint_entry(
+        &mut self,
+        ifindex: u32,
+        endpoint_id: u32,
+    ) -> Result<(), DatapathError> {
+        match self.endpoints.get(&ifindex, 0) {
+            Ok(info) if info.endpoint_id == endpoint_id => {
+                ignore_missing(self.endpoints.remove(&ifindex))
+                    .map_err(DatapathError::map(names::ENDPOINTS))?;
+            }
+            Ok(_) | Err(MapError::KeyNotFound) => {}
+            Err(e) => return Err(DatapathError::map(names::ENDPOINTS)(e)),
+        }
+        if self.by_id.get(&endpoint_id) == Some(&ifindex) {
+            self.by_id.remove(&endpoint_id);
+        }
+        Ok(())
+    }
+}
+
+pub(crate) fn endpoint_info(ep: &EndpointDatapath, flags: u32) -> abi::EndpointInfo {
+    let mut info = abi::EndpointInfo {
+        endpoint_id: ep.endpoint_id,
+        identity: ep.identity,
+        flags,
+        mac: ep.pod_mac,
+        ..Default::default()
+    };
+    for ip in &ep.ips {
+        match ip {
+            IpAddr::V4(a) if info.flags & abi::EP_HAS_IPV4 == 0 => {
+                info.ipv4 = a.octets();
+                info.flags |= abi::EP_HAS_IPV4;
+            }
+            IpAddr::V6(a) if info.flags & abi::EP_HAS_IPV6 == 0 => {
+                info.ipv6 = a.octets();
+                info.flags |= abi::EP_HAS_IPV6;
+            }
+            _ => {}
+        }
+    }
+    info
+}
+
+pub(crate) fn endpoint_ips(info: &abi::EndpointInfo) -> Vec<IpAddr> {
+    let mut ips = Vec::new();
+    if info.flags & abi::EP_HAS_IPV4 != 0 {
+        ips.push(IpAddr::from(info.ipv4));
+    }
+    if info.flags & abi::EP_HAS_IPV6 != 0 {
+        ips.push(IpAddr::from(info.ipv6));
+    }
+    ips
+}

@@ -1,0 +1,213 @@
+//! Datapath lifecycle: manager exit and restart, detach, reconcile, map dumps, policy updates.
+
+use super::*;
+
+#[test]
+fn survives_manager_exit_reopens_same_maps_and_detach_removes_everything() {
+    let w = World::new();
+    let dp = open_and_attach(&w);
+    echo_servers(&w.pods[B].ns, 6000);
+    echo_servers(&w.pods[B].ns, 6001);
+    let p = policy(true, false, "ingress 1000 tcp 6000 allow");
+    dp.apply_policy(101, &p).unwrap();
+    let map_id = |name: &str| {
+        aya::maps::MapInfo::from_pin(w.pin_dir.join(name))
+            .unwrap()
+            .id()
+    };
+    let ids: Vec<u32> = ["endpoints", "ipcache", "policy", "ct"]
+        .iter()
+        .map(|n| map_id(n))
+        .collect();
+    let old_prog = prog_id(&w.tc_filters(B, "egress"));
+    drop(dp); // the manager exits
+    assert!(
+        w.tc_filters(B, "egress").contains("weft_to_pod"),
+        "filter left attached"
+    );
+    let b_ip: IpAddr = w.pods[B].ip4.into();
+    assert!(
+        tcp_ok(&w.pods[A].ns, b_ip, 6000),
+        "still allowed without a manager"
+    );
+    assert!(
+        !tcp_ok(&w.pods[A].ns, b_ip, 6001),
+        "still enforced without a manager"
+    );
+
+    let dp = BpfDatapath::open(w.config()).expect("reopen");
+    let again: Vec<u32> = ["endpoints", "ipcache", "policy", "ct"]
+        .iter()
+        .map(|n| map_id(n))
+        .collect();
+    assert_eq!(ids, again, "pinned maps are reused, not recreated");
+    assert_eq!(dp.endpoint_ids().unwrap(), BTreeSet::from([100, 101]));
+    // Re-adopt: replaces the program in place; the same policy diff is a no-op.
+    in_ns(&w.node, || dp.attach_endpoint(&w.pods[B].ep)).unwrap();
+    dp.apply_policy(101, &p).unwrap();
+    let filters = w.tc_filters(B, "egress");
+    assert_eq!(
+        filters.matches(" handle ").count(),
+        1,
+        "one filter after re-adopt: {filters}"
+    );
+    assert_ne!(
+        prog_id(&filters),
+        old_prog,
+        "the re-opened manager's program replaced the old one"
+    );
+    assert!(
+        !tcp_ok(&w.pods[A].ns, b_ip, 6001),
+        "enforced after re-adopt"
+    );
+    assert!(tcp_ok(&w.pods[A].ns, b_ip, 6000));
+
+    for map in ["endpoints", "policy", "ct", "metrics"] {
+        let dump = dp.map_dump(map).unwrap();
+        assert!(
+            dump.iter().any(|e| e["endpoint_id"] == 101),
+            "{map} has entries of 101 before detach"
+        );
+    }
+    in_ns(&w.node, || dp.detach_endpoint(&w.pods[B].ep)).unwrap();
+    assert_endpoint_gone(&w, &dp, B);
+    assert!(
+        tcp_ok(&w.pods[A].ns, b_ip, 6001),
+        "no program, no enforcement"
+    );
+    // Endpoint A is untouched.
+    assert!(
+        dp.map_dump("endpoints")
+            .unwrap()
+            .iter()
+            .any(|e| e["endpoint_id"] == 100)
+    );
+}
+
+#[test]
+fn maps_are_listed_and_decoded_and_reconcile_removes_stale_endpoints() {
+    let w = World::new();
+    let dp = open_and_attach(&w);
+    let list = dp.map_list();
+    let names: Vec<&str> = list.iter().map(|m| m.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "endpoints",
+            "ipcache",
+            "policy",
+            "ct",
+            "frags",
+            "metrics",
+            "events"
+        ]
+    );
+    let ep = list.iter().find(|m| m.name == "endpoints").unwrap();
+    assert_eq!((ep.entries, ep.max_entries), (2, 64));
+    let ipcache = dp.map_dump("ipcache").unwrap();
+    for (prefix, id) in [
+        ("0.0.0.0/0", 2),
+        ("::/0", 2),
+        (&*format!("{}/32", w.pods[A].ip4), ID_A),
+    ] {
+        assert!(
+            ipcache
+                .iter()
+                .any(|e| e["prefix"] == prefix && e["identity"] == id),
+            "{prefix}: {ipcache:#?}"
+        );
+    }
+    dp.upsert_ipcache("192.0.2.0/24".parse().unwrap(), 1 << 24)
+        .unwrap();
+    assert!(
+        dp.map_dump("ipcache")
+            .unwrap()
+            .iter()
+            .any(|e| e["prefix"] == "192.0.2.0/24")
+    );
+    dp.remove_ipcache("192.0.2.0/24".parse().unwrap()).unwrap();
+    assert!(
+        !dp.map_dump("ipcache")
+            .unwrap()
+            .iter()
+            .any(|e| e["prefix"] == "192.0.2.0/24")
+    );
+    dp.apply_policy(101, &policy(true, false, "ingress 0 tcp 80-83 allow"))
+        .unwrap();
+    let pol = dp.map_dump("policy").unwrap();
+    assert_eq!(pol.len(), 1, "80-83 is one aligned block: {pol:#?}");
+    assert_eq!(
+        (pol[0]["port_lo"].as_u64(), pol[0]["port_hi"].as_u64()),
+        (Some(80), Some(83))
+    );
+    assert_eq!(pol[0]["verdict"], "allow");
+    let removed = in_ns(&w.node, || dp.reconcile(&BTreeSet::from([100]))).unwrap();
+    assert_eq!(removed, BTreeSet::from([101]));
+    assert_eq!(dp.endpoint_ids().unwrap(), BTreeSet::from([100]));
+    assert!(dp.map_dump("policy").unwrap().is_empty());
+    assert!(!w.tc_filters(B, "egress").contains("weft"));
+}
+
+#[test]
+fn policy_updates_never_drop_what_both_versions_allow() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let w = World::new();
+    let dp = open_and_attach(&w);
+    let exact = policy(true, false, "ingress 1000 udp 6000 allow");
+    // 5952-6015 is one aligned /90 block: switching removes the /96 block and adds another.
+    let range = policy(
+        true,
+        false,
+        "ingress 1000 udp 5952-6015 allow; ingress 0 udp 7000 deny",
+    );
+    dp.apply_policy(101, &exact).unwrap();
+    let mut rx = dp.subscribe_events();
+    let (stop, sent) = (AtomicBool::new(false), AtomicU64::new(0));
+    let dst = std::net::SocketAddr::new(w.pods[B].ip4.into(), 6000);
+    std::thread::scope(|s| {
+        // Every datagram comes from a fresh socket, i.e. a new flow that needs a policy lookup.
+        s.spawn(|| {
+            in_ns(&w.pods[A].ns, || {
+                while !stop.load(Ordering::Relaxed) {
+                    let sock = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+                    let _ = sock.send_to(b"x", dst);
+                    sent.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+        });
+        // Keep swapping while 20 000 new flows go through.
+        let mut swaps = 0u32;
+        while sent.load(Ordering::Relaxed) < 20_000 {
+            let next = if swaps.is_multiple_of(2) {
+                &range
+            } else {
+                &exact
+            };
+            dp.apply_policy(101, next).unwrap();
+            swaps += 1;
+        }
+        assert!(
+            swaps > 100,
+            "only {swaps} policy swaps happened during the stream"
+        );
+        stop.store(true, Ordering::Relaxed);
+    });
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let mut drops = Vec::new();
+    while let Ok(ev) = rx.try_recv() {
+        if ev.dst_port == 6000 {
+            drops.push(ev.to_string());
+        }
+    }
+    assert!(
+        drops.is_empty(),
+        "allowed by both versions, yet dropped: {drops:#?}"
+    );
+    // The stream really went through the policy: its flows are in ct as policy-allowed.
+    let ct = dp.map_dump("ct").unwrap();
+    assert!(
+        ct.iter().any(|e| e["endpoint_id"] == 101
+            && e["dport"] == 6000
+            && e["reason"] == "allow-policy")
+    );
+}
