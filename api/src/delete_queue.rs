@@ -123,6 +123,25 @@ impl DeleteQueue {
         Ok(())
     }
 
+    /// Removes and returns the request for (container id, ifname), if one is queued: the
+    /// manager applies it before allocating for the same pair, so a DEL queued before an ADD
+    /// can never remove what that ADD creates.
+    pub fn take(&self, container_id: &str, ifname: &str) -> Result<bool, QueueError> {
+        let path = self.dir.join(format!(
+            "{}.json",
+            naming::host_ifname(container_id, ifname)
+        ));
+        if !path.exists() {
+            return Ok(false);
+        }
+        let _lock = self.lock()?;
+        match fs::remove_file(&path) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(io(&path)(e)),
+        }
+    }
+
     /// Hands every queued request to `handle`, removing each one `handle` accepts. Requests that
     /// do not parse are moved aside (`.bad`) and reported in the returned list.
     pub fn drain(
@@ -232,6 +251,16 @@ mod tests {
         assert_eq!(r.kept, 1);
         assert_eq!(seen.len(), 2);
         assert_eq!(q.len().unwrap(), 1, "b stays for the next drain");
+    }
+
+    #[test]
+    fn take_removes_only_that_pair() {
+        let (_d, q) = queue();
+        q.push(&req("a")).unwrap();
+        q.push(&req("b")).unwrap();
+        assert!(q.take("a", "eth0").unwrap());
+        assert!(!q.take("a", "eth0").unwrap());
+        assert_eq!(q.len().unwrap(), 1);
     }
 
     #[test]

@@ -60,6 +60,18 @@ pub enum StartError {
         /// State dir to remove.
         state_dir: String,
     },
+    /// The state database is new but the datapath has endpoints.
+    #[error(
+        "the state database in {state_dir} is empty, but the pinned datapath in {bpffs} still holds {endpoints} endpoint(s): the manager's state was lost or --state-dir points elsewhere. Weft will not guess which pod owns which IP. Recover by restoring {state_dir} from a backup (or pointing --state-dir at it); or delete those pods, remove the pinned maps (rm -rf {bpffs}) and start again. See docs/OPERATIONS.md"
+    )]
+    StateLost {
+        /// State dir.
+        state_dir: String,
+        /// Pin dir.
+        bpffs: String,
+        /// Endpoints in the datapath.
+        endpoints: usize,
+    },
     /// Filesystem work around the socket or state dir.
     #[error("{what} {path}: {source}")]
     Io {
@@ -115,6 +127,26 @@ fn node_cidrs(config: &Config, store: &Store) -> Result<Vec<ChosenCidr>, StartEr
     }
     store.put_meta(NODE_KEY, &chosen)?;
     Ok(chosen)
+}
+
+/// A fresh state database next to a datapath that still holds endpoints means the state was lost
+/// (or `--state-dir` points elsewhere). Rebuilding from the maps would have to guess which pod
+/// owns which IP and identity, so the manager refuses and says how to recover.
+fn refuse_lost_state(
+    config: &Config,
+    store: &Store,
+    datapath: &dyn Datapath,
+) -> Result<(), StartError> {
+    let fresh = store.get_meta::<Vec<ChosenCidr>>(NODE_KEY)?.is_none();
+    let live = datapath.endpoint_ids()?.len();
+    if fresh && live > 0 {
+        return Err(StartError::StateLost {
+            state_dir: config.state_dir.display().to_string(),
+            bpffs: config.bpffs.display().to_string(),
+            endpoints: live,
+        });
+    }
+    Ok(())
 }
 
 /// Binds the API socket: parent created, stale socket replaced, mode 0600.
@@ -174,6 +206,7 @@ pub async fn start(config: &Config) -> Result<(Arc<Manager>, UnixListener), Star
     })?);
     phases.mark("maps");
 
+    refuse_lost_state(config, &store, &*datapath)?;
     let cidrs = node_cidrs(config, &store)?;
     let hostnet: Arc<dyn HostNet> = Arc::new(NetlinkHostNet::new()?);
     let routers: Vec<_> = cidrs.iter().map(|c| (c.router_ip(), c.cidr)).collect();
@@ -192,14 +225,18 @@ pub async fn start(config: &Config) -> Result<(Arc<Manager>, UnixListener), Star
     let (policy, _) = PolicyState::restore(store, &label_sets)?;
     phases.mark("ipam+identities+policy");
 
-    let manager = Arc::new(Manager::new(
-        config.node_name.clone(),
-        cidrs,
-        registry,
-        policy,
-        hostnet.clone(),
-        datapath,
-    ));
+    let queue = DeleteQueue::for_socket(&config.socket);
+    let manager = Arc::new(
+        Manager::new(
+            config.node_name.clone(),
+            cidrs,
+            registry,
+            policy,
+            hostnet.clone(),
+            datapath,
+        )
+        .with_delete_queue(queue.clone()),
+    );
     let (kept, removed) =
         crate::restore::restore_endpoints(&manager, &*hostnet, crate::clock::now_ms()).await?;
     phases.mark("validate");
@@ -208,8 +245,8 @@ pub async fn start(config: &Config) -> Result<(Arc<Manager>, UnixListener), Star
     let stale = manager.reconcile_datapath()?;
     phases.mark("reconcile");
     let regenerated = manager.regenerate_all()?;
+    let stale_ipcache = manager.reconcile_ipcache()?;
     phases.mark("regenerate");
-    let queue = DeleteQueue::for_socket(&config.socket);
     let drained = crate::restore::drain_delete_queue(&manager, &queue).await;
     phases.mark("delete-queue");
 
@@ -223,6 +260,7 @@ pub async fn start(config: &Config) -> Result<(Arc<Manager>, UnixListener), Star
         endpoints = kept,
         removed_at_restore = removed,
         stale_datapath_endpoints = stale,
+        stale_ipcache,
         regenerated,
         queued_deletes = drained,
         phases = ?phases.done,
@@ -239,9 +277,9 @@ pub async fn serve(
     listener: UnixListener,
     socket: &Path,
 ) -> std::io::Result<()> {
-    tokio::spawn(crate::restore::reap_abandoned(
+    tokio::spawn(crate::restore::housekeeping(
         manager.clone(),
-        std::time::Duration::from_secs(30),
+        std::time::Duration::from_secs(2),
     ));
     let app = crate::api::router(manager);
     let shutdown = async {

@@ -128,13 +128,19 @@ pub async fn drain_delete_queue(manager: &Manager, queue: &DeleteQueue) -> usize
     pending.len()
 }
 
-/// Periodically removes allocations whose ADD never registered (the CNI was killed, e.g. by a
-/// kubelet timeout). Under the registry lock an endpoint that registered meanwhile is `ready`
+/// Runs while serving: completes DELs queued during the start-up window (after the initial
+/// drain, before the socket existed), and removes allocations whose ADD never registered (the
+/// CNI was killed, e.g. by a kubelet timeout). An endpoint that registered meanwhile is `ready`
 /// and is left alone; a CNI that registers after the reap gets "not found" and rolls back.
-pub async fn reap_abandoned(manager: std::sync::Arc<Manager>, every: Duration) {
+pub async fn housekeeping(manager: std::sync::Arc<Manager>, every: Duration) {
     let mut tick = tokio::time::interval(every);
     loop {
         tick.tick().await;
+        if let Some(queue) = manager.delete_queue()
+            && !queue.is_empty().unwrap_or(true)
+        {
+            drain_delete_queue(&manager, queue).await;
+        }
         let now = crate::clock::now_ms();
         for ep in manager.endpoints() {
             if validate(&ep, None, true, now) == Some(Invalid::Abandoned)

@@ -177,21 +177,13 @@ pub fn map_list_table(v: &Value) -> String {
         .into_iter()
         .flatten()
         .map(|m| {
-            let cols: Vec<String> = m
-                .as_object()
-                .map(|o| o.values().map(s).collect())
-                .unwrap_or_default();
-            cols
+            ["name", "map_type", "entries", "max_entries"]
+                .iter()
+                .map(|k| s(&m[*k]))
+                .collect()
         })
         .collect();
-    let headers: Vec<String> = v
-        .as_array()
-        .and_then(|a| a.first())
-        .and_then(Value::as_object)
-        .map(|o| o.keys().map(|k| k.to_uppercase()).collect())
-        .unwrap_or_else(|| vec!["NAME".into()]);
-    let headers: Vec<&str> = headers.iter().map(String::as_str).collect();
-    table::render(&headers, &rows)
+    table::render(&["NAME", "TYPE", "ENTRIES", "MAX"], &rows)
 }
 
 /// `map dump NAME`: one decoded entry per line.

@@ -27,6 +27,7 @@ use crate::endpoint::{EndpointError, Registry};
 use crate::hostnet::{HostNet, HostNetError};
 use crate::node::ChosenCidr;
 use crate::policy_state::{PolicyState, PolicyStateError};
+use weft_api::delete_queue::DeleteQueue;
 
 /// How long an allocation may stay un-registered before GC or the reaper may treat it as
 /// abandoned: an ADD in flight must not lose its IP.
@@ -74,6 +75,8 @@ pub struct Manager {
     /// Restore duration by phase, reported by status.
     restore_ms: Mutex<Vec<(String, f64)>>,
     regenerations: AtomicU64,
+    /// DELs the CNI queued while this manager was unreachable.
+    delete_queue: Option<DeleteQueue>,
 }
 
 /// The datapath's view of a registered endpoint (`None` before registration).
@@ -124,7 +127,15 @@ impl Manager {
             ready: AtomicBool::new(false),
             restore_ms: Mutex::new(Vec::new()),
             regenerations: AtomicU64::new(0),
+            delete_queue: None,
         }
+    }
+
+    /// Attaches the CNI's delete queue (see [`Manager::allocate`]).
+    #[must_use]
+    pub fn with_delete_queue(mut self, queue: DeleteQueue) -> Self {
+        self.delete_queue = Some(queue);
+        self
     }
 
     pub(crate) fn state(&self) -> MutexGuard<'_, State> {
@@ -196,6 +207,23 @@ impl Manager {
     /// pod when its IPs appear in the ipcache at registration.
     pub fn allocate(&self, req: &AllocateRequest) -> Result<Endpoint, ManagerError> {
         let mut st = self.state();
+        // A DEL for this pair queued while the manager was unreachable came before this ADD:
+        // apply it first, or a later drain would remove what this ADD creates. The CNI deleted
+        // the host veth before queueing, so only the datapath and the record remain.
+        let queued = self
+            .delete_queue
+            .as_ref()
+            .map_or(Ok(false), |q| q.take(&req.container_id, &req.ifname));
+        match queued {
+            Ok(true) => {
+                if let Some(ep) = st.reg.begin_delete(&req.container_id, &req.ifname)? {
+                    self.forget_locked(&mut st, &ep)?;
+                    tracing::info!(endpoint_id = ep.id, container_id = %ep.container_id, "queued DEL applied before a new ADD");
+                }
+            }
+            Ok(false) => {}
+            Err(e) => tracing::error!("delete queue: {e}"),
+        }
         if let Some(ep) = st.reg.find(&req.container_id, &req.ifname) {
             return Ok(ep.clone());
         }
@@ -294,6 +322,11 @@ impl Manager {
         let mut st = self.state();
         self.forget_locked(&mut st, &ep)?;
         Ok(())
+    }
+
+    /// The CNI's delete queue, when attached.
+    pub fn delete_queue(&self) -> Option<&DeleteQueue> {
+        self.delete_queue.as_ref()
     }
 
     /// Deletes a host link left without an endpoint (missing is fine).

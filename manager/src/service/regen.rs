@@ -113,6 +113,41 @@ impl Manager {
         Ok(n)
     }
 
+    /// Removes ipcache entries nothing owns any more: addresses of pods that died while the
+    /// manager was down, CIDR identities no rule references. Wanted entries are left alone.
+    pub fn reconcile_ipcache(&self) -> Result<usize, ManagerError> {
+        let mut wanted: BTreeSet<String> = ["0.0.0.0/0", "::/0"].map(String::from).into();
+        {
+            let st = self.state();
+            for pool in st.reg.pools() {
+                wanted.insert(ipnet::IpNet::from(pool.router()).to_string());
+            }
+            for ep in st.reg.list() {
+                for ip in &ep.ips {
+                    wanted.insert(ipnet::IpNet::from(ip.address).to_string());
+                }
+            }
+            for prefix in st.pol.cidr_identities().keys() {
+                wanted.insert(prefix.to_string());
+            }
+        }
+        let mut removed = 0;
+        for entry in self.datapath.map_dump("ipcache")? {
+            let Some(prefix) = entry["prefix"].as_str() else {
+                continue;
+            };
+            if wanted.contains(prefix) {
+                continue;
+            }
+            if let Ok(net) = prefix.parse::<ipnet::IpNet>() {
+                self.datapath.remove_ipcache(net)?;
+                tracing::warn!(prefix, "removed stale ipcache entry");
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+
     /// Recomputes the policy of `ids` and installs what changed. Returns how many endpoints
     /// had their maps changed.
     pub(crate) fn regenerate(&self, st: &mut State, ids: &[u32]) -> Result<usize, ManagerError> {
