@@ -119,7 +119,7 @@ pub async fn drain_delete_queue(manager: &Manager, queue: &DeleteQueue) -> usize
         };
         match result {
             Ok(()) => {
-                tracing::info!(container_id = %req.container_id, ifname = %req.ifname, "queued DEL completed")
+                tracing::info!(container_id = %req.container_id, ifname = %req.ifname, "queued DEL completed");
             }
             // The request file is gone; a later restore validation still catches the leftovers.
             Err(e) => tracing::error!(container_id = %req.container_id, "queued DEL failed: {e}"),

@@ -72,7 +72,7 @@ pub enum Command {
 /// `weftctl policy ...`
 #[derive(Debug, Subcommand)]
 pub enum PolicyCmd {
-    /// Import a Cilium (JSON/YAML) or Kubernetes NetworkPolicy file; prints the revision.
+    /// Import a Cilium (JSON/YAML) or Kubernetes `NetworkPolicy` file; prints the revision.
     Import {
         /// The policy file.
         file: PathBuf,

@@ -255,20 +255,30 @@ impl Manager {
     }
 
     /// Registers the plumbed veth: attaches the datapath, installs the endpoint's policy, and
-    /// only then persists it `ready` (Cilium's SyncBuildEndpoint: ADD returns enforcing).
+    /// only then persists it `ready` (Cilium's `SyncBuildEndpoint`: ADD returns enforcing).
     pub fn register(&self, id: u32, req: &RegisterRequest) -> Result<Endpoint, ManagerError> {
         let mut st = self.state();
         let mut ep = st.reg.prepare_ready(id, req)?;
         let view = datapath_view(&ep).ok_or_else(|| {
             ManagerError::Invalid(format!("pod_mac {:?} is not a MAC address", req.pod_mac))
         })?;
+        let t0 = std::time::Instant::now();
         self.datapath.attach_endpoint(&view)?;
+        let attach_us = t0.elapsed().as_micros();
         let policy = st.pol.compute(&from_api_labels(&ep.labels));
         self.datapath.apply_policy(ep.id, &policy)?;
+        let datapath_us = t0.elapsed().as_micros();
         st.installed.insert(ep.id, policy);
         ep.policy_revision = st.pol.repo().revision();
         let ep = st.reg.update(ep)?;
-        tracing::info!(endpoint_id = ep.id, host_ifname = %ep.host_ifname, revision = ep.policy_revision, "endpoint ready");
+        tracing::info!(
+            endpoint_id = ep.id,
+            host_ifname = %ep.host_ifname,
+            revision = ep.policy_revision,
+            attach_us,
+            datapath_us,
+            "endpoint ready"
+        );
         Ok(ep)
     }
 

@@ -114,7 +114,7 @@ impl Manager {
         Ok(())
     }
 
-    /// Imports a policy file (Cilium JSON/YAML or Kubernetes NetworkPolicy). All or nothing: a
+    /// Imports a policy file (Cilium JSON/YAML or Kubernetes `NetworkPolicy`). All or nothing: a
     /// file that does not parse changes nothing. Returns once every endpoint enforces the new
     /// revision.
     pub fn import_policy(&self, file: &str, text: &str) -> Result<ImportResult, ManagerError> {
