@@ -220,7 +220,9 @@ mod tests {
 
     #[test]
     fn records_calls_and_reconciles() {
-        let fake = FakeDatapath::default();
+        // The manager holds it as a trait object.
+        let fake: std::sync::Arc<FakeDatapath> = std::sync::Arc::default();
+        let _as_dyn: std::sync::Arc<dyn Datapath> = fake.clone();
         fake.attach_endpoint(&ep(1)).unwrap();
         fake.attach_endpoint(&ep(2)).unwrap();
         fake.apply_policy(2, &EndpointPolicy::default()).unwrap();

@@ -211,3 +211,33 @@ fn policy_updates_never_drop_what_both_versions_allow() {
             && e["reason"] == "allow-policy")
     );
 }
+
+#[test]
+fn open_mounts_a_bpffs_when_the_pin_dir_is_not_on_one() {
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = nix::mount::umount(&self.0);
+        }
+    }
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("pins");
+    let _unmount = Unmount(dir.clone());
+    let config = weft_manager::datapath::DatapathConfig {
+        pin_dir: dir.clone(),
+        ..World::new().config()
+    };
+    let dp = BpfDatapath::open(config).expect("open on a plain directory");
+    let magic = nix::sys::statfs::statfs(&dir).unwrap().filesystem_type().0;
+    assert_eq!(
+        magic,
+        0xcafe_4a11,
+        "a bpffs is mounted on {}",
+        dir.display()
+    );
+    assert!(
+        dir.join("policy").exists() && dir.join("ct").exists(),
+        "maps pinned there"
+    );
+    drop(dp);
+}
