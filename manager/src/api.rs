@@ -112,6 +112,7 @@ pub fn router(manager: Shared) -> Router {
         .route("/v1/maps", get(maps))
         .route("/v1/maps/{name}", get(map_dump))
         .route("/v1/monitor", get(monitor))
+        .route("/v1/metrics", get(metrics))
         .fallback(|| async {
             HttpError::new(
                 StatusCode::NOT_FOUND,
@@ -282,6 +283,17 @@ async fn monitor(State(m): State<Shared>) -> Response {
     (
         [(axum::http::header::CONTENT_TYPE, "application/x-ndjson")],
         axum::body::Body::from_stream(stream),
+    )
+        .into_response()
+}
+
+async fn metrics(State(m): State<Shared>) -> Response {
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4",
+        )],
+        m.metrics(),
     )
         .into_response()
 }

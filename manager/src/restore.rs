@@ -141,18 +141,30 @@ pub async fn housekeeping(manager: std::sync::Arc<Manager>, every: Duration) {
         {
             drain_delete_queue(&manager, queue).await;
         }
-        let now = crate::clock::now_ms();
-        for ep in manager.endpoints() {
-            if validate(&ep, None, true, now) == Some(Invalid::Abandoned)
-                && let Err(e) = manager.remove_fully(&ep).await
-            {
-                tracing::error!(
-                    endpoint_id = ep.id,
-                    "reaping abandoned endpoint failed: {e}"
-                );
+        reap_abandoned(&manager, crate::clock::now_ms()).await;
+    }
+}
+
+/// Removes every allocation older than the grace period that never registered. Returns how
+/// many were reaped.
+pub async fn reap_abandoned(manager: &Manager, now_ms: u64) -> usize {
+    let mut reaped = 0;
+    for ep in manager.endpoints() {
+        if validate(&ep, None, true, now_ms) != Some(Invalid::Abandoned) {
+            continue;
+        }
+        match manager.remove_fully(&ep).await {
+            Ok(()) => {
+                tracing::warn!(endpoint_id = ep.id, container_id = %ep.container_id, "reaped an ADD that never completed");
+                reaped += 1;
             }
+            Err(e) => tracing::error!(
+                endpoint_id = ep.id,
+                "reaping abandoned endpoint failed: {e}"
+            ),
         }
     }
+    reaped
 }
 
 #[cfg(test)]

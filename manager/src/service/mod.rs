@@ -202,6 +202,45 @@ impl Manager {
         }
     }
 
+    /// Prometheus text exposition of the manager's own numbers (`GET /v1/metrics`).
+    pub fn metrics(&self) -> String {
+        use std::fmt::Write;
+        let s = self.status();
+        let mut out = String::from(
+            "# HELP weft_restore_phase_milliseconds Duration of each phase of the last start-up.\n\
+             # TYPE weft_restore_phase_milliseconds gauge\n",
+        );
+        for (phase, ms) in &s.restore_ms {
+            let _ = writeln!(
+                out,
+                "weft_restore_phase_milliseconds{{phase=\"{phase}\"}} {ms}"
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# TYPE weft_endpoints gauge\nweft_endpoints {}",
+            s.endpoints
+        );
+        let _ = writeln!(
+            out,
+            "# TYPE weft_policy_revision gauge\nweft_policy_revision {}",
+            s.policy_revision
+        );
+        let _ = writeln!(
+            out,
+            "# TYPE weft_regenerations_total counter\nweft_regenerations_total {}",
+            s.regenerations
+        );
+        for (name, value) in [("used", true), ("capacity", false)] {
+            let _ = writeln!(out, "# TYPE weft_ipam_{name} gauge");
+            for p in &s.pools {
+                let n = if value { p.used } else { p.capacity };
+                let _ = writeln!(out, "weft_ipam_{name}{{pool=\"{}\"}} {n}", p.cidr);
+            }
+        }
+        out
+    }
+
     /// Reserves an endpoint, its identity and its IPs (all persisted before returning). Peers
     /// whose selectors match a new identity are regenerated now, so they already allow the new
     /// pod when its IPs appear in the ipcache at registration.

@@ -276,3 +276,44 @@ fn deny_entry_reaches_the_datapath() {
                 port_hi: 22
             }));
 }
+
+#[tokio::test]
+async fn abandoned_add_is_reaped_with_its_ip_but_a_completed_one_is_not() {
+    let w = world();
+    let abandoned = alloc(&w.m, "killed-cni", "a");
+    let completed = pod(&w, "finished", "a");
+    let now = abandoned.created_ms.max(completed.created_ms) + ADD_GRACE_MS + 1;
+    assert_eq!(
+        crate::restore::reap_abandoned(&w.m, abandoned.created_ms + 1).await,
+        0,
+        "still within the grace period"
+    );
+    assert_eq!(crate::restore::reap_abandoned(&w.m, now).await, 1);
+    assert!(w.m.find("killed-cni", "eth0").is_none());
+    assert!(
+        w.m.find("finished", "eth0").is_some(),
+        "a completed ADD is never reaped"
+    );
+    assert_eq!(
+        w.m.status().pools[0].used,
+        1,
+        "the abandoned IP is free again"
+    );
+}
+
+#[test]
+fn metrics_expose_restore_phases_and_counts() {
+    let w = world();
+    pod(&w, "p1", "app1");
+    w.m.record_phase("store", 1.5);
+    let text = w.m.metrics();
+    assert!(
+        text.contains("weft_restore_phase_milliseconds{phase=\"store\"} 1.5"),
+        "{text}"
+    );
+    assert!(text.contains("weft_endpoints 1"), "{text}");
+    assert!(
+        text.contains("weft_ipam_used{pool=\"10.0.1.0/24\"} 1"),
+        "{text}"
+    );
+}
