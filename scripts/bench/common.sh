@@ -1,0 +1,90 @@
+# Helpers shared by the benchmark scripts (bench-cni, bench-churn, bench-policy, bench-restart).
+# Source it after scripts/lib.sh: it relies on lib.sh's netns, manager and cleanup helpers and
+# only adds timing, statistics, the 250-pod fleet and the policy generator.
+
+now_us() { echo $(($(date +%s%N) / 1000)); }
+
+# stats FILE [scale]: "min median p90 max" of one number per line, divided by scale (default 1).
+# Nearest-rank percentiles; an empty file gives "- - - -".
+stats() {
+  sort -n "$1" | awk -v s="${2:-1}" '{a[NR]=$1}
+    END {
+      if (NR == 0) { print "- - - -"; exit }
+      p = int(NR * 0.9 + 0.5); if (p < 1) p = 1
+      printf "%.2f %.2f %.2f %.2f\n", a[1]/s, a[int((NR+1)/2)]/s, a[p]/s, a[NR]/s
+    }'
+}
+median() { read -r _ m _ _ <<<"$(stats "$@")"; echo "$m"; }
+
+# Pod i's labels: 25 apps, 3 tiers, 2 zones -> up to 150 label sets (identities) for 250 pods,
+# so selectors match several identities, as deployments do in a real cluster.
+bench_pod_labels() {
+  local i=$1
+  printf '[{"key":"app","value":"a%d"},{"key":"tier","value":"t%d"},{"key":"zone","value":"z%d"}]' \
+    $((i % 25)) $((i % 3)) $(((i / 25) % 2))
+}
+
+# bench_make_pods N: pods p1..pN in their own netns via weft_add_pod (so lib.sh's cleanup trap
+# removes them). Sequential: this is set-up, not what is measured.
+bench_make_pods() {
+  local n=$1 i
+  for i in $(seq "$n"); do
+    weft_add_pod "p$i" "$(bench_pod_labels "$i")" >/dev/null || die "ADD p$i failed"
+  done
+}
+
+# The endpoint id of pod NAME.
+bench_ep_id() {
+  weftctl -o json endpoint list | jq -r --arg c "$WEFT_P-$1" '.[] | select(.container_id == $c) | .id'
+}
+
+# bench_gen_policy RULES VARIANT: a Cilium policy file (JSON array, RULES rules in all) on stdout. Every rule has
+# its own labels (bench=policy, rule=rN), so re-importing a file with another VARIANT replaces
+# each rule (Cilium's label-subset replacement) and changes every port: all rules really change.
+# Mix (by N % 10): 6/10 ingress allow fromEndpoints + ports (1/3 of them endPort ranges),
+# 1/10 egress toEndpoints UDP ranges, 1/10 egress toCIDRSet with except, 1/10 ingress fromCIDR,
+# 1/10 ingressDeny fromEndpoints. Deny rules always carry toPorts, so ICMP is never denied by
+# them (bench-restart pings through this policy). Selectors vary over app/tier/zone, matchLabels
+# and matchExpressions. Plus two fixed rules:
+#  - "probe": apps a0..a9 accept TCP 9090 from role=probe (bench-policy's label change moves a
+#    pod into that selector, so the ~100 a0..a9 endpoints must regenerate);
+#  - "ping": a1 -> a0 allowed at L3 both ways (egress of a1, ingress of a0), for bench-restart.
+bench_gen_policy() {
+  jq -n --argjson n "$1" --argjson v "$2" '
+    def sel($i):
+      ($i % 5) as $k
+      | if $k == 0 then {matchLabels: {app: "a\($i % 25)"}}
+        elif $k == 1 then {matchLabels: {tier: "t\($i % 3)"}}
+        elif $k == 2 then {matchLabels: {app: "a\($i % 25)", zone: "z\($i % 2)"}}
+        elif $k == 3 then {matchExpressions: [{key: "app", operator: "In", values: ["a\($i % 25)", "a\(($i + 1) % 25)"]}]}
+        else {matchLabels: {tier: "t\($i % 3)", zone: "z\($i % 2)"}} end;
+    def port($i): 1024 + (($i * 37 + $v * 101) % 30000);
+    def ports($i; $proto):
+      [{ports: [{port: "\(port($i))", protocol: $proto}
+                + (if $i % 3 == 0 then {endPort: (port($i) + ($i % 16) + 1)} else {} end)]}];
+    [range(0; $n - 3) as $i
+     | ($i % 10) as $m
+     | {labels: [{key: "bench", value: "policy"}, {key: "rule", value: "r\($i)"}],
+        endpointSelector: sel($i)}
+       + if $m <= 5 then {ingress: [{fromEndpoints: [{matchLabels: {app: "a\(($i * 7) % 25)"}}], toPorts: ports($i; "TCP")}]}
+         elif $m == 6 then {egress: [{toEndpoints: [{matchLabels: {tier: "t\(($i / 3 | floor) % 3)"}}], toPorts: ports($i + 1; "UDP")}]}
+         elif $m == 7 then {egress: [{toCIDRSet: [{cidr: "172.\(16 + $i % 16).\(($i / 16 | floor) % 256).0/24",
+                                                   except: ["172.\(16 + $i % 16).\(($i / 16 | floor) % 256).128/25"]}],
+                                      toPorts: ports($i; "TCP")}]}
+         elif $m == 8 then {ingress: [{fromCIDR: ["192.168.\($i % 256).0/24"], toPorts: ports($i; "TCP")}]}
+         else {ingressDeny: [{fromEndpoints: [{matchLabels: {app: "a\(($i * 3) % 25)"}}], toPorts: ports($i; "TCP")}]} end
+    ]
+    + [{labels: [{key: "bench", value: "policy"}, {key: "rule", value: "probe"}],
+        endpointSelector: {matchExpressions: [{key: "app", operator: "In", values: [range(0; 10) | "a\(.)"]}]},
+        ingress: [{fromEndpoints: [{matchLabels: {role: "probe"}}], toPorts: [{ports: [{port: "9090", protocol: "TCP"}]}]}]},
+       {labels: [{key: "bench", value: "policy"}, {key: "rule", value: "ping-in"}],
+        endpointSelector: {matchLabels: {app: "a0"}},
+        ingress: [{fromEndpoints: [{matchLabels: {app: "a1"}}]}]},
+       {labels: [{key: "bench", value: "policy"}, {key: "rule", value: "ping-out"}],
+        endpointSelector: {matchLabels: {app: "a1"}},
+        egress: [{toEndpoints: [{matchLabels: {app: "a0"}}]}]}]'
+}
+
+# The weft-manager process's resident set in KiB (lib.sh starts it with nsenter, which execs it:
+# the PID is the manager's own).
+manager_rss_kib() { awk '/^VmRSS:/ {print $2}' "/proc/$WEFT_MANAGER_PID/status"; }
