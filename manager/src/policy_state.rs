@@ -143,6 +143,8 @@ impl PolicyState {
         rules: Vec<Rule>,
     ) -> Result<(RepoChange, Effects), PolicyStateError> {
         let change = self.repo.add(rules);
+        // The revision moved even when every rule was replaced by an identical one.
+        self.store.put_meta(REPO_KEY, &self.repo)?;
         self.after_repo_change(change)
     }
 

@@ -150,7 +150,10 @@ pub async fn housekeeping(manager: std::sync::Arc<Manager>, every: Duration) {
 pub async fn reap_abandoned(manager: &Manager, now_ms: u64) -> usize {
     let mut reaped = 0;
     for ep in manager.endpoints() {
-        if validate(&ep, None, true, now_ms) != Some(Invalid::Abandoned) {
+        // A DEL whose datapath step failed left the endpoint `deleting`; finish it here rather
+        // than hold its IP until the next restart.
+        let stuck = ep.state == EndpointState::Deleting;
+        if !stuck && validate(&ep, None, true, now_ms) != Some(Invalid::Abandoned) {
             continue;
         }
         match manager.remove_fully(&ep).await {

@@ -62,8 +62,10 @@ impl Store {
     /// Opens (or creates) the database under `dir`.
     pub fn open(dir: &Path) -> Result<Self, StoreError> {
         let path = dir.join("db");
+        // sled's default page cache is 1 GiB; the manager's working set is a few MiB.
         let db = sled::Config::new()
             .path(&path)
+            .cache_capacity(16 * 1024 * 1024)
             .open()
             .map_err(|source| StoreError::Open {
                 path: path.display().to_string(),

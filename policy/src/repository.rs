@@ -94,7 +94,9 @@ impl Repository {
 
     /// Adds rules. An existing rule whose labels contain a new rule's labels is replaced
     /// (Cilium's `SearchRLocked` subset match); rules without labels replace nothing.
-    /// Always bumps the revision.
+    /// Always bumps the revision. A rule replaced by an identical one is in neither list of the
+    /// returned change: re-importing a file with one rule edited regenerates only the endpoints
+    /// that rule selects.
     pub fn add(&mut self, rules: Vec<Rule>) -> RepoChange {
         let keys: BTreeSet<Vec<Label>> = rules
             .iter()
@@ -107,9 +109,20 @@ impl Repository {
         self.rules = kept;
         self.rules.extend(rules.iter().cloned());
         self.revision += 1;
+        let mut removed = removed;
+        let added = rules
+            .into_iter()
+            .filter(|r| match removed.iter().position(|old| old == r) {
+                Some(i) => {
+                    removed.swap_remove(i);
+                    false
+                }
+                None => true,
+            })
+            .collect();
         RepoChange {
             revision: self.revision,
-            added: rules,
+            added,
             removed,
         }
     }
@@ -197,6 +210,32 @@ impl Repository {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn identical_replacement_is_not_a_change_but_bumps_the_revision() {
+        let rules = crate::parse::parse_policy_file(
+            "t.json",
+            r#"[{"labels":[{"key":"name","value":"a"}],"endpointSelector":{"matchLabels":{"app":"x"}},"ingress":[{}]},
+                {"labels":[{"key":"name","value":"b"}],"endpointSelector":{"matchLabels":{"app":"y"}},"ingress":[{}]}]"#,
+        )
+        .unwrap();
+        let mut repo = Repository::new();
+        repo.add(rules.clone());
+        let rev = repo.revision();
+        let same = repo.add(rules.clone());
+        assert!(same.is_empty(), "{same:?}");
+        assert_eq!(same.revision, rev + 1);
+        let mut edited = rules;
+        edited[1].endpoint_selector = edited[0].endpoint_selector.clone();
+        let one = repo.add(edited);
+        assert_eq!(
+            (one.added.len(), one.removed.len()),
+            (1, 1),
+            "only rule b changed"
+        );
+        assert_eq!(repo.rules().len(), 2);
+    }
+
     use super::*;
     use crate::selector::Selector;
 
@@ -214,8 +253,10 @@ mod tests {
         assert_eq!(r.revision(), 1);
         let c = r.add(vec![rule(&["name=a"]), rule(&["name=b"])]);
         assert_eq!((c.revision, c.added.len(), c.removed.len()), (2, 2, 0));
-        let c = r.add(vec![rule(&["name=a"])]);
-        assert_eq!((c.revision, c.removed.len()), (3, 1));
+        let mut v2 = rule(&["name=a"]);
+        v2.description = "second version".into();
+        let c = r.add(vec![v2]);
+        assert_eq!((c.revision, c.added.len(), c.removed.len()), (3, 1, 1));
         assert_eq!(r.rules().len(), 2);
         // Unlabelled rules accumulate.
         r.add(vec![rule(&[])]);

@@ -162,11 +162,19 @@ fn cnp_specs_in_a_list() {
         "no protocol = ANY = TCP/UDP/SCTP"
     );
     assert!(rules[1].applies(Direction::Ingress) && rules[1].ingress.is_empty());
-    // Re-importing the object replaces both specs.
+    // Re-importing the object replaces both specs; identical ones are no change at all.
     let mut repo = Repository::new();
     repo.add(rules.clone());
-    let change = repo.add(rules);
-    assert_eq!((change.removed.len(), repo.rules().len()), (2, 2));
+    let change = repo.add(rules.clone());
+    assert_eq!((change.removed.len(), repo.rules().len()), (0, 2));
+    let mut edited = rules;
+    edited.truncate(1);
+    let change = repo.add(edited);
+    assert_eq!(
+        (change.removed.len(), repo.rules().len()),
+        (1, 1),
+        "the object now has one spec"
+    );
 }
 
 #[test]

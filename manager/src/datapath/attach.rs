@@ -90,7 +90,8 @@ pub(crate) fn detach(
         Ok(link) => link,
         Err(e)
             if e.raw_os_error() == Some(libc::ENODEV)
-                || e.kind() == std::io::ErrorKind::NotFound =>
+                || e.kind() == std::io::ErrorKind::NotFound
+                || !link_exists(ifname) =>
         {
             return Ok(());
         }
@@ -106,6 +107,14 @@ pub(crate) fn detach(
         {
             Ok(())
         }
+        // The CNI deletes the host veth while the manager detaches (DEL runs both at once): a
+        // veth torn down mid-request answers with assorted netlink errors, some without an
+        // errno. A filter on a link that no longer exists is detached, whatever the error said.
+        Err(_) if !link_exists(ifname) => Ok(()),
         Err(e) => Err(program_error(program, ifname, e)),
     }
+}
+
+fn link_exists(ifname: &str) -> bool {
+    nix::net::if_::if_nametoindex(ifname).is_ok()
 }
