@@ -143,8 +143,11 @@ impl PolicyState {
         rules: Vec<Rule>,
     ) -> Result<(RepoChange, Effects), PolicyStateError> {
         let change = self.repo.add(rules);
-        // The revision moved even when every rule was replaced by an identical one.
-        self.store.put_meta(REPO_KEY, &self.repo)?;
+        if change.is_empty() {
+            // Every rule was replaced by an identical one: nothing to regenerate, but the
+            // revision moved and must survive a restart.
+            self.store.put_meta(REPO_KEY, &self.repo)?;
+        }
         self.after_repo_change(change)
     }
 

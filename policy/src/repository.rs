@@ -109,17 +109,23 @@ impl Repository {
         self.rules = kept;
         self.rules.extend(rules.iter().cloned());
         self.revision += 1;
-        let mut removed = removed;
-        let added = rules
-            .into_iter()
-            .filter(|r| match removed.iter().position(|old| old == r) {
+        // Pair each new rule with an identical replaced one. Re-imported files keep their order,
+        // so the next unpaired old rule is tried first and the search is linear in practice.
+        let mut old: Vec<Option<Rule>> = removed.into_iter().map(Some).collect();
+        let mut hint = 0;
+        let mut added = Vec::new();
+        for r in rules {
+            let same = |o: &Option<Rule>| o.as_ref() == Some(&r);
+            let found = (hint..old.len()).chain(0..hint).find(|&i| same(&old[i]));
+            match found {
                 Some(i) => {
-                    removed.swap_remove(i);
-                    false
+                    old[i] = None;
+                    hint = i + 1;
                 }
-                None => true,
-            })
-            .collect();
+                None => added.push(r),
+            }
+        }
+        let removed: Vec<Rule> = old.into_iter().flatten().collect();
         RepoChange {
             revision: self.revision,
             added,

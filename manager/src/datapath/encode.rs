@@ -12,7 +12,7 @@
 //! as a deny. Then, per identity, the longest match is deny exactly when some deny covers the
 //! packet; across the two identities the datapath lets a deny from either win.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use weft_ebpf::{self as abi, PolicyKey};
 use weft_policy::mapstate::{Direction, EndpointPolicy, Verdict};
 
@@ -102,18 +102,23 @@ pub fn encode_policy(endpoint_id: u32, policy: &EndpointPolicy) -> Encoded {
             *v = (*v).max(verdict); // VERDICT_DENY > VERDICT_ALLOW
         }
     }
-    let denies: Vec<PolicyBlock> = out
-        .iter()
-        .filter(|&(_, &v)| v == abi::VERDICT_DENY)
-        .map(|(b, _)| *b)
-        .collect();
+    // Only a deny of the same identity and direction can cover an allow block: grouping them
+    // keeps this pass linear in practice (a policy has thousands of allows, few denies each).
+    let mut denies: HashMap<(u32, u8), Vec<PolicyBlock>> = HashMap::new();
+    for (b, _) in out.iter().filter(|&(_, &v)| v == abi::VERDICT_DENY) {
+        denies
+            .entry((b.key.identity, b.key.direction))
+            .or_default()
+            .push(*b);
+    }
+    if denies.is_empty() {
+        return out;
+    }
     for (b, v) in &mut out {
         if *v == abi::VERDICT_ALLOW
-            && denies.iter().any(|d| {
-                d.key.identity == b.key.identity
-                    && d.key.direction == b.key.direction
-                    && contains(d, b)
-            })
+            && denies
+                .get(&(b.key.identity, b.key.direction))
+                .is_some_and(|ds| ds.iter().any(|d| contains(d, b)))
         {
             *v = abi::VERDICT_DENY;
         }

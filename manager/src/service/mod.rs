@@ -60,8 +60,10 @@ pub enum ManagerError {
 pub(crate) struct State {
     pub(crate) reg: Registry,
     pub(crate) pol: PolicyState,
-    /// The policy last installed per endpoint: regeneration skips endpoints it would not change.
-    pub(crate) installed: BTreeMap<u32, EndpointPolicy>,
+    /// Fingerprint of the policy last installed per endpoint: regeneration skips endpoints it
+    /// would not change. Only a hash: the datapath keeps the entries themselves (it diffs
+    /// against them), and a second full copy per endpoint would double the manager's memory.
+    pub(crate) installed: BTreeMap<u32, u64>,
 }
 
 /// The running manager.
@@ -91,6 +93,19 @@ pub(crate) fn datapath_view(ep: &Endpoint) -> Option<EndpointDatapath> {
         ips: ep.ips.iter().map(|i| i.address).collect(),
         pod_mac,
     })
+}
+
+/// A 64-bit digest of a computed policy, to notice when a regeneration would change nothing.
+pub(crate) fn fingerprint(policy: &EndpointPolicy) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    policy.ingress_enforced.hash(&mut h);
+    policy.egress_enforced.hash(&mut h);
+    for (entry, verdict) in &policy.entries {
+        entry.hash(&mut h);
+        verdict.hash(&mut h);
+    }
+    h.finish()
 }
 
 /// `aa:bb:cc:dd:ee:ff` → bytes.
@@ -307,7 +322,7 @@ impl Manager {
         let policy = st.pol.compute(&from_api_labels(&ep.labels));
         self.datapath.apply_policy(ep.id, &policy)?;
         let datapath_us = t0.elapsed().as_micros();
-        st.installed.insert(ep.id, policy);
+        st.installed.insert(ep.id, fingerprint(&policy));
         ep.policy_revision = st.pol.repo().revision();
         let ep = st.reg.update(ep)?;
         tracing::info!(

@@ -159,7 +159,8 @@ impl Manager {
                 continue;
             }
             let policy = st.pol.compute(&from_api_labels(&ep.labels));
-            if st.installed.get(&id) != Some(&policy) {
+            let print = super::fingerprint(&policy);
+            if st.installed.get(&id) != Some(&print) {
                 let t0 = std::time::Instant::now();
                 self.datapath.apply_policy(id, &policy)?;
                 tracing::debug!(
@@ -168,7 +169,7 @@ impl Manager {
                     us = t0.elapsed().as_micros(),
                     "endpoint regenerated"
                 );
-                st.installed.insert(id, policy);
+                st.installed.insert(id, print);
                 changed += 1;
             }
             st.reg.set_revision(id, rev);
