@@ -51,9 +51,9 @@ impl From<ManagerError> for HttpError {
             ManagerError::Endpoint(EndpointError::NotFound(_)) => {
                 Self::new(StatusCode::NOT_FOUND, "not_found", msg)
             }
-            ManagerError::Endpoint(EndpointError::WrongOwner { .. }) => {
-                Self::new(StatusCode::CONFLICT, "conflict", msg)
-            }
+            ManagerError::Endpoint(
+                EndpointError::WrongOwner { .. } | EndpointError::BeingDeleted(_),
+            ) => Self::new(StatusCode::CONFLICT, "conflict", msg),
             ManagerError::Endpoint(EndpointError::Invalid(_) | EndpointError::Ipam(_)) => {
                 Self::new(StatusCode::BAD_REQUEST, "invalid", msg)
             }

@@ -33,6 +33,9 @@ pub enum EndpointError {
         /// Who asked.
         claimed: String,
     },
+    /// The endpoint is being deleted; it cannot become ready again.
+    #[error("endpoint {0} is being deleted; ADD again after the DEL completes")]
+    BeingDeleted(u32),
     /// The request is malformed.
     #[error("invalid request: {0}")]
     Invalid(String),
@@ -187,6 +190,10 @@ impl Registry {
                 owner: ep.container_id.clone(),
                 claimed: reg.container_id.clone(),
             });
+        }
+        if ep.state == EndpointState::Deleting {
+            // A register racing a DEL (or a reaped ADD) must not bring the endpoint back.
+            return Err(EndpointError::BeingDeleted(id));
         }
         if reg.host_ifname != ep.host_ifname {
             return Err(EndpointError::Invalid(format!(
@@ -364,6 +371,14 @@ mod tests {
         let ready = r.prepare_ready(a.id, &register(&a)).unwrap();
         r.update(ready).unwrap();
         assert_eq!(r.get(a.id).unwrap().state, EndpointState::Ready);
+    }
+
+    #[test]
+    fn register_refuses_an_endpoint_being_deleted() {
+        let mut r = reg();
+        let a = r.allocate_test(&req("c1")).unwrap();
+        r.begin_delete("c1", "eth0").unwrap();
+        assert!(r.prepare_ready(a.id, &register(&a)).is_err());
     }
 
     #[test]
