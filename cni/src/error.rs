@@ -170,7 +170,7 @@ impl From<ClientError> for CniError {
             },
             ClientError::Api { body, .. } => match body.kind.as_str() {
                 "pool_exhausted" => Self::PoolExhausted(body.message),
-                "not_ready" => Self::TryAgainLater {
+                "not_ready" | "busy" => Self::TryAgainLater {
                     msg: format!("weft-manager is not ready: {}", body.message),
                     details: String::new(),
                 },

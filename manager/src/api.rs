@@ -51,9 +51,13 @@ impl From<ManagerError> for HttpError {
             ManagerError::Endpoint(EndpointError::NotFound(_)) => {
                 Self::new(StatusCode::NOT_FOUND, "not_found", msg)
             }
-            ManagerError::Endpoint(
-                EndpointError::WrongOwner { .. } | EndpointError::BeingDeleted(_),
-            ) => Self::new(StatusCode::CONFLICT, "conflict", msg),
+            // Retryable: the CNI maps `busy` to "try again later" (code 11).
+            ManagerError::Endpoint(EndpointError::BeingDeleted(_)) => {
+                Self::new(StatusCode::SERVICE_UNAVAILABLE, "busy", msg)
+            }
+            ManagerError::Endpoint(EndpointError::WrongOwner { .. }) => {
+                Self::new(StatusCode::CONFLICT, "conflict", msg)
+            }
             ManagerError::Endpoint(EndpointError::Invalid(_) | EndpointError::Ipam(_)) => {
                 Self::new(StatusCode::BAD_REQUEST, "invalid", msg)
             }

@@ -378,7 +378,10 @@ mod tests {
         let mut r = reg();
         let a = r.allocate_test(&req("c1")).unwrap();
         r.begin_delete("c1", "eth0").unwrap();
-        assert!(r.prepare_ready(a.id, &register(&a)).is_err());
+        assert!(matches!(
+            r.prepare_ready(a.id, &register(&a)),
+            Err(EndpointError::BeingDeleted(_))
+        ));
     }
 
     #[test]

@@ -91,12 +91,23 @@ pub async fn restore_endpoints(
     Ok((kept, removed))
 }
 
-/// Completes every DEL that was queued while the manager was down.
+/// Completes every DEL that was queued while the manager was down. Each endpoint is marked
+/// `deleting` while the queue is still locked, so an ADD for the same pair that comes in
+/// meanwhile finds the delete in progress (and is told to retry) instead of a file-less queue
+/// and then losing its new endpoint to this drain.
 pub async fn drain_delete_queue(manager: &Manager, queue: &DeleteQueue) -> usize {
     let mut pending = Vec::new();
     let report = queue.drain(|req| {
-        pending.push(req.clone());
-        true
+        match manager.begin_delete_pair(&req.container_id, &req.ifname) {
+            Ok(ep) => {
+                pending.push((req.clone(), ep));
+                true
+            }
+            Err(e) => {
+                tracing::error!(container_id = %req.container_id, "queued DEL kept for later: {e}");
+                false
+            }
+        }
     });
     let report = match report {
         Ok(r) => r,
@@ -108,9 +119,9 @@ pub async fn drain_delete_queue(manager: &Manager, queue: &DeleteQueue) -> usize
     for bad in &report.corrupt {
         tracing::warn!(path = %bad.display(), "unreadable delete request moved aside");
     }
-    for req in &pending {
-        let result = match manager.find(&req.container_id, &req.ifname) {
-            Some(ep) => manager.remove_fully(&ep).await,
+    for (req, ep) in &pending {
+        let result = match ep {
+            Some(ep) => manager.remove_fully(ep).await.map(drop),
             None => {
                 manager
                     .delete_host_link(&naming::host_ifname(&req.container_id, &req.ifname))
@@ -121,7 +132,7 @@ pub async fn drain_delete_queue(manager: &Manager, queue: &DeleteQueue) -> usize
             Ok(()) => {
                 tracing::info!(container_id = %req.container_id, ifname = %req.ifname, "queued DEL completed");
             }
-            // The request file is gone; a later restore validation still catches the leftovers.
+            // Marked `deleting`: housekeeping finishes it.
             Err(e) => tracing::error!(container_id = %req.container_id, "queued DEL failed: {e}"),
         }
     }
@@ -142,6 +153,11 @@ pub async fn housekeeping(manager: std::sync::Arc<Manager>, every: Duration) {
             drain_delete_queue(&manager, queue).await;
         }
         reap_abandoned(&manager, crate::clock::now_ms()).await;
+        match manager.repair_if_needed() {
+            Ok(true) => tracing::warn!("recomputed every endpoint after a failed regeneration"),
+            Ok(false) => {}
+            Err(e) => tracing::error!("full regeneration failed; retrying: {e}"),
+        }
     }
 }
 
@@ -157,8 +173,14 @@ pub async fn reap_abandoned(manager: &Manager, now_ms: u64) -> usize {
             continue;
         }
         match manager.remove_fully(&ep).await {
-            Ok(()) => {
-                tracing::warn!(endpoint_id = ep.id, container_id = %ep.container_id, "reaped an ADD that never completed");
+            Ok(false) => {}
+            Ok(true) => {
+                let what = if stuck {
+                    "finished an interrupted delete"
+                } else {
+                    "reaped an ADD that never completed"
+                };
+                tracing::warn!(endpoint_id = ep.id, container_id = %ep.container_id, "{what}");
                 reaped += 1;
             }
             Err(e) => tracing::error!(

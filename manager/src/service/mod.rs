@@ -79,6 +79,8 @@ pub struct Manager {
     regenerations: AtomicU64,
     /// DELs the CNI queued while this manager was unreachable.
     delete_queue: Option<DeleteQueue>,
+    /// A regeneration failed half-way: housekeeping recomputes every endpoint.
+    needs_regeneration: AtomicBool,
 }
 
 /// The datapath's view of a registered endpoint (`None` before registration).
@@ -143,7 +145,26 @@ impl Manager {
             restore_ms: Mutex::new(Vec::new()),
             regenerations: AtomicU64::new(0),
             delete_queue: None,
+            needs_regeneration: AtomicBool::new(false),
         }
+    }
+
+    /// Asks housekeeping to recompute every endpoint: a policy or label change failed after
+    /// it was recorded, and a retry of the same request would see nothing to do.
+    pub fn mark_needs_regeneration(&self) {
+        self.needs_regeneration.store(true, Ordering::SeqCst);
+    }
+
+    /// Runs a full regeneration if one was asked for. Returns whether it ran.
+    pub fn repair_if_needed(&self) -> Result<bool, ManagerError> {
+        if !self.needs_regeneration.swap(false, Ordering::SeqCst) {
+            return Ok(false);
+        }
+        let result = self.regenerate_all().and_then(|_| self.reconcile_ipcache());
+        if result.is_err() {
+            self.mark_needs_regeneration();
+        }
+        result.map(|_| true)
     }
 
     /// Attaches the CNI's delete queue (see [`Manager::allocate`]).
@@ -260,18 +281,20 @@ impl Manager {
     /// whose selectors match a new identity are regenerated now, so they already allow the new
     /// pod when its IPs appear in the ipcache at registration.
     pub fn allocate(&self, req: &AllocateRequest) -> Result<Endpoint, ManagerError> {
-        let mut st = self.state();
         // A DEL for this pair queued while the manager was unreachable came before this ADD:
-        // apply it first, or a later drain would remove what this ADD creates. The CNI deleted
-        // the host veth before queueing, so only the datapath and the record remain.
+        // apply it first, or a later drain would remove what this ADD creates. Taken before
+        // the state lock: the drain holds the queue lock while it takes the state lock.
         let queued = self
             .delete_queue
             .as_ref()
             .map_or(Ok(false), |q| q.take(&req.container_id, &req.ifname));
+        let mut st = self.state();
         match queued {
             Ok(true) => {
                 if let Some(ep) = st.reg.begin_delete(&req.container_id, &req.ifname)? {
-                    self.forget_locked(&mut st, &ep)?;
+                    // The CNI's DEL tried to delete the host veth too; if that failed, this
+                    // ADD's veth creation fails with "exists" and the runtime's DEL removes it.
+                    self.forget_locked(&mut st, ep.id)?;
                     tracing::info!(endpoint_id = ep.id, container_id = %ep.container_id, "queued DEL applied before a new ADD");
                 }
             }
@@ -279,6 +302,9 @@ impl Manager {
             Err(e) => tracing::error!("delete queue: {e}"),
         }
         if let Some(ep) = st.reg.find(&req.container_id, &req.ifname) {
+            if ep.state == EndpointState::Deleting {
+                return Err(EndpointError::BeingDeleted(ep.id).into());
+            }
             return Ok(ep.clone());
         }
         let labels = weft_policy::labels::LabelSet::for_pod(
@@ -320,11 +346,25 @@ impl Manager {
         self.datapath.attach_endpoint(&view)?;
         let attach_us = t0.elapsed().as_micros();
         let policy = st.pol.compute(&from_api_labels(&ep.labels));
-        self.datapath.apply_policy(ep.id, &policy)?;
+        ep.policy_revision = st.pol.repo().revision();
+        let done = self
+            .datapath
+            .apply_policy(ep.id, &policy)
+            .map_err(ManagerError::from)
+            .and_then(|()| Ok(st.reg.update(ep)?));
+        let ep = match done {
+            Ok(ep) => ep,
+            Err(e) => {
+                // The record stays `allocated` without an ifindex, so nothing else would ever
+                // detach what was just attached.
+                if let Err(d) = self.datapath.detach_endpoint(&view) {
+                    tracing::error!(endpoint_id = id, "undoing a failed register: {d}");
+                }
+                return Err(e);
+            }
+        };
         let datapath_us = t0.elapsed().as_micros();
         st.installed.insert(ep.id, fingerprint(&policy));
-        ep.policy_revision = st.pol.repo().revision();
-        let ep = st.reg.update(ep)?;
         tracing::info!(
             endpoint_id = ep.id,
             host_ifname = %ep.host_ifname,
@@ -343,7 +383,7 @@ impl Manager {
         let Some(ep) = st.reg.begin_delete(container_id, ifname)? else {
             return Ok(DeleteResponse { deleted: None });
         };
-        let deleted = self.forget_locked(&mut st, &ep)?;
+        let deleted = self.forget_locked(&mut st, ep.id)?;
         if let Some(ep) = &deleted {
             tracing::info!(
                 endpoint_id = ep.id,
@@ -355,37 +395,64 @@ impl Manager {
         Ok(DeleteResponse { deleted })
     }
 
-    fn forget_locked(
-        &self,
-        st: &mut State,
-        ep: &Endpoint,
-    ) -> Result<Option<Endpoint>, ManagerError> {
-        if let Some(view) = datapath_view(ep) {
+    /// Finishes the delete of endpoint `id`: datapath state, then the record, its IPs and its
+    /// identity reference. Works from the record as it is now, and only if it is still being
+    /// deleted: another path may have finished it while the caller waited for the lock.
+    fn forget_locked(&self, st: &mut State, id: u32) -> Result<Option<Endpoint>, ManagerError> {
+        let Some(ep) = st.reg.get(id).cloned() else {
+            return Ok(None);
+        };
+        if ep.state != EndpointState::Deleting {
+            return Ok(None);
+        }
+        if let Some(view) = datapath_view(&ep) {
             self.datapath.detach_endpoint(&view)?;
         }
-        st.installed.remove(&ep.id);
-        let deleted = st.reg.forget(ep.id)?;
-        if deleted.is_some() && ep.identity != 0 {
-            let effects = st.pol.release(ep.identity)?;
+        st.installed.remove(&id);
+        let deleted = st.reg.forget(id)?;
+        if let Some(gone) = &deleted
+            && gone.identity != 0
+        {
+            let effects = st.pol.release(gone.identity)?;
             self.regenerate_users(st, &effects.changed)?;
         }
         Ok(deleted)
     }
 
+    /// Marks the endpoint of a pair `deleting` (the delete-queue drain does this while it holds
+    /// the queue lock, so an ADD for the same pair afterwards sees the delete in progress).
+    pub fn begin_delete_pair(
+        &self,
+        container_id: &str,
+        ifname: &str,
+    ) -> Result<Option<Endpoint>, ManagerError> {
+        Ok(self.state().reg.begin_delete(container_id, ifname)?)
+    }
+
     /// Tears an endpoint down completely on the manager's own initiative (restore, GC, reaper,
-    /// queued DEL): `deleting` first, then the host veth, then datapath and record.
-    pub async fn remove_fully(&self, ep: &Endpoint) -> Result<(), ManagerError> {
-        let Some(ep) = self
-            .state()
-            .reg
-            .begin_delete(&ep.container_id, &ep.ifname)?
-        else {
-            return Ok(());
+    /// queued DEL): `deleting` first, then the host veth, then datapath and record. `ep` is the
+    /// caller's snapshot: if the endpoint changed since (another id owns the pair now, or it
+    /// moved to another state, e.g. an abandoned-looking ADD registered meanwhile), nothing is
+    /// done and `false` is returned.
+    pub async fn remove_fully(&self, ep: &Endpoint) -> Result<bool, ManagerError> {
+        let doomed = {
+            let mut st = self.state();
+            let same = st
+                .reg
+                .get(ep.id)
+                .is_some_and(|cur| cur.state == ep.state || cur.state == EndpointState::Deleting);
+            if !same {
+                return Ok(false);
+            }
+            match st.reg.begin_delete(&ep.container_id, &ep.ifname)? {
+                Some(cur) if cur.id == ep.id => cur,
+                _ => return Ok(false),
+            }
         };
-        self.hostnet.delete_link(&ep.host_ifname).await?;
+        self.hostnet.delete_link(&doomed.host_ifname).await?;
         let mut st = self.state();
-        self.forget_locked(&mut st, &ep)?;
-        Ok(())
+        self.forget_locked(&mut st, doomed.id)?;
+        Ok(true)
     }
 
     /// The CNI's delete queue, when attached.
@@ -418,9 +485,10 @@ impl Manager {
             .collect();
         let mut released = Vec::new();
         for ep in doomed {
-            self.remove_fully(&ep).await?;
-            tracing::info!(endpoint_id = ep.id, container_id = %ep.container_id, "released by GC");
-            released.push(ep);
+            if self.remove_fully(&ep).await? {
+                tracing::info!(endpoint_id = ep.id, container_id = %ep.container_id, "released by GC");
+                released.push(ep);
+            }
         }
         Ok(GcResponse { released })
     }

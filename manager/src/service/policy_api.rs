@@ -101,7 +101,7 @@ fn parse_protocol(p: &str) -> Result<u8, ManagerError> {
 }
 
 impl Manager {
-    fn apply_effects_after(&self, st: &mut State, effects: &Effects) -> Result<(), ManagerError> {
+    fn apply_effects_after(&self, effects: &Effects) -> Result<(), ManagerError> {
         // New CIDR identities enter the ipcache only once every endpoint's policy knows them;
         // released ones leave after no policy refers to them any more.
         for (prefix, id) in &effects.ipcache_add {
@@ -110,7 +110,6 @@ impl Manager {
         for prefix in &effects.ipcache_remove {
             self.datapath.remove_ipcache(*prefix)?;
         }
-        let _ = st;
         Ok(())
     }
 
@@ -123,8 +122,10 @@ impl Manager {
             .map_err(|e| ManagerError::Invalid(e.to_string()))?;
         let mut st = self.state();
         let (change, effects) = st.pol.add_rules(rules)?;
-        let regenerated = self.regenerate_for_change(&mut st, &change, &effects.changed)?;
-        self.apply_effects_after(&mut st, &effects)?;
+        let regenerated = self
+            .regenerate_for_change(&mut st, &change, &effects.changed)
+            .and_then(|n| self.apply_effects_after(&effects).map(|()| n))
+            .inspect_err(|_| self.mark_needs_regeneration())?;
         let result = ImportResult {
             revision: st.pol.repo().revision(),
             rules: st.pol.repo().rules().len(),
@@ -160,8 +161,10 @@ impl Manager {
             .collect::<Result<_, _>>()?;
         let mut st = self.state();
         let (change, effects) = st.pol.delete_rules(&filter, all)?;
-        let regenerated = self.regenerate_for_change(&mut st, &change, &effects.changed)?;
-        self.apply_effects_after(&mut st, &effects)?;
+        let regenerated = self
+            .regenerate_for_change(&mut st, &change, &effects.changed)
+            .and_then(|n| self.apply_effects_after(&effects).map(|()| n))
+            .inspect_err(|_| self.mark_needs_regeneration())?;
         Ok(ImportResult {
             revision: st.pol.repo().revision(),
             rules: st.pol.repo().rules().len(),
@@ -223,6 +226,9 @@ impl Manager {
             .get(id)
             .cloned()
             .ok_or(crate::endpoint::EndpointError::NotFound(id))?;
+        if ep.state == EndpointState::Deleting {
+            return Err(crate::endpoint::EndpointError::BeingDeleted(id).into());
+        }
         let old_labels = from_api_labels(&ep.labels);
         let new_labels = old_labels
             .with_user_changes(&add, &remove)
@@ -232,18 +238,34 @@ impl Manager {
         }
         let old_id = ep.identity;
         let (new_id, gained) = st.pol.acquire(&new_labels)?;
-        self.regenerate_users(&mut st, &gained.changed)?;
         ep.labels = to_api_labels(&new_labels);
         ep.identity = new_id;
-        let ep = st.reg.update(ep)?;
-        if ep.state == EndpointState::Ready
-            && let Some(view) = datapath_view(&ep)
-        {
-            self.datapath.attach_endpoint(&view)?;
-            self.regenerate(&mut st, &[ep.id])?;
+        // Peers first, then the endpoint's own entry and ipcache addresses, then its record: a
+        // failure before the record is written leaves the old identity in force everywhere.
+        let programmed = self
+            .regenerate_users(&mut st, &gained.changed)
+            .and_then(|_| match (ep.state, datapath_view(&ep)) {
+                (EndpointState::Ready, Some(view)) => Ok(self.datapath.attach_endpoint(&view)?),
+                _ => Ok(()),
+            });
+        if let Err(e) = programmed {
+            st.pol.release(new_id)?;
+            self.mark_needs_regeneration();
+            return Err(e);
         }
-        let lost = st.pol.release(old_id)?;
-        self.regenerate_users(&mut st, &lost.changed)?;
+        let ep = st.reg.update(ep)?;
+        let lost = st
+            .pol
+            .release(old_id)
+            .map_err(ManagerError::from)
+            .and_then(|lost| {
+                self.regenerate(&mut st, &[ep.id])?;
+                self.regenerate_users(&mut st, &lost.changed)
+            });
+        if let Err(e) = lost {
+            self.mark_needs_regeneration();
+            return Err(e);
+        }
         tracing::info!(
             endpoint_id = id,
             old_identity = old_id,
@@ -300,12 +322,13 @@ impl Manager {
             .iter()
             .map(|s| Label::parse_filter(s).map_err(|e| ManagerError::Invalid(e.to_string())))
             .collect::<Result<_, _>>()?;
-        let mut hits: Vec<&Endpoint> = st
+        let by_identity: std::collections::BTreeMap<Identity, &Endpoint> = st
             .reg
             .list()
             .filter(|ep| from_api_labels(&ep.labels).contains_all(&wanted))
+            .map(|ep| (ep.identity, ep))
             .collect();
-        hits.dedup_by_key(|ep| ep.identity);
+        let hits: Vec<&Endpoint> = by_identity.into_values().collect();
         match hits.as_slice() {
             [ep] => Ok(local(ep)),
             [] => Err(ManagerError::Invalid(format!(

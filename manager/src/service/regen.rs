@@ -54,14 +54,15 @@ impl Manager {
             .map(|ep| ep.id)
             .collect();
         let n = self.regenerate(st, &ids)?;
+        // Endpoints the change cannot affect enforce the new revision as they are.
         let rev = st.pol.repo().revision();
-        let ready: Vec<u32> = st
+        let rest: Vec<u32> = st
             .reg
             .list()
-            .filter(|ep| ep.state == EndpointState::Ready)
+            .filter(|ep| ep.state == EndpointState::Ready && !ids.contains(&ep.id))
             .map(|ep| ep.id)
             .collect();
-        for id in ready {
+        for id in rest {
             st.reg.set_revision(id, rev);
         }
         Ok(n)

@@ -317,3 +317,93 @@ fn metrics_expose_restore_phases_and_counts() {
         "{text}"
     );
 }
+
+#[tokio::test]
+async fn a_stale_snapshot_never_tears_down_an_endpoint_that_moved_on() {
+    let w = world();
+    let seen = alloc(&w.m, "slow-cni", "a");
+    // The reaper or GC saw it `allocated`; it registered before the removal got the lock.
+    make_ready(&w.m, &seen);
+    assert!(!w.m.remove_fully(&seen).await.unwrap());
+    assert_eq!(
+        w.m.find("slow-cni", "eth0").unwrap().state,
+        EndpointState::Ready
+    );
+    // A DEL and a new ADD for the same pair: the old snapshot names another id now.
+    w.m.delete("slow-cni", "eth0").unwrap();
+    let again = alloc(&w.m, "slow-cni", "a");
+    assert_ne!(again.id, seen.id);
+    assert!(!w.m.remove_fully(&seen).await.unwrap());
+    assert!(w.m.find("slow-cni", "eth0").is_some());
+}
+
+#[test]
+fn a_queued_del_is_applied_before_a_new_add_of_the_same_pair() {
+    let dir = tempfile::tempdir().unwrap();
+    let queue = weft_api::delete_queue::DeleteQueue::for_socket(&dir.path().join("m.sock"));
+    let net = Arc::new(FakeHostNet::default());
+    let dp = Arc::new(FakeDatapath::default());
+    let cidr = crate::node::select(
+        &crate::node::NodeManifest::default(),
+        &["10.0.1.0/24".into()],
+    )
+    .unwrap()
+    .cidrs();
+    let store = Store::temporary().unwrap();
+    let reg = Registry::open(store.clone(), vec![Pool::new(cidr[0].cidr)]).unwrap();
+    let (pol, _) = PolicyState::restore(store, []).unwrap();
+    let m =
+        Manager::new("n".into(), cidr, reg, pol, net, dp.clone()).with_delete_queue(queue.clone());
+    let old = m
+        .allocate(&AllocateRequest {
+            container_id: "c".into(),
+            ifname: "eth0".into(),
+            netns: "/x".into(),
+            pod_namespace: None,
+            pod_name: None,
+            labels: vec![],
+        })
+        .unwrap();
+    make_ready(&m, &old);
+    // The manager was unreachable for the DEL; the runtime then ADDs the same pair again.
+    queue
+        .push(&weft_api::delete_queue::DeleteRequest {
+            container_id: "c".into(),
+            ifname: "eth0".into(),
+        })
+        .unwrap();
+    let new = m
+        .allocate(&AllocateRequest {
+            container_id: "c".into(),
+            ifname: "eth0".into(),
+            netns: "/x".into(),
+            pod_namespace: None,
+            pod_name: None,
+            labels: vec![],
+        })
+        .unwrap();
+    assert_ne!(new.id, old.id, "a fresh endpoint, not the deleted one");
+    assert!(queue.is_empty().unwrap());
+    assert!(!dp.attached().iter().any(|e| e.endpoint_id == old.id));
+}
+
+#[test]
+fn an_add_for_a_pair_being_deleted_is_told_to_retry() {
+    let w = world();
+    let a = pod(&w, "c", "a");
+    w.m.begin_delete_pair("c", "eth0").unwrap();
+    let err =
+        w.m.allocate(&AllocateRequest {
+            container_id: "c".into(),
+            ifname: "eth0".into(),
+            netns: "/x".into(),
+            pod_namespace: None,
+            pod_name: None,
+            labels: vec![],
+        })
+        .unwrap_err();
+    assert!(matches!(
+        err,
+        ManagerError::Endpoint(EndpointError::BeingDeleted(id)) if id == a.id
+    ));
+}
