@@ -41,7 +41,7 @@ weft_cleanup() {
   for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep "^${WEFT_P}-" || true); do
     ip netns del "$ns" 2>/dev/null
   done
-  rm -rf "$WEFT_BPFFS" 2>/dev/null
+  rm -rf "$WEFT_BPFFS" "$WEFT_BPFFS"-* 2>/dev/null
   if [ "$rc" != 0 ] && [ -f "$WEFT_TMP/manager.log" ]; then
     echo "--- manager log (last 30 lines) ---" >&2
     tail -30 "$WEFT_TMP/manager.log" >&2
