@@ -15,6 +15,10 @@ struct World {
 }
 
 fn world() -> World {
+    world_with(None)
+}
+
+fn world_with(queue: Option<weft_api::delete_queue::DeleteQueue>) -> World {
     let net = Arc::new(FakeHostNet::default());
     let dp = Arc::new(FakeDatapath::default());
     let cidr = crate::node::select(
@@ -26,8 +30,23 @@ fn world() -> World {
     let store = Store::temporary().unwrap();
     let reg = Registry::open(store.clone(), vec![Pool::new(cidr[0].cidr)]).unwrap();
     let (pol, _) = PolicyState::restore(store, []).unwrap();
-    let m = Manager::new("n".into(), cidr, reg, pol, net.clone(), dp.clone());
+    let mut m = Manager::new("n".into(), cidr, reg, pol, net.clone(), dp.clone());
+    if let Some(q) = queue {
+        m = m.with_delete_queue(q);
+    }
     World { m, net, dp }
+}
+
+fn bare_request(c: &str) -> AllocateRequest {
+    AllocateRequest {
+        container_id: c.into(),
+        ifname: "eth0".into(),
+        netns: "/x".into(),
+        pod_namespace: None,
+        pod_name: None,
+        labels: vec![],
+    }
+}
 }
 
 fn alloc(m: &Manager, c: &str, app: &str) -> Endpoint {
@@ -341,30 +360,9 @@ async fn a_stale_snapshot_never_tears_down_an_endpoint_that_moved_on() {
 fn a_queued_del_is_applied_before_a_new_add_of_the_same_pair() {
     let dir = tempfile::tempdir().unwrap();
     let queue = weft_api::delete_queue::DeleteQueue::for_socket(&dir.path().join("m.sock"));
-    let net = Arc::new(FakeHostNet::default());
-    let dp = Arc::new(FakeDatapath::default());
-    let cidr = crate::node::select(
-        &crate::node::NodeManifest::default(),
-        &["10.0.1.0/24".into()],
-    )
-    .unwrap()
-    .cidrs();
-    let store = Store::temporary().unwrap();
-    let reg = Registry::open(store.clone(), vec![Pool::new(cidr[0].cidr)]).unwrap();
-    let (pol, _) = PolicyState::restore(store, []).unwrap();
-    let m =
-        Manager::new("n".into(), cidr, reg, pol, net, dp.clone()).with_delete_queue(queue.clone());
-    let old = m
-        .allocate(&AllocateRequest {
-            container_id: "c".into(),
-            ifname: "eth0".into(),
-            netns: "/x".into(),
-            pod_namespace: None,
-            pod_name: None,
-            labels: vec![],
-        })
-        .unwrap();
-    make_ready(&m, &old);
+    let w = world_with(Some(queue.clone()));
+    let old = w.m.allocate(&bare_request("c")).unwrap();
+    make_ready(&w.m, &old);
     // The manager was unreachable for the DEL; the runtime then ADDs the same pair again.
     queue
         .push(&weft_api::delete_queue::DeleteRequest {
@@ -372,19 +370,10 @@ fn a_queued_del_is_applied_before_a_new_add_of_the_same_pair() {
             ifname: "eth0".into(),
         })
         .unwrap();
-    let new = m
-        .allocate(&AllocateRequest {
-            container_id: "c".into(),
-            ifname: "eth0".into(),
-            netns: "/x".into(),
-            pod_namespace: None,
-            pod_name: None,
-            labels: vec![],
-        })
-        .unwrap();
+    let new = w.m.allocate(&bare_request("c")).unwrap();
     assert_ne!(new.id, old.id, "a fresh endpoint, not the deleted one");
     assert!(queue.is_empty().unwrap());
-    assert!(!dp.attached().iter().any(|e| e.endpoint_id == old.id));
+    assert!(!w.dp.attached().iter().any(|e| e.endpoint_id == old.id));
 }
 
 #[test]
@@ -392,16 +381,7 @@ fn an_add_for_a_pair_being_deleted_is_told_to_retry() {
     let w = world();
     let a = pod(&w, "c", "a");
     w.m.begin_delete_pair("c", "eth0").unwrap();
-    let err =
-        w.m.allocate(&AllocateRequest {
-            container_id: "c".into(),
-            ifname: "eth0".into(),
-            netns: "/x".into(),
-            pod_namespace: None,
-            pod_name: None,
-            labels: vec![],
-        })
-        .unwrap_err();
+    let err = w.m.allocate(&bare_request("c")).unwrap_err();
     assert!(matches!(
         err,
         ManagerError::Endpoint(EndpointError::BeingDeleted(id)) if id == a.id
