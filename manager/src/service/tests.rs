@@ -47,7 +47,6 @@ fn bare_request(c: &str) -> AllocateRequest {
         labels: vec![],
     }
 }
-}
 
 fn alloc(m: &Manager, c: &str, app: &str) -> Endpoint {
     m.allocate(&AllocateRequest {
