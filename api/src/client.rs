@@ -86,15 +86,6 @@ impl Client {
         self.call(Method::POST, path, Some(body)).await
     }
 
-    /// `PUT path` with a JSON body → JSON.
-    pub async fn put<B: Serialize, T: DeserializeOwned>(
-        &self,
-        path: &str,
-        body: &B,
-    ) -> Result<T, ClientError> {
-        self.call(Method::PUT, path, Some(body)).await
-    }
-
     /// `DELETE path` → JSON.
     pub async fn delete<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
         self.call(Method::DELETE, path, None::<&()>).await

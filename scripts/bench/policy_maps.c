@@ -15,16 +15,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#define N 200
+/* The datapath's own key layout and prefix lengths, so the benchmark measures what it ships. */
+#include "weft_maps.h"
 
-struct policy_key {
-	__u32 prefixlen;
-	__u32 endpoint_id;
-	__u32 identity;
-	__u8 direction;
-	__u8 proto;
-	__be16 dport;
-};
+#define N 200
 
 static double now_us(void)
 {
@@ -125,12 +119,12 @@ int main(void)
 
 	for (__u32 ep = 1; ep <= 250; ep++)
 		for (__u32 i = 0; i < 1000; i++) {
-			struct policy_key k = { .prefixlen = 96, .endpoint_id = ep, .identity = 256 + i,
+			struct policy_key k = { .prefixlen = WEFT_POLICY_FULL_PREFIX, .endpoint_id = ep, .identity = 256 + i,
 						.direction = i & 1, .proto = 6, .dport = htons(80 + i % 7) };
 			bpf_map_update_elem(lpm, &k, &verdict, BPF_ANY);
 		}
 	for (int i = 0; i < N; i++) {
-		struct policy_key k = { .prefixlen = 92, .endpoint_id = 1000 + i, .identity = 300,
+		struct policy_key k = { .prefixlen = WEFT_POLICY_FULL_PREFIX - 4, .endpoint_id = 1000 + i, .identity = 300,
 					.proto = 6, .dport = htons(8080) };
 		double s = now_us();
 
@@ -139,7 +133,7 @@ int main(void)
 	}
 	report("LPM_TRIE (250K entries): insert one entry", t, N);
 	for (int i = 0; i < N; i++) {
-		struct policy_key k = { .prefixlen = 92, .endpoint_id = 1000 + i, .identity = 300,
+		struct policy_key k = { .prefixlen = WEFT_POLICY_FULL_PREFIX - 4, .endpoint_id = 1000 + i, .identity = 300,
 					.proto = 6, .dport = htons(8080) };
 		double s = now_us();
 
@@ -150,7 +144,7 @@ int main(void)
 	double s = now_us();
 
 	for (__u32 i = 0; i < 1000; i++) {
-		struct policy_key k = { .prefixlen = 96, .endpoint_id = 5000, .identity = 256 + i,
+		struct policy_key k = { .prefixlen = WEFT_POLICY_FULL_PREFIX, .endpoint_id = 5000, .identity = 256 + i,
 					.proto = 6, .dport = htons(80) };
 		bpf_map_update_elem(lpm, &k, &verdict, BPF_ANY);
 	}

@@ -1,6 +1,5 @@
 //! Policy operations: import, delete, list, identities, label changes and trace.
 
-use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 use std::net::IpAddr;
 use weft_api::{Endpoint, EndpointState};
@@ -376,10 +375,5 @@ impl Manager {
             egress: t.egress.map(|d| d.decision.to_string()),
             ingress: t.ingress.map(|d| d.decision.to_string()),
         })
-    }
-
-    /// CIDR identities for the ipcache at start.
-    pub fn cidr_identities(&self) -> Vec<(IpNet, Identity)> {
-        self.state().pol.cidr_identities().into_iter().collect()
     }
 }
