@@ -4,7 +4,8 @@
 //! datapath.
 
 use ipnet::IpNet;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::hash::{Hash, Hasher};
 use weft_policy::cidr::CidrReferences;
 use weft_policy::compute::{ComputeOptions, compute};
 use weft_policy::identity::{IdentityAllocator, IdentityError, IdentityKey, IdentityStore};
@@ -16,7 +17,8 @@ use weft_policy::selectorcache::SelectorCache;
 
 use crate::store::{Store, StoreError};
 
-const REPO_KEY: &str = "policy_repository";
+/// Where versions before per-rule records kept the whole repository (read once, migrated).
+const LEGACY_REPO_KEY: &str = "policy_repository";
 
 /// Policy bookkeeping failures.
 #[derive(Debug, thiserror::Error)]
@@ -34,6 +36,8 @@ pub enum PolicyStateError {
 pub struct Effects {
     /// Peer selectors whose identity sets changed: regenerate endpoints that use them.
     pub changed: BTreeSet<PeerSelector>,
+    /// The identities that entered or left those sets: only their entries change.
+    pub identities: BTreeSet<Identity>,
     /// CIDR identities to insert into the ipcache.
     pub ipcache_add: Vec<(IpNet, Identity)>,
     /// CIDR prefixes to remove from the ipcache.
@@ -48,6 +52,77 @@ pub struct PolicyState {
     cache: SelectorCache,
     cidrs: CidrReferences,
     options: ComputeOptions,
+    records: RuleRecords,
+}
+
+/// Which store record holds each rule, so a change writes only the rules it adds or removes.
+/// Keyed by a 64-bit hash of the rule (identical rules may be several records); a collision
+/// between two different rules of one repository is vanishingly unlikely at these sizes.
+#[derive(Default)]
+struct RuleRecords {
+    by_hash: HashMap<u64, Vec<u64>>,
+    next: u64,
+}
+
+impl RuleRecords {
+    fn hash(rule: &Rule) -> u64 {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        rule.hash(&mut h);
+        h.finish()
+    }
+
+    fn take(&mut self, rule: &Rule) -> Option<u64> {
+        let h = Self::hash(rule);
+        let seqs = self.by_hash.get_mut(&h)?;
+        let seq = seqs.pop();
+        if seqs.is_empty() {
+            self.by_hash.remove(&h);
+        }
+        seq
+    }
+
+    fn add(&mut self, rule: &Rule) -> u64 {
+        let seq = self.next;
+        self.next += 1;
+        self.by_hash.entry(Self::hash(rule)).or_default().push(seq);
+        seq
+    }
+
+    /// Loads the repository, migrating the single-record format of earlier versions.
+    fn load(store: &Store) -> Result<(Self, Repository), PolicyStateError> {
+        let mut records = Self::default();
+        if let Some((revision, stored)) = store.load_rules()? {
+            let mut rules = Vec::with_capacity(stored.len());
+            for (seq, rule) in stored {
+                records
+                    .by_hash
+                    .entry(Self::hash(&rule))
+                    .or_default()
+                    .push(seq);
+                records.next = records.next.max(seq + 1);
+                rules.push(rule);
+            }
+            return Ok((records, Repository::restore(rules, revision)));
+        }
+        let repo: Repository = store.get_meta(LEGACY_REPO_KEY)?.unwrap_or_default();
+        let add: Vec<(u64, &Rule)> = repo.rules().iter().map(|r| (records.add(r), r)).collect();
+        store.write_rules(repo.revision(), &[], &add)?;
+        store.remove_meta(LEGACY_REPO_KEY)?;
+        Ok((records, repo))
+    }
+
+    /// Persists a repository change: its removed and added rules and the new revision.
+    fn persist(
+        &mut self,
+        store: &Store,
+        change: &RepoChange,
+        revision: u64,
+    ) -> Result<(), PolicyStateError> {
+        let remove: Vec<u64> = change.removed.iter().filter_map(|r| self.take(r)).collect();
+        let add: Vec<(u64, &Rule)> = change.added.iter().map(|r| (self.add(r), r)).collect();
+        store.write_rules(revision, &remove, &add)?;
+        Ok(())
+    }
 }
 
 impl PolicyState {
@@ -59,7 +134,7 @@ impl PolicyState {
         endpoint_labels: impl IntoIterator<Item = &'a LabelSet>,
     ) -> Result<(Self, Effects), PolicyStateError> {
         let mut alloc = IdentityAllocator::restore(store.load_identities()?)?;
-        let repo: Repository = store.get_meta(REPO_KEY)?.unwrap_or_default();
+        let (records, repo) = RuleRecords::load(&store)?;
         let mut ids = store.clone();
         for labels in endpoint_labels {
             alloc.acquire(&mut ids, &IdentityKey::Labels(labels.clone()))?;
@@ -72,6 +147,7 @@ impl PolicyState {
         }
         let effects = Effects {
             changed: sync.changed,
+            identities: sync.identities,
             ipcache_add: cidrs.held().iter().map(|(p, id)| (*p, *id)).collect(),
             ipcache_remove: Vec::new(),
         };
@@ -83,6 +159,7 @@ impl PolicyState {
                 cache,
                 cidrs,
                 options: ComputeOptions::default(),
+                records,
             },
             effects,
         ))
@@ -121,6 +198,7 @@ impl PolicyState {
         let mut effects = Effects::default();
         if got.new {
             effects.changed = self.cache.identity_added(got.id, &key);
+            effects.identities.insert(got.id);
         }
         Ok((got.id, effects))
     }
@@ -130,7 +208,10 @@ impl PolicyState {
         let mut ids = self.store.clone();
         let mut effects = Effects::default();
         match self.alloc.release(&mut ids, id) {
-            Ok(true) => effects.changed = self.cache.identity_removed(id),
+            Ok(true) => {
+                effects.changed = self.cache.identity_removed(id);
+                effects.identities.insert(id);
+            }
             Ok(false) | Err(IdentityError::NotAllocated(_)) => {}
             Err(e) => return Err(e.into()),
         }
@@ -143,11 +224,6 @@ impl PolicyState {
         rules: Vec<Rule>,
     ) -> Result<(RepoChange, Effects), PolicyStateError> {
         let change = self.repo.add(rules);
-        if change.is_empty() {
-            // Every rule was replaced by an identical one: nothing to regenerate, but the
-            // revision moved and must survive a restart.
-            self.store.put_meta(REPO_KEY, &self.repo)?;
-        }
         self.after_repo_change(change)
     }
 
@@ -170,10 +246,13 @@ impl PolicyState {
         change: RepoChange,
     ) -> Result<(RepoChange, Effects), PolicyStateError> {
         let mut effects = Effects::default();
+        // Also when every rule was replaced by an identical one: the revision moved and must
+        // survive a restart.
+        self.records
+            .persist(&self.store, &change, self.repo.revision())?;
         if change.is_empty() {
             return Ok((change, effects));
         }
-        self.store.put_meta(REPO_KEY, &self.repo)?;
         self.cache.sync(&self.repo);
         let mut ids = self.store.clone();
         let sync = self.cidrs.sync(
@@ -183,6 +262,7 @@ impl PolicyState {
             &mut self.cache,
         )?;
         effects.changed = sync.changed;
+        effects.identities = sync.identities;
         effects.ipcache_add = sync.added;
         effects.ipcache_remove = sync.released.into_iter().map(|(p, _)| p).collect();
         Ok((change, effects))
@@ -260,5 +340,51 @@ mod tests {
             "same CIDR identity after restart"
         );
         assert!(st2.compute(&labels("a")).egress_enforced);
+    }
+
+    #[test]
+    fn each_rule_is_its_own_record_and_the_single_record_format_is_migrated() {
+        let parse = |port: &str| {
+            weft_policy::parse::parse_policy_file(
+                "t.json",
+                &format!(
+                    r#"[{{"labels":[{{"key":"name","value":"a"}}],"endpointSelector":{{"matchLabels":{{"app":"a"}}}},"ingress":[{{}}]}},
+                        {{"labels":[{{"key":"name","value":"b"}}],"endpointSelector":{{"matchLabels":{{"app":"b"}}}},
+                          "ingress":[{{"toPorts":[{{"ports":[{{"port":"{port}","protocol":"TCP"}}]}}]}}]}}]"#
+                ),
+            )
+            .unwrap()
+        };
+        let store = Store::temporary().unwrap();
+        let mut legacy = Repository::new();
+        legacy.add(parse("80"));
+        store.put_meta(LEGACY_REPO_KEY, &legacy).unwrap();
+
+        let (mut st, _) = PolicyState::restore(store.clone(), []).unwrap();
+        assert_eq!(st.repo(), &legacy);
+        assert!(
+            store
+                .get_meta::<Repository>(LEGACY_REPO_KEY)
+                .unwrap()
+                .is_none()
+        );
+        let (_, records) = store.load_rules().unwrap().unwrap();
+        assert_eq!(records.iter().map(|r| r.0).collect::<Vec<_>>(), [0, 1]);
+
+        st.add_rules(parse("81")).unwrap();
+        let (revision, records) = store.load_rules().unwrap().unwrap();
+        assert_eq!(revision, st.repo().revision());
+        assert_eq!(
+            records.iter().map(|r| r.0).collect::<Vec<_>>(),
+            [0, 2],
+            "the unchanged rule kept its record, the changed one got a new one"
+        );
+        let (again, _) = PolicyState::restore(store, []).unwrap();
+        let mut want = st.repo().rules().to_vec();
+        let mut got = again.repo().rules().to_vec();
+        want.sort_by_key(|r| format!("{r:?}"));
+        got.sort_by_key(|r| format!("{r:?}"));
+        assert_eq!(got, want);
+        assert_eq!(again.repo().revision(), st.repo().revision());
     }
 }

@@ -6,6 +6,7 @@ use sled::transaction::{ConflictableTransactionError, TransactionError};
 use std::path::Path;
 use weft_api::Endpoint;
 use weft_policy::identity::IdentityKey;
+use weft_policy::rule::Rule;
 
 /// Store failures.
 #[derive(Debug, thiserror::Error)]
@@ -54,7 +55,16 @@ pub struct Store {
     meta: sled::Tree,
     /// identity (u32 BE) → `IdentityKey` JSON.
     identities: sled::Tree,
+    /// Policy rules, one record each so a change writes only what changed: sequence number
+    /// (u64 BE) → `Rule` JSON, plus [`RULES_REVISION`] → the repository revision (u64 BE).
+    rules: sled::Tree,
 }
+
+/// Shorter than a sequence number key, so it never collides with one.
+const RULES_REVISION: &[u8] = b"rev";
+
+/// Persisted rules: the revision and every rule with its sequence number, in sequence order.
+pub type StoredRules = (u64, Vec<(u64, Rule)>);
 
 const NEXT_ENDPOINT_ID: &[u8] = b"next_endpoint_id";
 
@@ -85,6 +95,7 @@ impl Store {
             ips: db.open_tree("ips")?,
             meta: db.open_tree("meta")?,
             identities: db.open_tree("identities")?,
+            rules: db.open_tree("rules")?,
             db,
         })
     }
@@ -109,6 +120,58 @@ impl Store {
     pub fn put_meta<T: serde::Serialize>(&self, key: &str, value: &T) -> Result<(), StoreError> {
         let bytes = serde_json::to_vec(value).expect("meta values serialize");
         self.meta.insert(key, bytes)?;
+        self.db.flush()?;
+        Ok(())
+    }
+
+    /// Removes a meta record.
+    pub fn remove_meta(&self, key: &str) -> Result<(), StoreError> {
+        self.meta.remove(key)?;
+        self.db.flush()?;
+        Ok(())
+    }
+
+    /// The persisted policy rules, or `None` when none were ever written.
+    pub fn load_rules(&self) -> Result<Option<StoredRules>, StoreError> {
+        let Some(rev) = self.rules.get(RULES_REVISION)? else {
+            return Ok(None);
+        };
+        let corrupt = |key: String, detail: String| StoreError::Corrupt { key, detail };
+        let revision = rev
+            .as_ref()
+            .try_into()
+            .map(u64::from_be_bytes)
+            .map_err(|_| corrupt("rules/rev".into(), "not a u64".into()))?;
+        let mut rules = Vec::new();
+        for item in &self.rules {
+            let (k, v) = item?;
+            let Ok(seq) = <[u8; 8]>::try_from(k.as_ref()).map(u64::from_be_bytes) else {
+                continue; // the revision record
+            };
+            let rule = serde_json::from_slice(&v)
+                .map_err(|e| corrupt(format!("rules/{seq}"), e.to_string()))?;
+            rules.push((seq, rule));
+        }
+        Ok(Some((revision, rules)))
+    }
+
+    /// Removes the rules numbered `remove`, adds `add` and records `revision`, atomically, flushed.
+    pub fn write_rules(
+        &self,
+        revision: u64,
+        remove: &[u64],
+        add: &[(u64, &Rule)],
+    ) -> Result<(), StoreError> {
+        let mut batch = sled::Batch::default();
+        for seq in remove {
+            batch.remove(&seq.to_be_bytes());
+        }
+        for (seq, rule) in add {
+            let json = serde_json::to_vec(rule).expect("rules serialize");
+            batch.insert(&seq.to_be_bytes(), json);
+        }
+        batch.insert(RULES_REVISION, &revision.to_be_bytes());
+        self.rules.apply_batch(batch)?;
         self.db.flush()?;
         Ok(())
     }

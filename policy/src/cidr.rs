@@ -26,6 +26,8 @@ pub struct CidrSync {
     pub released: Vec<(IpNet, Identity)>,
     /// Selectors whose identity sets changed: regenerate endpoints using them.
     pub changed: BTreeSet<PeerSelector>,
+    /// The identities that entered or left those sets (the new and the freed ones).
+    pub identities: BTreeSet<Identity>,
 }
 
 /// The references the repository holds on CIDR identities: exactly one per prefix in use.
@@ -76,6 +78,7 @@ impl CidrReferences {
             if new {
                 out.changed
                     .extend(cache.identity_added(id, &IdentityKey::Cidr(p)));
+                out.identities.insert(id);
             }
             self.held.insert(p, id);
             out.added.push((p, id));
@@ -91,6 +94,7 @@ impl CidrReferences {
             self.held.remove(&p);
             if freed {
                 out.changed.extend(cache.identity_removed(id));
+                out.identities.insert(id);
                 out.released.push((p, id));
             }
         }

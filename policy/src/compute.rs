@@ -42,10 +42,103 @@ pub fn compute(
     cache: &SelectorCache,
     opts: &ComputeOptions,
 ) -> EndpointPolicy {
+    let selecting: Vec<&Rule> = repo.selecting(endpoint_labels).collect();
+    compute_from(&selecting, cache, *opts, None)
+}
+
+/// The entries of `identities` only, for an endpoint that `selecting` rules select: what
+/// [`compute`] would give for those identities, at a fraction of the cost when few identities
+/// changed (a new pod's identity, a CIDR identity). `selecting` may leave out rules that select
+/// the endpoint as long as it keeps every one with a peer matching one of `identities` and
+/// every one with a wildcard peer (their denies carve every identity's allows). Reserved
+/// identities are not supported here (their entries depend on enforcement): `None`.
+#[must_use]
+pub fn compute_identities(
+    selecting: &[&Rule],
+    cache: &SelectorCache,
+    opts: &ComputeOptions,
+    identities: &BTreeSet<Identity>,
+) -> Option<BTreeMap<PolicyEntry, Verdict>> {
+    if identities.iter().any(|&id| id < reserved::FIRST_ALLOCATED) {
+        return None;
+    }
+    let mut policy = compute_from(selecting, cache, *opts, Some(identities));
+    policy
+        .entries
+        .retain(|e, _| identities.contains(&e.identity));
+    Some(policy.entries)
+}
+
+/// [`compute`] restricted to the entries of `identities`, from every rule that selects the
+/// endpoint (`selecting`, complete: the enforcement flags are the whole policy's). A rule change
+/// whose peers resolve only to `identities` and that leaves [`EnforcementCounts::shape`] as it
+/// was changes nothing else.
+#[must_use]
+pub fn compute_restricted(
+    selecting: &[&Rule],
+    cache: &SelectorCache,
+    opts: &ComputeOptions,
+    identities: &BTreeSet<Identity>,
+) -> EndpointPolicy {
+    let mut policy = compute_from(selecting, cache, *opts, Some(identities));
+    policy
+        .entries
+        .retain(|e, _| identities.contains(&e.identity));
+    policy
+}
+
+/// Per direction, how many rules of an endpoint apply and how many ask for default deny. The
+/// enforcement flags and the entries no peer selector produces (allow-all when no rule asks for
+/// default deny, allow from the host) depend only on [`Self::shape`]. Counts so that a change
+/// can be undone: the rules before a change are those after it, minus the added, plus the
+/// removed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EnforcementCounts {
+    applies: [i64; 2],
+    default_deny: [i64; 2],
+}
+
+impl EnforcementCounts {
+    /// Counts `rule` `n` times (negative to take it out).
+    pub fn add(&mut self, rule: &Rule, n: i64) {
+        for (i, dir) in [Direction::Ingress, Direction::Egress]
+            .into_iter()
+            .enumerate()
+        {
+            if rule.applies(dir) {
+                self.applies[i] += n;
+            }
+            if rule.applies(dir) && rule.default_deny(dir) {
+                self.default_deny[i] += n;
+            }
+        }
+    }
+
+    /// Per direction (ingress, egress): enforced, and in default deny.
+    #[must_use]
+    pub fn shape(&self) -> [(bool, bool); 2] {
+        [0, 1].map(|i| (self.applies[i] > 0, self.default_deny[i] > 0))
+    }
+}
+
+/// True when a rule has a peer that resolves to every identity (identity 0).
+#[must_use]
+pub fn has_wildcard_peer(rule: &Rule) -> bool {
+    rule.peers().any(SelectorCache::is_wildcard)
+}
+
+/// `only`: expand peers to these identities (and the wildcard 0) only.
+fn compute_from(
+    selecting: &[&Rule],
+    cache: &SelectorCache,
+    opts: ComputeOptions,
+    only: Option<&BTreeSet<Identity>>,
+) -> EndpointPolicy {
     let mut out = EndpointPolicy::default();
     for dir in [Direction::Ingress, Direction::Egress] {
-        let rules: Vec<&Rule> = repo
-            .selecting(endpoint_labels)
+        let rules: Vec<&Rule> = selecting
+            .iter()
+            .copied()
             .filter(|r| r.applies(dir))
             .collect();
         if rules.is_empty() {
@@ -60,10 +153,10 @@ pub fn compute(
         for r in &rules {
             let (allow, deny) = r.sections(dir);
             for pr in allow {
-                expand(pr, dir, cache, &mut allows);
+                expand(pr, dir, cache, only, &mut allows);
             }
             for pr in deny {
-                expand(pr, dir, cache, &mut denies);
+                expand(pr, dir, cache, only, &mut denies);
             }
         }
         if !rules.iter().any(|r| r.default_deny(dir)) {
@@ -88,15 +181,27 @@ fn entry(direction: Direction, identity: Identity, pp: PortProto) -> PolicyEntry
     }
 }
 
-fn expand(pr: &PeerRule, dir: Direction, cache: &SelectorCache, out: &mut BTreeSet<PolicyEntry>) {
+fn expand(
+    pr: &PeerRule,
+    dir: Direction,
+    cache: &SelectorCache,
+    only: Option<&BTreeSet<Identity>>,
+    out: &mut BTreeSet<PolicyEntry>,
+) {
     let ports: &[PortProto] = if pr.ports.is_empty() {
         &[PortProto::ANY]
     } else {
         &pr.ports
     };
     for peer in &pr.peers {
-        for &id in cache.identities(peer).iter() {
-            out.extend(ports.iter().map(|&pp| entry(dir, id, pp)));
+        let ids = cache.identities(peer);
+        let mut add = |id: Identity| out.extend(ports.iter().map(|&pp| entry(dir, id, pp)));
+        match only {
+            None => ids.iter().for_each(|&id| add(id)),
+            Some(only) => std::iter::once(&reserved::ANY)
+                .chain(only)
+                .filter(|id| ids.contains(id))
+                .for_each(|&id| add(id)),
         }
     }
 }

@@ -4,7 +4,7 @@ use crate::labels::{Label, LabelSet, keys, source};
 use crate::rule::{PeerSelector, Rule};
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 
 /// What one add or delete did. The caller regenerates only endpoints that an added or removed
 /// rule selects ([`RepoChange::selects`]) and bumps the revision of all others.
@@ -70,6 +70,39 @@ fn replace_key(rule: &Rule) -> Vec<Label> {
     }
 }
 
+/// Replacement keys indexed so that finding the rules an import replaces is linear, not
+/// rules × keys: a rule's labels contain a key only if they contain each of its labels, so each
+/// key is filed under its label that the fewest keys share (`rule=r7`, not `bench=policy`),
+/// compared by key and value since a key label without source matches any source.
+struct ReplaceIndex<'a> {
+    by_label: HashMap<(&'a str, &'a str), Vec<&'a [Label]>>,
+}
+
+impl<'a> ReplaceIndex<'a> {
+    fn new(keys: &'a BTreeSet<Vec<Label>>) -> Self {
+        let kv = |l: &'a Label| (l.key.as_str(), l.value.as_str());
+        let mut freq: HashMap<(&str, &str), usize> = HashMap::new();
+        for l in keys.iter().flatten() {
+            *freq.entry(kv(l)).or_default() += 1;
+        }
+        let mut by_label: HashMap<(&str, &str), Vec<&[Label]>> = HashMap::new();
+        for k in keys {
+            if let Some(rarest) = k.iter().map(kv).min_by_key(|x| freq[x]) {
+                by_label.entry(rarest).or_default().push(k);
+            }
+        }
+        Self { by_label }
+    }
+
+    fn replaces(&self, labels: &LabelSet) -> bool {
+        labels.iter().any(|l| {
+            self.by_label
+                .get(&(l.key.as_str(), l.value.as_str()))
+                .is_some_and(|ks| ks.iter().any(|k| labels.contains_all(k)))
+        })
+    }
+}
+
 impl Repository {
     /// An empty repository at revision 1 (Cilium starts there too).
     #[must_use]
@@ -78,6 +111,12 @@ impl Repository {
             rules: Vec::new(),
             revision: 1,
         }
+    }
+
+    /// A repository as persisted: its rules (in the order to keep) and revision.
+    #[must_use]
+    pub fn restore(rules: Vec<Rule>, revision: u64) -> Self {
+        Self { rules, revision }
     }
 
     /// Current revision.
@@ -103,11 +142,12 @@ impl Repository {
             .map(replace_key)
             .filter(|k| !k.is_empty())
             .collect();
+        let index = ReplaceIndex::new(&keys);
         let (removed, kept): (Vec<Rule>, Vec<Rule>) = std::mem::take(&mut self.rules)
             .into_iter()
-            .partition(|r| keys.iter().any(|k| r.labels.contains_all(k)));
+            .partition(|r| index.replaces(&r.labels));
         self.rules = kept;
-        self.rules.extend(rules.iter().cloned());
+        self.rules.reserve(rules.len());
         self.revision += 1;
         // Pair each new rule with an identical replaced one. Re-imported files keep their order,
         // so the next unpaired old rule is tried first and the search is linear in practice.
@@ -122,8 +162,9 @@ impl Repository {
                     old[i] = None;
                     hint = i + 1;
                 }
-                None => added.push(r),
+                None => added.push(r.clone()),
             }
+            self.rules.push(r);
         }
         let removed: Vec<Rule> = old.into_iter().flatten().collect();
         RepoChange {
@@ -185,8 +226,8 @@ impl Repository {
 
     /// Every distinct peer selector: what the selector cache must track.
     #[must_use]
-    pub fn peer_selectors(&self) -> BTreeSet<PeerSelector> {
-        self.rules.iter().flat_map(Rule::peers).cloned().collect()
+    pub fn peer_selectors(&self) -> BTreeSet<&PeerSelector> {
+        self.rules.iter().flat_map(Rule::peers).collect()
     }
 
     /// Every CIDR prefix in use (excepts included): each needs a CIDR identity.

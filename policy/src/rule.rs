@@ -128,7 +128,7 @@ impl PortProto {
 }
 
 /// How a rule affects the enforcement of the endpoints it selects, per direction.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum Enforcement {
     /// The rule says nothing about this direction.
@@ -153,7 +153,7 @@ impl Enforcement {
 }
 
 /// Peers and ports of one ingress/egress (allow or deny) section entry.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct PeerRule {
     /// Who: an empty list selects no peer (Cilium's `ingress: [{}]`).
     pub peers: Vec<PeerSelector>,
@@ -162,7 +162,7 @@ pub struct PeerRule {
 }
 
 /// A rule: which endpoints it applies to and what it allows or denies per direction.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Rule {
     /// The endpoints the rule applies to.
     pub endpoint_selector: Selector,

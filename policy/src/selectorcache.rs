@@ -99,7 +99,8 @@ impl SelectorCache {
 
     /// Cilium turns the wildcard selector `{}` into an L3 wildcard (identity 0): it matches
     /// every identity, present and future, host and world included.
-    fn is_wildcard(peer: &PeerSelector) -> bool {
+    #[must_use]
+    pub fn is_wildcard(peer: &PeerSelector) -> bool {
         match peer {
             PeerSelector::Entity(Entity::All) => true,
             PeerSelector::Endpoints(s) => s.is_wildcard(),
@@ -124,10 +125,10 @@ impl SelectorCache {
         self.entries.retain(|p, _| wanted.contains(p));
         let mut added = BTreeSet::new();
         for p in wanted {
-            if !self.entries.contains_key(&p) {
-                let ids = self.compute(&p);
+            if !self.entries.contains_key(p) {
+                let ids = self.compute(p);
                 self.entries.insert(p.clone(), ids);
-                added.insert(p);
+                added.insert(p.clone());
             }
         }
         added

@@ -8,11 +8,11 @@ use super::{Datapath, attach, bpffs, dump};
 use aya::maps::{MapData, MapError, RingBuf};
 use aya::programs::{SchedClassifier, TcAttachType};
 use aya::{Ebpf, EbpfLoader};
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use tokio::sync::broadcast;
 use weft_ebpf::{self as abi, map_names as names};
-use weft_policy::mapstate::EndpointPolicy;
+use weft_policy::mapstate::{EndpointPolicy, PolicyEntry, Verdict};
 
 /// The kernel datapath. Open once per manager; `Drop` leaves programs attached and maps pinned.
 pub struct BpfDatapath {
@@ -155,6 +155,16 @@ impl Datapath for BpfDatapath {
 
     fn apply_policy(&self, endpoint_id: u32, policy: &EndpointPolicy) -> Result<(), DatapathError> {
         self.lock().apply(endpoint_id, policy)
+    }
+
+    fn apply_policy_identities(
+        &self,
+        endpoint_id: u32,
+        identities: &BTreeSet<u32>,
+        entries: &BTreeMap<PolicyEntry, Verdict>,
+    ) -> Result<(), DatapathError> {
+        self.lock()
+            .apply_identities(endpoint_id, identities, entries)
     }
 
     fn upsert_ipcache(&self, prefix: ipnet::IpNet, identity: u32) -> Result<(), DatapathError> {

@@ -14,15 +14,39 @@
 
 use std::collections::{BTreeMap, HashMap};
 use weft_ebpf::{self as abi, PolicyKey};
-use weft_policy::mapstate::{Direction, EndpointPolicy, Verdict};
+use weft_policy::mapstate::{Direction, EndpointPolicy, PolicyEntry, Verdict};
 
 /// One LPM entry of the `policy` map: prefix length and key data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct PolicyBlock {
+    /// Key data (dport in network byte order). First, so blocks sort by endpoint, then
+    /// identity: one identity's blocks are a contiguous range.
+    pub key: PolicyKey,
     /// Bits of `key` that must match (72, 80 or 80 + port prefix).
     pub prefix_len: u32,
-    /// Key data (dport in network byte order).
-    pub key: PolicyKey,
+}
+
+impl PolicyBlock {
+    /// The blocks of one endpoint and peer identity in an [`Encoded`].
+    pub(crate) fn identity_range(
+        endpoint_id: u32,
+        identity: u32,
+    ) -> std::ops::RangeInclusive<PolicyBlock> {
+        let key = |direction, proto, dport| PolicyKey {
+            endpoint_id,
+            identity,
+            direction,
+            proto,
+            dport,
+        };
+        PolicyBlock {
+            key: key(0, 0, 0),
+            prefix_len: 0,
+        }..=PolicyBlock {
+            key: key(u8::MAX, u8::MAX, u16::MAX),
+            prefix_len: u32::MAX,
+        }
+    }
 }
 
 /// Encoded policy of an endpoint: block → `VERDICT_ALLOW` or `VERDICT_DENY`.
@@ -66,8 +90,15 @@ fn contains(outer: &PolicyBlock, inner: &PolicyBlock) -> bool {
 /// `endpoints` map, not here).
 #[must_use]
 pub fn encode_policy(endpoint_id: u32, policy: &EndpointPolicy) -> Encoded {
+    encode_entries(endpoint_id, &policy.entries)
+}
+
+/// Encodes policy entries. The deny carving below only looks within one identity, so the
+/// entries of some identities encode to exactly those identities' blocks of the whole policy.
+#[must_use]
+pub fn encode_entries(endpoint_id: u32, entries: &BTreeMap<PolicyEntry, Verdict>) -> Encoded {
     let mut out = Encoded::new();
-    for (entry, verdict) in &policy.entries {
+    for (entry, verdict) in entries {
         let verdict = match verdict {
             Verdict::Allow => abi::VERDICT_ALLOW,
             Verdict::Deny => abi::VERDICT_DENY,

@@ -6,7 +6,7 @@ use super::{Datapath, DatapathError};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 use tokio::sync::broadcast;
-use weft_policy::mapstate::EndpointPolicy;
+use weft_policy::mapstate::{EndpointPolicy, PolicyEntry, Verdict};
 
 /// A recorded call.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -17,6 +17,8 @@ pub enum FakeCall {
     Detach(u32),
     /// `apply_policy(endpoint_id)`.
     ApplyPolicy(u32),
+    /// `apply_policy_identities(endpoint_id, identities)`.
+    ApplyPolicyIdentities(u32, BTreeSet<u32>),
     /// `upsert_ipcache(prefix, identity)`.
     UpsertIpcache(ipnet::IpNet, u32),
     /// `remove_ipcache(prefix)`.
@@ -123,6 +125,25 @@ impl Datapath for FakeDatapath {
         let mut s = self.state();
         s.calls.push(FakeCall::ApplyPolicy(endpoint_id));
         s.policies.insert(endpoint_id, policy.clone());
+        Ok(())
+    }
+
+    fn apply_policy_identities(
+        &self,
+        endpoint_id: u32,
+        identities: &BTreeSet<u32>,
+        entries: &BTreeMap<PolicyEntry, Verdict>,
+    ) -> Result<(), DatapathError> {
+        let mut s = self.state();
+        s.calls.push(FakeCall::ApplyPolicyIdentities(
+            endpoint_id,
+            identities.clone(),
+        ));
+        let policy = s.policies.entry(endpoint_id).or_default();
+        policy
+            .entries
+            .retain(|e, _| !identities.contains(&e.identity));
+        policy.entries.extend(entries.iter().map(|(e, v)| (*e, *v)));
         Ok(())
     }
 

@@ -22,8 +22,8 @@ pub use error::DatapathError;
 pub use fake::{FakeCall, FakeDatapath};
 pub use types::{DatapathConfig, DropEvent, EndpointDatapath, MapSummary, drop_reason_name};
 
-use std::collections::BTreeSet;
-use weft_policy::mapstate::EndpointPolicy;
+use std::collections::{BTreeMap, BTreeSet};
+use weft_policy::mapstate::{EndpointPolicy, PolicyEntry, Verdict};
 
 /// Everything the manager asks of the datapath. Implementations are internally synchronised.
 pub trait Datapath: Send + Sync {
@@ -43,6 +43,16 @@ pub trait Datapath: Send + Sync {
     /// entries first, then the enforcement flags, then stale entries are removed, so a packet
     /// allowed by both the old and the new policy is never dropped in between.
     fn apply_policy(&self, endpoint_id: u32, policy: &EndpointPolicy) -> Result<(), DatapathError>;
+
+    /// Like [`Datapath::apply_policy`] for the entries of some peer identities only: `entries`
+    /// (all of them keyed by one of `identities`) replace those identities' installed entries;
+    /// every other entry and the enforcement flags stay.
+    fn apply_policy_identities(
+        &self,
+        endpoint_id: u32,
+        identities: &BTreeSet<u32>,
+        entries: &BTreeMap<PolicyEntry, Verdict>,
+    ) -> Result<(), DatapathError>;
 
     /// Maps a prefix to an identity in the ipcache.
     fn upsert_ipcache(&self, prefix: ipnet::IpNet, identity: u32) -> Result<(), DatapathError>;

@@ -1,16 +1,16 @@
 //! Kernel-side state the datapath owns: the typed pinned maps, the loaded programs, and the
 //! in-memory mirrors needed to diff policies and find endpoints by id.
 
-use super::encode::{Encoded, PolicyBlock, diff, encode_policy};
+use super::encode::{Encoded, PolicyBlock, diff, encode_entries, encode_policy};
 use super::error::DatapathError;
 use super::types::EndpointDatapath;
 use aya::Ebpf;
 use aya::maps::lpm_trie::{Key, LpmTrie};
 use aya::maps::{HashMap as BpfHash, MapData, MapError, PerCpuHashMap};
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 use weft_ebpf::{self as abi, map_names as names};
-use weft_policy::mapstate::{EndpointPolicy, reserved};
+use weft_policy::mapstate::{EndpointPolicy, PolicyEntry, Verdict, reserved};
 
 pub(crate) struct Maps {
     /// Owns the loaded programs; dropping it closes our fds, not the attached filters.
@@ -134,8 +134,46 @@ impl Maps {
         policy: &EndpointPolicy,
     ) -> Result<(), DatapathError> {
         let new = encode_policy(endpoint_id, policy);
-        let mut current = self.installed.remove(&endpoint_id).unwrap_or_default();
+        let current = self.installed.remove(&endpoint_id).unwrap_or_default();
         let (upserts, removes) = diff(&current, &new);
+        self.write(
+            endpoint_id,
+            current,
+            upserts,
+            removes,
+            Some(enforcement_flags(policy)),
+        )
+    }
+
+    /// Replaces the entries of `identities` only; the rest of the endpoint's policy and its
+    /// enforcement flags stay as they are.
+    pub(crate) fn apply_identities(
+        &mut self,
+        endpoint_id: u32,
+        identities: &BTreeSet<u32>,
+        entries: &BTreeMap<PolicyEntry, Verdict>,
+    ) -> Result<(), DatapathError> {
+        let new = encode_entries(endpoint_id, entries);
+        let current = self.installed.remove(&endpoint_id).unwrap_or_default();
+        let old: Encoded = identities
+            .iter()
+            .flat_map(|&id| current.range(PolicyBlock::identity_range(endpoint_id, id)))
+            .map(|(b, v)| (*b, *v))
+            .collect();
+        let (upserts, removes) = diff(&old, &new);
+        self.write(endpoint_id, current, upserts, removes, None)
+    }
+
+    /// Writes a diff into the policy map and records in `installed` exactly what reached the
+    /// kernel, also after a failure half-way.
+    fn write(
+        &mut self,
+        endpoint_id: u32,
+        mut current: Encoded,
+        upserts: Vec<(PolicyBlock, u8)>,
+        removes: Vec<PolicyBlock>,
+        flags: Option<u32>,
+    ) -> Result<(), DatapathError> {
         let result = (|| {
             // Add-before-delete (Cilium #46927): the union of old and new never drops a packet
             // that both allow; the encoding guarantees no deny block covers such a packet.
@@ -149,7 +187,9 @@ impl Maps {
                     .map_err(DatapathError::map(names::POLICY))?;
                 current.insert(block, verdict);
             }
-            self.set_flags(endpoint_id, enforcement_flags(policy))?;
+            if let Some(flags) = flags {
+                self.set_flags(endpoint_id, flags)?;
+            }
             for block in removes {
                 ignore_missing(self.policy.remove(&Key::new(block.prefix_len, block.key)))
                     .map_err(DatapathError::map(names::POLICY))?;
@@ -157,7 +197,6 @@ impl Maps {
             }
             Ok(())
         })();
-        // Record exactly what reached the kernel, also after a failure half-way.
         self.installed.insert(endpoint_id, current);
         result
     }

@@ -318,11 +318,11 @@ impl Manager {
             Ok(ep) => ep,
             Err(e) => {
                 let undo = st.pol.release(identity)?;
-                self.regenerate_users(&mut st, &undo.changed)?;
+                self.regenerate_users(&mut st, &undo)?;
                 return Err(e.into());
             }
         };
-        self.regenerate_users(&mut st, &effects.changed)?;
+        self.regenerate_users(&mut st, &effects)?;
         tracing::info!(
             endpoint_id = ep.id,
             container_id = %ep.container_id,
@@ -414,7 +414,7 @@ impl Manager {
             && gone.identity != 0
         {
             let effects = st.pol.release(gone.identity)?;
-            self.regenerate_users(st, &effects.changed)?;
+            self.regenerate_users(st, &effects)?;
         }
         Ok(deleted)
     }

@@ -122,7 +122,7 @@ impl Manager {
         let mut st = self.state();
         let (change, effects) = st.pol.add_rules(rules)?;
         let regenerated = self
-            .regenerate_for_change(&mut st, &change, &effects.changed)
+            .regenerate_for_change(&mut st, &change, &effects)
             .and_then(|n| self.apply_effects_after(&effects).map(|()| n))
             .inspect_err(|_| self.mark_needs_regeneration())?;
         let result = ImportResult {
@@ -161,7 +161,7 @@ impl Manager {
         let mut st = self.state();
         let (change, effects) = st.pol.delete_rules(&filter, all)?;
         let regenerated = self
-            .regenerate_for_change(&mut st, &change, &effects.changed)
+            .regenerate_for_change(&mut st, &change, &effects)
             .and_then(|n| self.apply_effects_after(&effects).map(|()| n))
             .inspect_err(|_| self.mark_needs_regeneration())?;
         Ok(ImportResult {
@@ -241,12 +241,12 @@ impl Manager {
         ep.identity = new_id;
         // Peers first, then the endpoint's own entry and ipcache addresses, then its record: a
         // failure before the record is written leaves the old identity in force everywhere.
-        let programmed = self
-            .regenerate_users(&mut st, &gained.changed)
-            .and_then(|_| match (ep.state, datapath_view(&ep)) {
+        let programmed = self.regenerate_users(&mut st, &gained).and_then(|_| {
+            match (ep.state, datapath_view(&ep)) {
                 (EndpointState::Ready, Some(view)) => Ok(self.datapath.attach_endpoint(&view)?),
                 _ => Ok(()),
-            });
+            }
+        });
         if let Err(e) = programmed {
             st.pol.release(new_id)?;
             self.mark_needs_regeneration();
@@ -259,7 +259,7 @@ impl Manager {
             .map_err(ManagerError::from)
             .and_then(|lost| {
                 self.regenerate(&mut st, &[ep.id])?;
-                self.regenerate_users(&mut st, &lost.changed)
+                self.regenerate_users(&mut st, &lost)
             });
         if let Err(e) = lost {
             self.mark_needs_regeneration();

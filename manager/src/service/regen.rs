@@ -1,71 +1,122 @@
 //! Selective regeneration (DESIGN §4): only endpoints whose selected rules or peer identity sets
 //! changed are recomputed, and only a changed result reaches the datapath, as a map diff.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use weft_api::EndpointState;
+use weft_policy::compute::{
+    EnforcementCounts, compute_identities, compute_restricted, has_wildcard_peer,
+};
+use weft_policy::labels::LabelSet;
+use weft_policy::mapstate::{EndpointPolicy, Identity, PolicyEntry, Verdict};
 use weft_policy::repository::RepoChange;
-use weft_policy::rule::PeerSelector;
+use weft_policy::rule::Rule;
 
 use super::{Manager, ManagerError, State, from_api_labels};
+use crate::policy_state::Effects;
 
 impl Manager {
-    /// Regenerates the ready endpoints whose selected rules use one of `changed` selectors.
+    /// Updates the endpoints an identity change affects (`effects`: identities that entered or
+    /// left some selectors): in every ready endpoint with a rule using one of those selectors,
+    /// only the entries of those identities are recomputed and replaced.
     pub(crate) fn regenerate_users(
         &self,
         st: &mut State,
-        changed: &BTreeSet<PeerSelector>,
+        effects: &Effects,
     ) -> Result<usize, ManagerError> {
-        if changed.is_empty() {
-            return Ok(0);
-        }
-        let ids: Vec<u32> = st
-            .reg
-            .list()
-            .filter(|ep| {
-                ep.state == EndpointState::Ready
-                    && st
-                        .pol
-                        .repo()
-                        .endpoint_uses(&from_api_labels(&ep.labels), changed)
-            })
-            .map(|ep| ep.id)
-            .collect();
-        self.regenerate(st, &ids)
+        self.regenerate_identities(st, effects, &BTreeSet::new())
     }
 
-    /// Regenerates the endpoints a repository change can affect: those an added or removed rule
-    /// selects, and those using a selector whose identities changed. Every ready endpoint then
-    /// records the new revision (an unaffected endpoint enforces it already).
+    /// Regenerates the endpoints a repository change can affect. Those an added or removed rule
+    /// selects get the entries of the identities the changed rules' peers resolve to, or, when
+    /// the change also moves their enforcement (or has a wildcard peer), a full recomputation;
+    /// those merely using a selector whose identities changed (a CIDR identity came or went) get
+    /// those identities' entries. Every ready endpoint then records the new revision (an
+    /// unaffected endpoint enforces it already).
     pub(crate) fn regenerate_for_change(
         &self,
         st: &mut State,
         change: &RepoChange,
-        changed: &BTreeSet<PeerSelector>,
+        effects: &Effects,
     ) -> Result<usize, ManagerError> {
-        let ids: Vec<u32> = st
+        let (identities, work) = change_work(st, change, effects);
+        let mut full = Vec::new();
+        let mut done = BTreeSet::new();
+        let mut n = 0;
+        for (id, update) in work {
+            done.insert(id);
+            match update {
+                None => full.push(id),
+                Some(entries) => {
+                    self.apply_identities(st, id, &identities, &entries)?;
+                    n += 1;
+                }
+            }
+        }
+        n += self.regenerate(st, &full)? + self.regenerate_identities(st, effects, &done)?;
+        let rev = st.pol.repo().revision();
+        let ready: Vec<u32> = st
             .reg
             .list()
             .filter(|ep| ep.state == EndpointState::Ready)
-            .filter(|ep| {
-                let labels = from_api_labels(&ep.labels);
-                change.selects(&labels) || st.pol.repo().endpoint_uses(&labels, changed)
-            })
             .map(|ep| ep.id)
             .collect();
-        let n = self.regenerate(st, &ids)?;
-        // Endpoints the change cannot affect enforce the new revision as they are.
-        let rev = st.pol.repo().revision();
-        let rest: Vec<u32> = st
-            .reg
-            .list()
-            .filter(|ep| ep.state == EndpointState::Ready && !ids.contains(&ep.id))
-            .map(|ep| ep.id)
-            .collect();
-        for id in rest {
+        for id in ready {
             st.reg.set_revision(id, rev);
         }
         Ok(n)
+    }
+
+    /// See [`Self::regenerate_users`]; endpoints in `skip` are left alone (the caller
+    /// has regenerated them).
+    fn regenerate_identities(
+        &self,
+        st: &mut State,
+        effects: &Effects,
+        skip: &BTreeSet<u32>,
+    ) -> Result<usize, ManagerError> {
+        if effects.changed.is_empty() {
+            return Ok(0);
+        }
+        let work = identity_work(st, effects, skip);
+        let mut full = Vec::new();
+        let mut n = 0;
+        for (id, slice) in work {
+            match slice {
+                None => full.push(id),
+                Some(entries) => {
+                    self.apply_identities(st, id, &effects.identities, &entries)?;
+                    n += 1;
+                }
+            }
+        }
+        Ok(n + self.regenerate(st, &full)?)
+    }
+
+    /// Replaces the entries of `identities` in an endpoint's maps.
+    fn apply_identities(
+        &self,
+        st: &mut State,
+        id: u32,
+        identities: &BTreeSet<Identity>,
+        entries: &BTreeMap<PolicyEntry, Verdict>,
+    ) -> Result<(), ManagerError> {
+        let t0 = std::time::Instant::now();
+        self.datapath
+            .apply_policy_identities(id, identities, entries)?;
+        tracing::debug!(
+            endpoint_id = id,
+            identities = identities.len(),
+            entries = entries.len(),
+            us = t0.elapsed().as_micros(),
+            "endpoint regenerated (changed identities)"
+        );
+        // The fingerprint described the whole old policy: a later full regeneration must not
+        // skip this endpoint because its new policy happens to match it.
+        st.installed.remove(&id);
+        self.regenerations.fetch_add(1, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Re-attaches every ready endpoint after a restart: the programs are replaced atomically
@@ -154,16 +205,25 @@ impl Manager {
     pub(crate) fn regenerate(&self, st: &mut State, ids: &[u32]) -> Result<usize, ManagerError> {
         let rev = st.pol.repo().revision();
         let mut changed = 0;
+        // Endpoints with the same labels (replicas) have the same policy: compute it once.
+        let mut computed: HashMap<LabelSet, Arc<(EndpointPolicy, u64)>> = HashMap::new();
         for &id in ids {
             let Some(ep) = st.reg.get(id) else { continue };
             if ep.state != EndpointState::Ready {
                 continue;
             }
-            let policy = st.pol.compute(&from_api_labels(&ep.labels));
-            let print = super::fingerprint(&policy);
+            let result = computed
+                .entry(from_api_labels(&ep.labels))
+                .or_insert_with_key(|labels| {
+                    let policy = st.pol.compute(labels);
+                    let print = super::fingerprint(&policy);
+                    Arc::new((policy, print))
+                })
+                .clone();
+            let (policy, print) = (&result.0, result.1);
             if st.installed.get(&id) != Some(&print) {
                 let t0 = std::time::Instant::now();
-                self.datapath.apply_policy(id, &policy)?;
+                self.datapath.apply_policy(id, policy)?;
                 tracing::debug!(
                     endpoint_id = id,
                     entries = policy.entries.len(),
@@ -179,4 +239,129 @@ impl Manager {
             .fetch_add(changed as u64, Ordering::Relaxed);
         Ok(changed)
     }
+}
+
+/// Which ready endpoints (not in `skip`) an identity change touches, each with the new entries
+/// of the changed identities, or `None` where only a full regeneration will do. Computed once
+/// per distinct label set, from only the rules that can matter: those using a changed selector
+/// (the only ones whose peers can match a changed identity) and those with a wildcard peer
+/// (whose denies carve every identity's allows).
+fn identity_work(st: &State, effects: &Effects, skip: &BTreeSet<u32>) -> Vec<(u32, Option<Slice>)> {
+    let candidates: Vec<(&Rule, bool)> = st
+        .pol
+        .repo()
+        .rules()
+        .iter()
+        .filter_map(|r| {
+            let uses = r.peers().any(|p| effects.changed.contains(p));
+            (uses || has_wildcard_peer(r)).then_some((r, uses))
+        })
+        .collect();
+    let mut by_labels: HashMap<LabelSet, Option<Option<Slice>>> = HashMap::new();
+    let mut work = Vec::new();
+    for ep in st.reg.list() {
+        if ep.state != EndpointState::Ready || skip.contains(&ep.id) {
+            continue;
+        }
+        let slice = by_labels
+            .entry(from_api_labels(&ep.labels))
+            .or_insert_with_key(|labels| {
+                let relevant: Vec<(&Rule, bool)> = candidates
+                    .iter()
+                    .copied()
+                    .filter(|(r, _)| r.endpoint_selector.matches(labels))
+                    .collect();
+                if !relevant.iter().any(|(_, uses)| *uses) {
+                    return None; // no rule of this endpoint uses a changed selector
+                }
+                let rules: Vec<&Rule> = relevant.iter().map(|(r, _)| *r).collect();
+                if effects.identities.is_empty() {
+                    return Some(None);
+                }
+                Some(
+                    compute_identities(
+                        &rules,
+                        st.pol.cache(),
+                        st.pol.options(),
+                        &effects.identities,
+                    )
+                    .map(Arc::new),
+                )
+            });
+        if let Some(slice) = slice {
+            work.push((ep.id, slice.clone()));
+        }
+    }
+    work
+}
+
+type Slice = Arc<BTreeMap<PolicyEntry, Verdict>>;
+
+/// The identities a repository change touches, and the ready endpoints its rules select, each
+/// with the new entries of those identities, or `None` where only a full regeneration will do:
+/// a changed rule has a wildcard peer (identity 0 carves every identity), or the change moves
+/// the endpoint's enforcement (flags, allow-all, allow-from-host). Computed once per distinct
+/// label set.
+fn change_work(
+    st: &State,
+    change: &RepoChange,
+    effects: &Effects,
+) -> (BTreeSet<Identity>, Vec<(u32, Option<Slice>)>) {
+    let changed: Vec<&Rule> = change.added.iter().chain(&change.removed).collect();
+    let sliceable = !changed.iter().any(|r| has_wildcard_peer(r));
+    // Removed rules' selectors may no longer be tracked: the cache resolves them on the fly.
+    // CIDR identities that just went are in no selector any more, hence `effects`.
+    let mut identities = effects.identities.clone();
+    if sliceable {
+        for p in changed.iter().flat_map(|r| r.peers()) {
+            identities.extend(st.pol.cache().identities(p).iter());
+        }
+    }
+    let mut by_labels: HashMap<LabelSet, Option<Option<Slice>>> = HashMap::new();
+    let mut work = Vec::new();
+    for ep in st.reg.list() {
+        if ep.state != EndpointState::Ready {
+            continue;
+        }
+        let update = by_labels
+            .entry(from_api_labels(&ep.labels))
+            .or_insert_with_key(|labels| {
+                if !change.selects(labels) {
+                    return None;
+                }
+                if !sliceable {
+                    return Some(None);
+                }
+                let selecting: Vec<&Rule> = st.pol.repo().selecting(labels).collect();
+                let mut now = EnforcementCounts::default();
+                for r in &selecting {
+                    now.add(r, 1);
+                }
+                let mut before = now;
+                for r in change
+                    .added
+                    .iter()
+                    .filter(|r| r.endpoint_selector.matches(labels))
+                {
+                    before.add(r, -1);
+                }
+                for r in change
+                    .removed
+                    .iter()
+                    .filter(|r| r.endpoint_selector.matches(labels))
+                {
+                    before.add(r, 1);
+                }
+                if before.shape() != now.shape() {
+                    return Some(None);
+                }
+                let policy =
+                    compute_restricted(&selecting, st.pol.cache(), st.pol.options(), &identities);
+                Some(Some(Arc::new(policy.entries)))
+            });
+        if let Some(update) = update {
+            work.push((ep.id, update.clone()));
+        }
+    }
+    (identities, work)
 }

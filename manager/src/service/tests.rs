@@ -1,7 +1,7 @@
 //! Unit tests of the manager's operations over fake host plumbing and a fake datapath.
 
 use super::*;
-use crate::datapath::FakeDatapath;
+use crate::datapath::{FakeCall, FakeDatapath};
 use crate::hostnet::FakeHostNet;
 use crate::ipam::Pool;
 use crate::store::Store;
@@ -385,4 +385,103 @@ fn an_add_for_a_pair_being_deleted_is_told_to_retry() {
         err,
         ManagerError::Endpoint(EndpointError::BeingDeleted(id)) if id == a.id
     ));
+}
+
+/// Every ready endpoint's installed policy is what a full computation gives now.
+fn assert_installed_is_complete(w: &World, step: &str) {
+    let st = w.m.state();
+    for ep in st.reg.list().filter(|e| e.state == EndpointState::Ready) {
+        let want = st.pol.compute(&from_api_labels(&ep.labels));
+        let got = w.dp.policy(ep.id).unwrap_or_default();
+        assert_eq!(got, want, "{step}: endpoint {} {:?}", ep.id, ep.labels);
+    }
+}
+
+fn identity_updates(w: &World, since: usize) -> Vec<FakeCall> {
+    w.dp.calls()[since..]
+        .iter()
+        .filter(|c| matches!(c, FakeCall::ApplyPolicyIdentities(..)))
+        .cloned()
+        .collect()
+}
+
+#[test]
+fn identity_changes_rewrite_only_their_entries_and_match_a_full_recompute() {
+    let w = world();
+    let a = pod(&w, "a", "app1");
+    let b = pod(&w, "b", "app2");
+    let third = pod(&w, "c", "app3");
+    // Selectors an arriving or leaving identity moves through, a deny, a wildcard deny that
+    // carves every identity's allows, and world (which every CIDR identity joins).
+    w.m.import_policy(
+        "p.json",
+        r#"[{"labels":[{"key":"r","value":"1"}],"endpointSelector":{"matchLabels":{"id":"app1"}},
+             "ingress":[{"fromEndpoints":[{"matchExpressions":[{"key":"id","operator":"In","values":["app2","app4"]}]}],
+                         "toPorts":[{"ports":[{"port":"80","endPort":100,"protocol":"TCP"}]}]}],
+             "ingressDeny":[{"fromEndpoints":[{"matchLabels":{"id":"app5"}}],"toPorts":[{"ports":[{"port":"90","protocol":"TCP"}]}]}]},
+            {"labels":[{"key":"r","value":"4"}],"endpointSelector":{"matchLabels":{"id":"app1"}},
+             "ingressDeny":[{"fromEntities":["all"],"toPorts":[{"ports":[{"port":"99","protocol":"TCP"}]}]}]},
+            {"labels":[{"key":"r","value":"2"}],"endpointSelector":{},
+             "egress":[{"toEntities":["world","cluster"],"toPorts":[{"ports":[{"port":"443","protocol":"TCP"}]}]}]}]"#,
+    )
+    .unwrap();
+    assert_installed_is_complete(&w, "import");
+
+    let mark = w.dp.calls().len();
+    let newcomer = pod(&w, "d", "app4");
+    let updates = identity_updates(&w, mark);
+    assert!(
+        updates.contains(&FakeCall::ApplyPolicyIdentities(a.id, [newcomer.identity].into())),
+        "a's entries for the new identity only: {updates:?}"
+    );
+    assert_installed_is_complete(&w, "new identity");
+
+    w.m.set_labels(b.id, &["id=app5".into()], &[]).unwrap();
+    assert_installed_is_complete(&w, "label change into the deny");
+    w.m.delete("d", "eth0").unwrap();
+    assert_installed_is_complete(&w, "identity released");
+
+    let mark = w.dp.calls().len();
+    w.m.import_policy(
+        "cidr.json",
+        r#"[{"labels":[{"key":"r","value":"3"}],"endpointSelector":{"matchLabels":{"id":"app3"}},
+             "egress":[{"toCIDRSet":[{"cidr":"192.0.2.0/24","except":["192.0.2.128/25"]}]}]}]"#,
+    )
+    .unwrap();
+    assert!(
+        !identity_updates(&w, mark).is_empty(),
+        "the CIDR identities joined world: its users were updated per identity"
+    );
+    assert_installed_is_complete(&w, "CIDR identities");
+    w.m.delete_policy(&["r=3".into()], false).unwrap();
+    assert_installed_is_complete(&w, "CIDR identities released");
+
+    // A rule edited in place: same enforcement for a, so only its peers' entries change.
+    let mark = w.dp.calls().len();
+    w.m.import_policy(
+        "edit.json",
+        r#"[{"labels":[{"key":"r","value":"1"}],"endpointSelector":{"matchLabels":{"id":"app1"}},
+             "ingress":[{"fromEndpoints":[{"matchLabels":{"id":"app3"}}],
+                         "toPorts":[{"ports":[{"port":"8080","protocol":"TCP"}]}]}]}]"#,
+    )
+    .unwrap();
+    let calls = w.dp.calls()[mark..].to_vec();
+    assert!(
+        calls
+            .iter()
+            .any(|c| matches!(c, FakeCall::ApplyPolicyIdentities(id, _) if *id == a.id))
+            && !calls.contains(&FakeCall::ApplyPolicy(a.id)),
+        "{calls:?}"
+    );
+    assert_installed_is_complete(&w, "rule edited");
+    // A rule that puts an endpoint into ingress enforcement changes more than some identities.
+    let mark = w.dp.calls().len();
+    w.m.import_policy(
+        "ingress.json",
+        r#"[{"labels":[{"key":"r","value":"5"}],"endpointSelector":{"matchLabels":{"id":"app3"}},
+             "ingress":[{"fromEndpoints":[{"matchLabels":{"id":"app1"}}]}]}]"#,
+    )
+    .unwrap();
+    assert!(w.dp.calls()[mark..].contains(&FakeCall::ApplyPolicy(third.id)));
+    assert_installed_is_complete(&w, "enforcement changed");
 }

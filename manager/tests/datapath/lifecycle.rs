@@ -241,3 +241,49 @@ fn open_mounts_a_bpffs_when_the_pin_dir_is_not_on_one() {
     );
     drop(dp);
 }
+
+#[test]
+fn replacing_one_identitys_entries_leaves_the_rest_and_equals_a_full_apply() {
+    let w = World::new();
+    let dp = open_and_attach(&w);
+    echo_servers(&w.pods[B].ns, 6000);
+    echo_servers(&w.pods[B].ns, 6001);
+    let before = policy(
+        true,
+        false,
+        "ingress 1000 tcp 6000 allow; ingress 1000 tcp 5990-6010 allow; ingress 1000 tcp 6005 deny; \
+         ingress 1005 udp 53 allow; ingress 0 tcp 7000 deny",
+    );
+    let after = policy(
+        true,
+        false,
+        "ingress 1000 tcp 6001 allow; ingress 1005 udp 53 allow; ingress 0 tcp 7000 deny",
+    );
+    dp.apply_policy(101, &before).unwrap();
+    let b_ip: IpAddr = w.pods[B].ip4.into();
+    assert!(tcp_ok(&w.pods[A].ns, b_ip, 6000));
+    let only_a = after
+        .entries
+        .iter()
+        .filter(|(e, _)| e.identity == ID_A)
+        .map(|(e, v)| (*e, *v))
+        .collect();
+    dp.apply_policy_identities(101, &BTreeSet::from([ID_A]), &only_a)
+        .unwrap();
+    assert!(
+        tcp_ok(&w.pods[A].ns, b_ip, 6001),
+        "the new entry is in force"
+    );
+    assert!(!tcp_ok(&w.pods[A].ns, b_ip, 6000), "the old ones are gone");
+    let sliced = dp.map_dump("policy").unwrap();
+    assert!(
+        sliced.iter().any(|e| e["identity"] == 1005),
+        "other identities untouched: {sliced:#?}"
+    );
+    dp.apply_policy(101, &after).unwrap();
+    assert_eq!(
+        dp.map_dump("policy").unwrap(),
+        sliced,
+        "same map as applying the whole new policy"
+    );
+}

@@ -2,15 +2,16 @@
 //! engine: parse → repository → CIDR identities → selector cache → compute.
 
 use ipnet::IpNet;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use weft_policy::cidr::{CidrReferences, CidrSync};
-use weft_policy::compute::{ComputeOptions, compute};
+use weft_policy::compute::{ComputeOptions, compute, compute_identities, has_wildcard_peer};
 use weft_policy::identity::{IdentityAllocator, IdentityKey, MemoryStore};
 use weft_policy::labels::LabelSet;
-use weft_policy::mapstate::{Direction, EndpointPolicy, Identity, Verdict, reserved};
+use weft_policy::mapstate::{Direction, EndpointPolicy, Identity, PolicyEntry, Verdict, reserved};
 use weft_policy::parse::parse_policy_file;
 use weft_policy::repository::Repository;
+use weft_policy::rule::Rule;
 use weft_policy::selectorcache::SelectorCache;
 use weft_policy::trace::{Trace, TracePeer, trace};
 
@@ -118,8 +119,33 @@ impl World {
         }
     }
 
+    /// The full policy, cross-checked against the per-identity computation the manager uses
+    /// when only some identities changed: for every identity, from only the rules that can
+    /// matter for it, the same entries.
     pub fn policy(&self, ep: &str) -> EndpointPolicy {
-        compute(&self.eps[ep].1, &self.repo, &self.cache, &self.opts)
+        let labels = &self.eps[ep].1;
+        let full = compute(labels, &self.repo, &self.cache, &self.opts);
+        let selecting: Vec<&Rule> = self.repo.selecting(labels).collect();
+        for (id, _) in self.alloc.iter() {
+            let relevant: Vec<&Rule> = selecting
+                .iter()
+                .copied()
+                .filter(|r| {
+                    has_wildcard_peer(r) || r.peers().any(|p| self.cache.peer_matches(p, id))
+                })
+                .collect();
+            let slice =
+                compute_identities(&relevant, &self.cache, &self.opts, &BTreeSet::from([id]))
+                    .expect("not a reserved identity");
+            let want: BTreeMap<PolicyEntry, Verdict> = full
+                .entries
+                .iter()
+                .filter(|(e, _)| e.identity == id)
+                .map(|(e, v)| (*e, *v))
+                .collect();
+            assert_eq!(slice, want, "entries of identity {id} for {ep}");
+        }
+        full
     }
 
     /// The map's verdict, cross-checked against trace and the deny invariant.
