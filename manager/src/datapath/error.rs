@@ -34,6 +34,14 @@ pub enum DatapathError {
         /// Cause.
         source: Box<aya::maps::MapError>,
     },
+    /// A batch map syscall failed (aya has no batch API; see `batch.rs`).
+    #[error("map {map}: {source}")]
+    Syscall {
+        /// Map name.
+        map: &'static str,
+        /// Cause.
+        source: std::io::Error,
+    },
     /// The object lacks a map or program the manager needs (built from a different source).
     #[error("the eBPF object has no {0}")]
     Missing(&'static str),

@@ -6,6 +6,7 @@
 //! Map encodings and the attach mode are described in `docs/DATAPATH.md`.
 
 mod attach;
+mod batch;
 mod bpf;
 mod bpffs;
 mod dump;

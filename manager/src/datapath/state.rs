@@ -1,6 +1,7 @@
 //! Kernel-side state the datapath owns: the typed pinned maps, the loaded programs, and the
 //! in-memory mirrors needed to diff policies and find endpoints by id.
 
+use super::batch;
 use super::encode::{Encoded, PolicyBlock, diff, encode_entries, encode_policy};
 use super::error::DatapathError;
 use super::types::EndpointDatapath;
@@ -28,6 +29,33 @@ pub(crate) struct Maps {
     pub(crate) enforcement: HashMap<u32, u32>,
     /// endpoint id → host ifindex, mirrors the endpoints map.
     pub(crate) by_id: HashMap<u32, u32>,
+}
+
+/// The policy trie's key as the kernel lays it out (`struct bpf_lpm_trie_key` + data), for
+/// batch calls; aya's `Key` is the same bytes but has no `Default`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct LpmKey {
+    prefix_len: u32,
+    data: abi::PolicyKey,
+}
+
+impl LpmKey {
+    fn of(b: &PolicyBlock) -> Self {
+        Self {
+            prefix_len: b.prefix_len,
+            data: b.key,
+        }
+    }
+}
+
+const _: () = assert!(std::mem::size_of::<LpmKey>() == std::mem::size_of::<Key<abi::PolicyKey>>());
+
+fn batch_error(e: batch::BatchError) -> DatapathError {
+    DatapathError::Syscall {
+        map: names::POLICY,
+        source: e.source,
+    }
 }
 
 pub(crate) fn ignore_missing(r: Result<(), MapError>) -> Result<(), MapError> {
@@ -71,6 +99,12 @@ fn enforcement_flags(policy: &EndpointPolicy) -> u32 {
 const ENFORCE_MASK: u32 = abi::EP_INGRESS_ENFORCED | abi::EP_EGRESS_ENFORCED;
 
 impl Maps {
+    fn policy_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        use aya::maps::IterableMap;
+        use std::os::fd::AsFd;
+        self.policy.map().fd().as_fd()
+    }
+
     /// Rebuilds the in-memory mirrors from the pinned maps (they may predate this process).
     pub(crate) fn read_back(&mut self) -> Result<(), DatapathError> {
         for item in &self.endpoints {
@@ -79,11 +113,15 @@ impl Maps {
             self.enforcement
                 .insert(info.endpoint_id, info.flags & ENFORCE_MASK);
         }
-        for item in &self.policy {
-            let (key, value) = item.map_err(DatapathError::map(names::POLICY))?;
+        let entries: Vec<(LpmKey, abi::PolicyValue)> = batch::lookup_all(self.policy_fd())
+            .map_err(|source| DatapathError::Syscall {
+                map: names::POLICY,
+                source,
+            })?;
+        for (key, value) in entries {
             let block = PolicyBlock {
-                prefix_len: key.prefix_len(),
-                key: key.data(),
+                key: key.data,
+                prefix_len: key.prefix_len,
             };
             self.installed
                 .entry(block.key.endpoint_id)
@@ -139,8 +177,8 @@ impl Maps {
         self.write(
             endpoint_id,
             current,
-            upserts,
-            removes,
+            &upserts,
+            &removes,
             Some(enforcement_flags(policy)),
         )
     }
@@ -161,7 +199,7 @@ impl Maps {
             .map(|(b, v)| (*b, *v))
             .collect();
         let (upserts, removes) = diff(&old, &new);
-        self.write(endpoint_id, current, upserts, removes, None)
+        self.write(endpoint_id, current, &upserts, &removes, None)
     }
 
     /// Writes a diff into the policy map and records in `installed` exactly what reached the
@@ -170,32 +208,35 @@ impl Maps {
         &mut self,
         endpoint_id: u32,
         mut current: Encoded,
-        upserts: Vec<(PolicyBlock, u8)>,
-        removes: Vec<PolicyBlock>,
+        upserts: &[(PolicyBlock, u8)],
+        removes: &[PolicyBlock],
         flags: Option<u32>,
     ) -> Result<(), DatapathError> {
         let result = (|| {
             // Add-before-delete (Cilium #46927): the union of old and new never drops a packet
             // that both allow; the encoding guarantees no deny block covers such a packet.
-            for (block, verdict) in upserts {
-                let value = abi::PolicyValue {
+            let keys: Vec<LpmKey> = upserts.iter().map(|(b, _)| LpmKey::of(b)).collect();
+            let values: Vec<abi::PolicyValue> = upserts
+                .iter()
+                .map(|&(_, verdict)| abi::PolicyValue {
                     verdict,
                     pad: [0; 3],
-                };
-                self.policy
-                    .insert(&Key::new(block.prefix_len, block.key), value, 0)
-                    .map_err(DatapathError::map(names::POLICY))?;
-                current.insert(block, verdict);
-            }
+                })
+                .collect();
+            let written = batch::update(self.policy_fd(), &keys, &values);
+            let done = written.as_ref().map_or_else(|e| e.done, |()| upserts.len());
+            current.extend(upserts[..done].iter().copied());
+            written.map_err(batch_error)?;
             if let Some(flags) = flags {
                 self.set_flags(endpoint_id, flags)?;
             }
-            for block in removes {
-                ignore_missing(self.policy.remove(&Key::new(block.prefix_len, block.key)))
-                    .map_err(DatapathError::map(names::POLICY))?;
-                current.remove(&block);
+            let keys: Vec<LpmKey> = removes.iter().map(LpmKey::of).collect();
+            let deleted = batch::delete(self.policy_fd(), &keys);
+            let done = deleted.as_ref().map_or_else(|e| e.done, |()| removes.len());
+            for block in &removes[..done] {
+                current.remove(block);
             }
-            Ok(())
+            deleted.map_err(batch_error)
         })();
         self.installed.insert(endpoint_id, current);
         result

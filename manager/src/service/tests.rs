@@ -431,7 +431,10 @@ fn identity_changes_rewrite_only_their_entries_and_match_a_full_recompute() {
     let newcomer = pod(&w, "d", "app4");
     let updates = identity_updates(&w, mark);
     assert!(
-        updates.contains(&FakeCall::ApplyPolicyIdentities(a.id, [newcomer.identity].into())),
+        updates.contains(&FakeCall::ApplyPolicyIdentities(
+            a.id,
+            [newcomer.identity].into()
+        )),
         "a's entries for the new identity only: {updates:?}"
     );
     assert_installed_is_complete(&w, "new identity");

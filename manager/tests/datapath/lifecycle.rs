@@ -287,3 +287,27 @@ fn replacing_one_identitys_entries_leaves_the_rest_and_equals_a_full_apply() {
         "same map as applying the whole new policy"
     );
 }
+
+#[test]
+fn a_reopened_datapath_reads_back_and_rewrites_policies_larger_than_one_batch() {
+    let w = World::new();
+    let dp = open_and_attach(&w);
+    // 9000 single-port blocks: more than two batch chunks each way.
+    let rules = |n: u32| {
+        (0..n)
+            .map(|i| format!("ingress {} tcp {} allow", 2000 + i / 100, 1000 + i % 100))
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
+    dp.apply_policy(101, &policy(true, false, &rules(9000)))
+        .unwrap();
+    assert_eq!(dp.map_dump("policy").unwrap().len(), 9000);
+    drop(dp);
+    let dp = BpfDatapath::open(w.config()).expect("reopen");
+    // Only a diff against the read-back state removes the 7000 entries the new policy lacks.
+    dp.apply_policy(101, &policy(true, false, &rules(2000)))
+        .unwrap();
+    let left = dp.map_dump("policy").unwrap();
+    assert_eq!(left.len(), 2000);
+    assert!(left.iter().all(|e| e["identity"].as_u64() < Some(2020)));
+}

@@ -1,0 +1,144 @@
+//! `BPF_MAP_{UPDATE,DELETE,LOOKUP}_BATCH` on the policy trie. aya 0.14 has no batch calls, and
+//! one syscall per entry is half the cost of rewriting a large policy: the kernel's generic batch
+//! (which the LPM trie uses since 5.x) still updates element by element, but inside one syscall
+//! (scripts/bench-policy-maps: 1000 inserts 1.15 ms one by one, 0.60 ms batched; deletes 0.78 ms
+//! and 0.30 ms).
+
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd};
+
+const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
+const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
+const BPF_MAP_DELETE_BATCH: libc::c_long = 27;
+
+/// Elements per syscall: bounds the kernel's time without yielding and our buffers.
+pub(crate) const CHUNK: usize = 4096;
+
+/// The `batch` member of `union bpf_attr`.
+#[repr(C)]
+#[derive(Default)]
+struct BatchAttr {
+    in_batch: u64,
+    out_batch: u64,
+    keys: u64,
+    values: u64,
+    count: u32,
+    map_fd: u32,
+    elem_flags: u64,
+    flags: u64,
+}
+
+/// A failed batch: how many elements (from the start) were done, and why it stopped.
+#[derive(Debug)]
+pub(crate) struct BatchError {
+    pub(crate) done: usize,
+    pub(crate) source: io::Error,
+}
+
+fn attr(fd: BorrowedFd<'_>, count: usize) -> BatchAttr {
+    BatchAttr {
+        map_fd: u32::try_from(fd.as_raw_fd()).expect("fds are non-negative"),
+        count: u32::try_from(count).expect("chunks are small"),
+        ..BatchAttr::default()
+    }
+}
+
+fn sys_bpf(cmd: libc::c_long, attr: &mut BatchAttr) -> io::Result<()> {
+    // SAFETY: `attr` is a valid `bpf_attr` prefix for the batch commands; the pointers in it
+    // refer to buffers that outlive the call and have room for `count` keys and values.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd,
+            std::ptr::from_mut(attr),
+            std::mem::size_of::<BatchAttr>(),
+        )
+    };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// Inserts or replaces `keys[i]` → `values[i]`, in order. `K` and `V` must be the map's exact
+/// key and value layouts.
+pub(crate) fn update<K: Copy, V: Copy>(
+    fd: BorrowedFd<'_>,
+    keys: &[K],
+    values: &[V],
+) -> Result<(), BatchError> {
+    assert_eq!(keys.len(), values.len());
+    let mut done = 0;
+    while done < keys.len() {
+        let n = (keys.len() - done).min(CHUNK);
+        let mut a = attr(fd, n);
+        a.keys = keys[done..].as_ptr() as u64;
+        a.values = values[done..].as_ptr() as u64;
+        if let Err(source) = sys_bpf(BPF_MAP_UPDATE_BATCH, &mut a) {
+            // On failure the kernel reports how many elements it processed.
+            return Err(BatchError {
+                done: done + a.count as usize,
+                source,
+            });
+        }
+        done += n;
+    }
+    Ok(())
+}
+
+/// Deletes `keys`, in order; keys already missing are skipped.
+pub(crate) fn delete<K: Copy>(fd: BorrowedFd<'_>, keys: &[K]) -> Result<(), BatchError> {
+    let mut done = 0;
+    while done < keys.len() {
+        let n = (keys.len() - done).min(CHUNK);
+        let mut a = attr(fd, n);
+        a.keys = keys[done..].as_ptr() as u64;
+        match sys_bpf(BPF_MAP_DELETE_BATCH, &mut a) {
+            Ok(()) => done += n,
+            // The generic batch stops at the first missing key: step over it and go on.
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => done += a.count as usize + 1,
+            Err(source) => {
+                return Err(BatchError {
+                    done: done + a.count as usize,
+                    source,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Every key and value of the map, `CHUNK` per syscall.
+pub(crate) fn lookup_all<K: Copy + Default, V: Copy + Default>(
+    fd: BorrowedFd<'_>,
+) -> io::Result<Vec<(K, V)>> {
+    let mut out = Vec::new();
+    let mut keys = vec![K::default(); CHUNK];
+    let mut values = vec![V::default(); CHUNK];
+    // The position token is a key: where the previous call stopped.
+    let mut token = K::default();
+    let mut first = true;
+    loop {
+        let mut a = attr(fd, CHUNK);
+        if !first {
+            a.in_batch = std::ptr::from_ref(&token) as u64;
+        }
+        a.out_batch = std::ptr::from_mut(&mut token) as u64;
+        a.keys = keys.as_mut_ptr() as u64;
+        a.values = values.as_mut_ptr() as u64;
+        let result = sys_bpf(BPF_MAP_LOOKUP_BATCH, &mut a);
+        let n = a.count as usize;
+        match result {
+            Ok(()) => {}
+            // The end of the map; `n` elements came with it.
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                out.extend(keys[..n].iter().copied().zip(values[..n].iter().copied()));
+                return Ok(out);
+            }
+            Err(e) => return Err(e),
+        }
+        out.extend(keys[..n].iter().copied().zip(values[..n].iter().copied()));
+        first = false;
+    }
+}
