@@ -162,6 +162,7 @@ impl Manager {
         for (prefix, id) in st.pol.cidr_identities() {
             self.datapath.upsert_ipcache(prefix, id)?;
         }
+        super::release_freed_memory();
         Ok(n)
     }
 
