@@ -102,25 +102,53 @@ impl RuleRecords {
                 records.next = records.next.max(seq + 1);
                 rules.push(rule);
             }
+            if store.get_meta::<Repository>(LEGACY_REPO_KEY)?.is_some() {
+                // A migration that stopped between writing the records and this removal.
+                store.remove_meta(LEGACY_REPO_KEY)?;
+            }
             return Ok((records, Repository::restore(rules, revision)));
         }
         let repo: Repository = store.get_meta(LEGACY_REPO_KEY)?.unwrap_or_default();
         let add: Vec<(u64, &Rule)> = repo.rules().iter().map(|r| (records.add(r), r)).collect();
-        store.write_rules(repo.revision(), &[], &add)?;
+        store.write_rules(repo.revision(), None, &add)?;
         store.remove_meta(LEGACY_REPO_KEY)?;
         Ok((records, repo))
     }
 
-    /// Persists a repository change: its removed and added rules and the new revision.
+    /// Persists a repository change: its removed and added rules and the new revision. The
+    /// record map changes only once the store has the change, so a failed write (disk full)
+    /// leaves both as they were; a removed rule without a record (cannot happen unless they
+    /// diverged) makes it rewrite every rule of `repo` instead.
     fn persist(
         &mut self,
         store: &Store,
         change: &RepoChange,
-        revision: u64,
+        repo: &Repository,
     ) -> Result<(), PolicyStateError> {
-        let remove: Vec<u64> = change.removed.iter().filter_map(|r| self.take(r)).collect();
-        let add: Vec<(u64, &Rule)> = change.added.iter().map(|r| (self.add(r), r)).collect();
-        store.write_rules(revision, &remove, &add)?;
+        let mut next = Self {
+            by_hash: self.by_hash.clone(),
+            next: self.next,
+        };
+        let mut remove = Vec::with_capacity(change.removed.len());
+        for r in &change.removed {
+            let Some(seq) = next.take(r) else {
+                tracing::warn!("a removed rule has no store record: rewriting every rule");
+                return self.rewrite(store, repo);
+            };
+            remove.push(seq);
+        }
+        let add: Vec<(u64, &Rule)> = change.added.iter().map(|r| (next.add(r), r)).collect();
+        store.write_rules(repo.revision(), Some(&remove), &add)?;
+        *self = next;
+        Ok(())
+    }
+
+    /// Replaces every record with the rules of `repo`, atomically.
+    fn rewrite(&mut self, store: &Store, repo: &Repository) -> Result<(), PolicyStateError> {
+        let mut next = Self::default();
+        let add: Vec<(u64, &Rule)> = repo.rules().iter().map(|r| (next.add(r), r)).collect();
+        store.write_rules(repo.revision(), None, &add)?;
+        *self = next;
         Ok(())
     }
 }
@@ -248,8 +276,7 @@ impl PolicyState {
         let mut effects = Effects::default();
         // Also when every rule was replaced by an identical one: the revision moved and must
         // survive a restart.
-        self.records
-            .persist(&self.store, &change, self.repo.revision())?;
+        self.records.persist(&self.store, &change, &self.repo)?;
         if change.is_empty() {
             return Ok((change, effects));
         }
@@ -386,5 +413,30 @@ mod tests {
         got.sort_by_key(|r| format!("{r:?}"));
         assert_eq!(got, want);
         assert_eq!(again.repo().revision(), st.repo().revision());
+    }
+
+    #[test]
+    fn records_that_lost_track_of_a_rule_are_rewritten_whole() {
+        let store = Store::temporary().unwrap();
+        let (mut st, _) = PolicyState::restore(store.clone(), []).unwrap();
+        let rules = weft_policy::parse::parse_policy_file(
+            "t.json",
+            r#"[{"labels":[{"key":"name","value":"a"}],"endpointSelector":{},"ingress":[{}]},
+                {"labels":[{"key":"name","value":"b"}],"endpointSelector":{},"egress":[{}]}]"#,
+        )
+        .unwrap();
+        st.add_rules(rules).unwrap();
+        st.records = RuleRecords::default(); // diverged from the store
+        st.delete_rules(
+            &[weft_policy::labels::Label::parse_filter("name=a").unwrap()],
+            false,
+        )
+        .unwrap();
+        let (again, _) = PolicyState::restore(store, []).unwrap();
+        assert_eq!(
+            again.repo(),
+            st.repo(),
+            "exactly rule b, at the same revision"
+        );
     }
 }

@@ -155,16 +155,26 @@ impl Store {
         Ok(Some((revision, rules)))
     }
 
-    /// Removes the rules numbered `remove`, adds `add` and records `revision`, atomically, flushed.
+    /// Removes the rules numbered `remove` (every stored rule for `None`), adds `add` and
+    /// records `revision`, atomically, flushed.
     pub fn write_rules(
         &self,
         revision: u64,
-        remove: &[u64],
+        remove: Option<&[u64]>,
         add: &[(u64, &Rule)],
     ) -> Result<(), StoreError> {
         let mut batch = sled::Batch::default();
-        for seq in remove {
-            batch.remove(&seq.to_be_bytes());
+        match remove {
+            Some(seqs) => {
+                for seq in seqs {
+                    batch.remove(&seq.to_be_bytes());
+                }
+            }
+            None => {
+                for key in self.rules.iter().keys() {
+                    batch.remove(key?);
+                }
+            }
         }
         for (seq, rule) in add {
             let json = serde_json::to_vec(rule).expect("rules serialize");

@@ -61,6 +61,14 @@ fn sys_bpf(cmd: libc::c_long, attr: &mut BatchAttr) -> io::Result<()> {
     }
 }
 
+/// How many elements a failed batch call of `n` got through. The kernel writes the count back
+/// from its per-element loop; a call refused before it (bad attr, no batch support, no memory
+/// on older kernels) leaves our `n` in place, which then means none.
+fn processed(a: &BatchAttr, n: usize) -> usize {
+    let count = a.count as usize;
+    if count >= n { 0 } else { count }
+}
+
 /// Inserts or replaces `keys[i]` → `values[i]`, in order. `K` and `V` must be the map's exact
 /// key and value layouts.
 pub(crate) fn update<K: Copy, V: Copy>(
@@ -76,9 +84,8 @@ pub(crate) fn update<K: Copy, V: Copy>(
         a.keys = keys[done..].as_ptr() as u64;
         a.values = values[done..].as_ptr() as u64;
         if let Err(source) = sys_bpf(BPF_MAP_UPDATE_BATCH, &mut a) {
-            // On failure the kernel reports how many elements it processed.
             return Err(BatchError {
-                done: done + a.count as usize,
+                done: done + processed(&a, n),
                 source,
             });
         }
@@ -97,10 +104,12 @@ pub(crate) fn delete<K: Copy>(fd: BorrowedFd<'_>, keys: &[K]) -> Result<(), Batc
         match sys_bpf(BPF_MAP_DELETE_BATCH, &mut a) {
             Ok(()) => done += n,
             // The generic batch stops at the first missing key: step over it and go on.
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => done += a.count as usize + 1,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) && processed(&a, n) < n => {
+                done += processed(&a, n) + 1;
+            }
             Err(source) => {
                 return Err(BatchError {
-                    done: done + a.count as usize,
+                    done: done + processed(&a, n),
                     source,
                 });
             }
@@ -116,15 +125,17 @@ pub(crate) fn lookup_all<K: Copy + Default, V: Copy + Default>(
     let mut out = Vec::new();
     let mut keys = vec![K::default(); CHUNK];
     let mut values = vec![V::default(); CHUNK];
-    // The position token is a key: where the previous call stopped.
+    // The position token is a key: where the previous call stopped. The kernel reads
+    // `in_batch` before it writes `out_batch`, so one buffer serves both.
     let mut token = K::default();
+    let token_ptr = std::ptr::from_mut(&mut token) as u64;
     let mut first = true;
     loop {
         let mut a = attr(fd, CHUNK);
         if !first {
-            a.in_batch = std::ptr::from_ref(&token) as u64;
+            a.in_batch = token_ptr;
         }
-        a.out_batch = std::ptr::from_mut(&mut token) as u64;
+        a.out_batch = token_ptr;
         a.keys = keys.as_mut_ptr() as u64;
         a.values = values.as_mut_ptr() as u64;
         let result = sys_bpf(BPF_MAP_LOOKUP_BATCH, &mut a);

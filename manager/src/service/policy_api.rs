@@ -131,6 +131,7 @@ impl Manager {
             regenerated,
             elapsed_ms: t0.elapsed().as_secs_f64() * 1000.0,
         };
+        drop(st);
         super::release_freed_memory();
         tracing::info!(
             file,
@@ -165,13 +166,15 @@ impl Manager {
             .regenerate_for_change(&mut st, &change, &effects)
             .and_then(|n| self.apply_effects_after(&effects).map(|()| n))
             .inspect_err(|_| self.mark_needs_regeneration())?;
-        super::release_freed_memory();
-        Ok(ImportResult {
+        let result = ImportResult {
             revision: st.pol.repo().revision(),
             rules: st.pol.repo().rules().len(),
             regenerated,
             elapsed_ms: t0.elapsed().as_secs_f64() * 1000.0,
-        })
+        };
+        drop(st);
+        super::release_freed_memory();
+        Ok(result)
     }
 
     /// The repository: revision and rules.

@@ -102,6 +102,9 @@ impl Manager {
         identities: &BTreeSet<Identity>,
         entries: &BTreeMap<PolicyEntry, Verdict>,
     ) -> Result<(), ManagerError> {
+        // The fingerprint describes the whole old policy: once the maps may have changed, a
+        // later full regeneration must not skip this endpoint because its policy matches it.
+        st.installed.remove(&id);
         let t0 = std::time::Instant::now();
         self.datapath
             .apply_policy_identities(id, identities, entries)?;
@@ -112,9 +115,6 @@ impl Manager {
             us = t0.elapsed().as_micros(),
             "endpoint regenerated (changed identities)"
         );
-        // The fingerprint described the whole old policy: a later full regeneration must not
-        // skip this endpoint because its new policy happens to match it.
-        st.installed.remove(&id);
         self.regenerations.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
@@ -156,12 +156,15 @@ impl Manager {
     /// Recomputes every ready endpoint (start-up): the datapath diffs against the pinned maps,
     /// so entries that stay are never touched and nothing is deleted before its replacement.
     pub fn regenerate_all(&self) -> Result<usize, ManagerError> {
-        let mut st = self.state();
-        let ids: Vec<u32> = st.reg.list().map(|ep| ep.id).collect();
-        let n = self.regenerate(&mut st, &ids)?;
-        for (prefix, id) in st.pol.cidr_identities() {
-            self.datapath.upsert_ipcache(prefix, id)?;
-        }
+        let n = {
+            let mut st = self.state();
+            let ids: Vec<u32> = st.reg.list().map(|ep| ep.id).collect();
+            let n = self.regenerate(&mut st, &ids)?;
+            for (prefix, id) in st.pol.cidr_identities() {
+                self.datapath.upsert_ipcache(prefix, id)?;
+            }
+            n
+        };
         super::release_freed_memory();
         Ok(n)
     }
@@ -223,6 +226,8 @@ impl Manager {
                 .clone();
             let (policy, print) = (&result.0, result.1);
             if st.installed.get(&id) != Some(&print) {
+                // Forgotten first: a write that fails half-way leaves maps matching neither.
+                st.installed.remove(&id);
                 let t0 = std::time::Instant::now();
                 self.datapath.apply_policy(id, policy)?;
                 tracing::debug!(
