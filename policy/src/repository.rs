@@ -143,30 +143,42 @@ impl Repository {
             .filter(|k| !k.is_empty())
             .collect();
         let index = ReplaceIndex::new(&keys);
-        let (removed, kept): (Vec<Rule>, Vec<Rule>) = std::mem::take(&mut self.rules)
-            .into_iter()
-            .partition(|r| index.replaces(&r.labels));
-        self.rules = kept;
-        self.rules.reserve(rules.len());
+        let old = std::mem::take(&mut self.rules);
+        let replaced: Vec<usize> = (0..old.len())
+            .filter(|&i| index.replaces(&old[i].labels))
+            .collect();
         self.revision += 1;
-        // Pair each new rule with an identical replaced one. Re-imported files keep their order,
-        // so the next unpaired old rule is tried first and the search is linear in practice.
-        let mut old: Vec<Option<Rule>> = removed.into_iter().map(Some).collect();
+        // Pair each new rule with an identical replaced one, which then stays where it is (so
+        // the order survives a restart: the manager persists rules in that order). Re-imported
+        // files keep their order, so the next unpaired old rule is tried first and the search is
+        // linear in practice.
+        let mut unpaired: Vec<Option<usize>> = replaced.into_iter().map(Some).collect();
         let mut hint = 0;
         let mut added = Vec::new();
         for r in rules {
-            let same = |o: &Option<Rule>| o.as_ref() == Some(&r);
-            let found = (hint..old.len()).chain(0..hint).find(|&i| same(&old[i]));
-            match found {
-                Some(i) => {
-                    old[i] = None;
-                    hint = i + 1;
+            let same = |slot: &Option<usize>| slot.is_some_and(|i| old[i] == r);
+            match (hint..unpaired.len())
+                .chain(0..hint)
+                .find(|&k| same(&unpaired[k]))
+            {
+                Some(k) => {
+                    unpaired[k] = None;
+                    hint = k + 1;
                 }
-                None => added.push(r.clone()),
+                None => added.push(r),
             }
-            self.rules.push(r);
         }
-        let removed: Vec<Rule> = old.into_iter().flatten().collect();
+        let gone: BTreeSet<usize> = unpaired.into_iter().flatten().collect();
+        let mut removed = Vec::with_capacity(gone.len());
+        self.rules = Vec::with_capacity(old.len() - gone.len() + added.len());
+        for (i, r) in old.into_iter().enumerate() {
+            if gone.contains(&i) {
+                removed.push(r);
+            } else {
+                self.rules.push(r);
+            }
+        }
+        self.rules.extend(added.iter().cloned());
         RepoChange {
             revision: self.revision,
             added,
@@ -272,15 +284,19 @@ mod tests {
         let same = repo.add(rules.clone());
         assert!(same.is_empty(), "{same:?}");
         assert_eq!(same.revision, rev + 1);
-        let mut edited = rules;
-        edited[1].endpoint_selector = edited[0].endpoint_selector.clone();
-        let one = repo.add(edited);
+        let mut edited = rules.clone();
+        edited[0].endpoint_selector = edited[1].endpoint_selector.clone();
+        let one = repo.add(edited.clone());
         assert_eq!(
             (one.added.len(), one.removed.len()),
             (1, 1),
-            "only rule b changed"
+            "only rule a changed"
         );
-        assert_eq!(repo.rules().len(), 2);
+        assert_eq!(
+            repo.rules(),
+            [rules[1].clone(), edited[0].clone()],
+            "the unchanged rule kept its place, the new version of a comes last"
+        );
     }
 
     use super::*;
