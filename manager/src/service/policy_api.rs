@@ -119,8 +119,10 @@ impl Manager {
         let t0 = std::time::Instant::now();
         let rules = weft_policy::parse::parse_policy_file(file, text)
             .map_err(|e| ManagerError::Invalid(e.to_string()))?;
+        let parsed = t0.elapsed();
         let mut st = self.state();
         let (change, effects) = st.pol.add_rules(rules)?;
+        let stored = t0.elapsed();
         let regenerated = self
             .regenerate_for_change(&mut st, &change, &effects)
             .and_then(|n| self.apply_effects_after(&effects).map(|()| n))
@@ -133,11 +135,15 @@ impl Manager {
         };
         drop(st);
         super::release_freed_memory();
+        let ms = |d: std::time::Duration| d.as_secs_f64() * 1000.0;
         tracing::info!(
             file,
             revision = result.revision,
             regenerated,
             elapsed_ms = result.elapsed_ms,
+            parse_ms = ms(parsed),
+            repository_ms = ms(stored) - ms(parsed),
+            regenerate_ms = result.elapsed_ms - ms(stored),
             "policy imported"
         );
         Ok(result)

@@ -45,6 +45,11 @@ impl std::error::Error for ParseError {}
 
 /// Parses a whole policy file. All or nothing: any error rejects every rule in it.
 pub fn parse_policy_file(file: &str, text: &str) -> Result<Vec<Rule>, ParseError> {
+    parse_file(file, text, true)
+}
+
+/// `fast`: a first pass without field paths (see `walk::without_paths`).
+fn parse_file(file: &str, text: &str, fast: bool) -> Result<Vec<Rule>, ParseError> {
     let fail = |location: String, e: FieldError| ParseError {
         file: file.to_owned(),
         location,
@@ -53,15 +58,27 @@ pub fn parse_policy_file(file: &str, text: &str) -> Result<Vec<Rule>, ParseError
     };
     let docs = split_documents(text).map_err(|m| fail(String::new(), FieldError::new("", m)))?;
     let many = docs.len() > 1;
-    let mut rules = Vec::new();
-    for (d, doc) in docs.iter().enumerate() {
-        let prefix = if many {
-            format!("document {d}")
-        } else {
-            String::new()
-        };
-        parse_value(doc, &prefix, &mut rules).map_err(|(loc, e)| fail(loc, e))?;
-    }
+    let parse_all = || {
+        let mut rules = Vec::new();
+        for (d, doc) in docs.iter().enumerate() {
+            let prefix = if many {
+                format!("document {d}")
+            } else {
+                String::new()
+            };
+            parse_value(doc, &prefix, &mut rules)?;
+        }
+        Ok::<_, DocError>(rules)
+    };
+    // Fast pass without field paths; an error is reported from a second pass that has them.
+    let first = if fast {
+        walk::without_paths(parse_all)
+    } else {
+        parse_all()
+    };
+    let rules = first
+        .or_else(|_| parse_all())
+        .map_err(|(loc, e)| fail(loc, e))?;
     if rules.is_empty() {
         return Err(fail(
             String::new(),
@@ -85,8 +102,8 @@ fn parse_value(v: &Value, prefix: &str, out: &mut Vec<Rule>) -> Result<(), DocEr
     match v {
         Value::Array(items) => {
             for (i, item) in items.iter().enumerate() {
-                let loc = join_loc(prefix, &cilium::rule_location(i, item));
-                out.push(cilium::parse_rule(item, "").map_err(|e| (loc, e))?);
+                let loc = || join_loc(prefix, &cilium::rule_location(i, item));
+                out.push(cilium::parse_rule(item, "").map_err(|e| (loc(), e))?);
             }
             Ok(())
         }
@@ -117,8 +134,8 @@ fn parse_value(v: &Value, prefix: &str, out: &mut Vec<Rule>) -> Result<(), DocEr
                     ),
                 )),
                 None => {
-                    let loc = join_loc(prefix, &cilium::rule_location(0, v));
-                    out.push(cilium::parse_rule(v, "").map_err(|e| (loc, e))?);
+                    let loc = || join_loc(prefix, &cilium::rule_location(0, v));
+                    out.push(cilium::parse_rule(v, "").map_err(|e| (loc(), e))?);
                     Ok(())
                 }
             }
@@ -161,6 +178,30 @@ fn yaml_documents(text: &str) -> Result<Vec<Value>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_fast_pass_without_paths_gives_the_same_rules_and_errors() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/policies");
+        let mut n = 0;
+        for dir in [root.clone(), root.join("invalid")] {
+            for e in std::fs::read_dir(dir).unwrap() {
+                let p = e.unwrap().path();
+                if !p.is_file() {
+                    continue;
+                }
+                let text = std::fs::read_to_string(&p).unwrap();
+                let name = p.display().to_string();
+                let show = |r: Result<Vec<Rule>, ParseError>| format!("{r:?}");
+                assert_eq!(
+                    show(parse_file(&name, &text, true)),
+                    show(parse_file(&name, &text, false)),
+                    "{name}"
+                );
+                n += 1;
+            }
+        }
+        assert!(n > 20, "testdata went missing: {n}");
+    }
     use crate::labels::{Label, LabelSet};
     use crate::mapstate::Direction;
 

@@ -5,7 +5,8 @@ use crate::rule::PortProto;
 use crate::selector::{Operator, Requirement, Selector};
 use ipnet::IpNet;
 use serde_json::{Map, Value};
-use std::collections::{BTreeSet, HashSet};
+use std::cell::Cell;
+use std::collections::BTreeSet;
 use std::net::IpAddr;
 
 /// An error at a field path inside one rule or object.
@@ -29,9 +30,36 @@ impl FieldError {
 
 pub type Res<T> = Result<T, FieldError>;
 
+thread_local! {
+    /// Whether field paths are built. They are only read in errors, and building one string per
+    /// object and list element is a third of the parsing time of a large file; so
+    /// `parse_policy_file` parses without them first and again with them only to report an
+    /// error (parsing is deterministic: the second pass fails at the same place).
+    static PATHS: Cell<bool> = const { Cell::new(true) };
+}
+
+/// Runs `f` with field paths off (they come out empty).
+pub fn without_paths<T>(f: impl FnOnce() -> T) -> T {
+    /// Restores the flag also when `f` panics (the thread may be a pooled worker).
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            PATHS.with(|p| p.set(self.0));
+        }
+    }
+    let _restore = Restore(PATHS.with(|p| p.replace(false)));
+    f()
+}
+
+fn paths() -> bool {
+    PATHS.with(Cell::get)
+}
+
 /// Appends a field name to a path.
 pub fn join(path: &str, field: &str) -> String {
-    if path.is_empty() {
+    if !paths() {
+        String::new()
+    } else if path.is_empty() {
         field.to_owned()
     } else {
         format!("{path}.{field}")
@@ -42,7 +70,8 @@ pub fn join(path: &str, field: &str) -> String {
 pub struct Obj<'v> {
     map: &'v Map<String, Value>,
     path: String,
-    taken: HashSet<&'static str>,
+    /// Fields taken so far (objects have a handful: a list beats hashing).
+    taken: Vec<&'static str>,
 }
 
 impl<'v> Obj<'v> {
@@ -62,7 +91,7 @@ impl<'v> Obj<'v> {
         Ok(Self {
             map,
             path: path.to_owned(),
-            taken: HashSet::new(),
+            taken: Vec::new(),
         })
     }
 
@@ -73,7 +102,9 @@ impl<'v> Obj<'v> {
 
     /// Takes a field; `null` counts as absent.
     pub fn get(&mut self, field: &'static str) -> Option<&'v Value> {
-        self.taken.insert(field);
+        if !self.taken.contains(&field) {
+            self.taken.push(field);
+        }
         self.map.get(field).filter(|v| !v.is_null())
     }
 
@@ -100,10 +131,18 @@ impl<'v> Obj<'v> {
             None => Ok(None),
             Some(Value::Array(a)) => {
                 let base = self.at(field);
+                let on = paths();
                 Ok(Some(
                     a.iter()
                         .enumerate()
-                        .map(|(i, v)| (format!("{base}[{i}]"), v))
+                        .map(|(i, v)| {
+                            let p = if on {
+                                format!("{base}[{i}]")
+                            } else {
+                                String::new()
+                            };
+                            (p, v)
+                        })
                         .collect(),
                 ))
             }
@@ -132,7 +171,7 @@ impl<'v> Obj<'v> {
         let mut rest: Vec<&String> = self
             .map
             .keys()
-            .filter(|k| !self.taken.contains(k.as_str()))
+            .filter(|k| !self.taken.contains(&k.as_str()))
             .collect();
         rest.sort();
         if let Some(k) = rest.iter().find(|k| unsupported.contains(&k.as_str())) {
