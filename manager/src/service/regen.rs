@@ -1,5 +1,8 @@
-//! Selective regeneration (DESIGN §4): only endpoints whose selected rules or peer identity sets
-//! changed are recomputed, and only a changed result reaches the datapath, as a map diff.
+//! Selective, incremental regeneration (DESIGN §4). Only endpoints whose selected rules or peer
+//! identity sets changed are touched, and within them, where the change allows, only the entries
+//! of the peer identities it concerns (a new or freed identity; the peers of an edited rule).
+//! Everything reaches the datapath as a map diff. Why restricting to identities is exact:
+//! docs/POLICY.md, "How the manager drives it".
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -41,20 +44,9 @@ impl Manager {
         effects: &Effects,
     ) -> Result<usize, ManagerError> {
         let (identities, work) = change_work(st, change, effects);
-        let mut full = Vec::new();
-        let mut done = BTreeSet::new();
-        let mut n = 0;
-        for (id, update) in work {
-            done.insert(id);
-            match update {
-                None => full.push(id),
-                Some(entries) => {
-                    self.apply_identities(st, id, &identities, &entries)?;
-                    n += 1;
-                }
-            }
-        }
-        n += self.regenerate(st, &full)? + self.regenerate_identities(st, effects, &done)?;
+        let done: BTreeSet<u32> = work.iter().map(|(id, _)| *id).collect();
+        let n = self.apply_work(st, &identities, work)?
+            + self.regenerate_identities(st, effects, &done)?;
         let rev = st.pol.repo().revision();
         let ready: Vec<u32> = st
             .reg
@@ -80,13 +72,24 @@ impl Manager {
             return Ok(0);
         }
         let work = identity_work(st, effects, skip);
+        self.apply_work(st, &effects.identities, work)
+    }
+
+    /// Installs per-endpoint work: the new entries of `identities` where given, a full
+    /// regeneration where not. Returns how many endpoints were updated.
+    fn apply_work(
+        &self,
+        st: &mut State,
+        identities: &BTreeSet<Identity>,
+        work: Vec<(u32, Option<Slice>)>,
+    ) -> Result<usize, ManagerError> {
         let mut full = Vec::new();
         let mut n = 0;
-        for (id, slice) in work {
-            match slice {
+        for (id, update) in work {
+            match update {
                 None => full.push(id),
                 Some(entries) => {
-                    self.apply_identities(st, id, &effects.identities, &entries)?;
+                    self.apply_identities(st, id, identities, &entries)?;
                     n += 1;
                 }
             }
