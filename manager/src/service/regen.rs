@@ -81,14 +81,14 @@ impl Manager {
         &self,
         st: &mut State,
         identities: &BTreeSet<Identity>,
-        work: Vec<(u32, Option<Slice>)>,
+        work: Vec<(u32, Update)>,
     ) -> Result<usize, ManagerError> {
         let mut full = Vec::new();
         let mut n = 0;
         for (id, update) in work {
             match update {
-                None => full.push(id),
-                Some(entries) => {
+                Update::Whole => full.push(id),
+                Update::Identities(entries) => {
                     self.apply_identities(st, id, identities, &entries)?;
                     n += 1;
                 }
@@ -250,12 +250,12 @@ impl Manager {
     }
 }
 
-/// Which ready endpoints (not in `skip`) an identity change touches, each with the new entries
-/// of the changed identities, or `None` where only a full regeneration will do. Computed once
+/// Which ready endpoints (not in `skip`) an identity change touches, and what each needs.
+/// Computed once
 /// per distinct label set, from only the rules that can matter: those using a changed selector
 /// (the only ones whose peers can match a changed identity) and those with a wildcard peer
 /// (whose denies carve every identity's allows).
-fn identity_work(st: &State, effects: &Effects, skip: &BTreeSet<u32>) -> Vec<(u32, Option<Slice>)> {
+fn identity_work(st: &State, effects: &Effects, skip: &BTreeSet<u32>) -> Vec<(u32, Update)> {
     let candidates: Vec<(&Rule, bool)> = st
         .pol
         .repo()
@@ -266,7 +266,7 @@ fn identity_work(st: &State, effects: &Effects, skip: &BTreeSet<u32>) -> Vec<(u3
             (uses || has_wildcard_peer(r)).then_some((r, uses))
         })
         .collect();
-    let mut by_labels: HashMap<LabelSet, Option<Option<Slice>>> = HashMap::new();
+    let mut by_labels: HashMap<LabelSet, Option<Update>> = HashMap::new();
     let mut work = Vec::new();
     for ep in st.reg.list() {
         if ep.state != EndpointState::Ready || skip.contains(&ep.id) {
@@ -284,18 +284,17 @@ fn identity_work(st: &State, effects: &Effects, skip: &BTreeSet<u32>) -> Vec<(u3
                     return None; // no rule of this endpoint uses a changed selector
                 }
                 let rules: Vec<&Rule> = relevant.iter().map(|(r, _)| *r).collect();
-                if effects.identities.is_empty() {
-                    return Some(None);
-                }
-                Some(
-                    compute_identities(
-                        &rules,
-                        st.pol.cache(),
-                        st.pol.options(),
-                        &effects.identities,
-                    )
-                    .map(Arc::new),
-                )
+                let entries = (!effects.identities.is_empty())
+                    .then(|| {
+                        compute_identities(
+                            &rules,
+                            st.pol.cache(),
+                            st.pol.options(),
+                            &effects.identities,
+                        )
+                    })
+                    .flatten();
+                Some(entries.map_or(Update::Whole, |e| Update::Identities(Arc::new(e))))
             });
         if let Some(slice) = slice {
             work.push((ep.id, slice.clone()));
@@ -304,18 +303,25 @@ fn identity_work(st: &State, effects: &Effects, skip: &BTreeSet<u32>) -> Vec<(u3
     work
 }
 
-type Slice = Arc<BTreeMap<PolicyEntry, Verdict>>;
+/// What a change means for one endpoint.
+#[derive(Clone)]
+enum Update {
+    /// Recompute and install its whole policy.
+    Whole,
+    /// Replace the entries of the change's identities with these.
+    Identities(Arc<BTreeMap<PolicyEntry, Verdict>>),
+}
 
-/// The identities a repository change touches, and the ready endpoints its rules select, each
-/// with the new entries of those identities, or `None` where only a full regeneration will do:
-/// a changed rule has a wildcard peer (identity 0 carves every identity), or the change moves
+/// The identities a repository change touches, and the ready endpoints its rules select with
+/// what each needs: the new entries of those identities, or a whole recomputation when a
+/// changed rule has a wildcard peer (identity 0 carves every identity), or the change moves
 /// the endpoint's enforcement (flags, allow-all, allow-from-host). Computed once per distinct
 /// label set.
 fn change_work(
     st: &State,
     change: &RepoChange,
     effects: &Effects,
-) -> (BTreeSet<Identity>, Vec<(u32, Option<Slice>)>) {
+) -> (BTreeSet<Identity>, Vec<(u32, Update)>) {
     let changed: Vec<&Rule> = change.added.iter().chain(&change.removed).collect();
     let sliceable = !changed.iter().any(|r| has_wildcard_peer(r));
     // Removed rules' selectors may no longer be tracked: the cache resolves them on the fly.
@@ -326,7 +332,7 @@ fn change_work(
             identities.extend(st.pol.cache().identities(p).iter());
         }
     }
-    let mut by_labels: HashMap<LabelSet, Option<Option<Slice>>> = HashMap::new();
+    let mut by_labels: HashMap<LabelSet, Option<Update>> = HashMap::new();
     let mut work = Vec::new();
     for ep in st.reg.list() {
         if ep.state != EndpointState::Ready {
@@ -339,7 +345,7 @@ fn change_work(
                     return None;
                 }
                 if !sliceable {
-                    return Some(None);
+                    return Some(Update::Whole);
                 }
                 let selecting: Vec<&Rule> = st.pol.repo().selecting(labels).collect();
                 let mut now = EnforcementCounts::default();
@@ -362,11 +368,11 @@ fn change_work(
                     before.add(r, 1);
                 }
                 if before.shape() != now.shape() {
-                    return Some(None);
+                    return Some(Update::Whole);
                 }
                 let policy =
                     compute_restricted(&selecting, st.pol.cache(), st.pol.options(), &identities);
-                Some(Some(Arc::new(policy.entries)))
+                Some(Update::Identities(Arc::new(policy.entries)))
             });
         if let Some(update) = update {
             work.push((ep.id, update.clone()));
