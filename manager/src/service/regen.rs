@@ -272,7 +272,7 @@ fn identity_work(st: &State, effects: &Effects, skip: &BTreeSet<u32>) -> Vec<(u3
         if ep.state != EndpointState::Ready || skip.contains(&ep.id) {
             continue;
         }
-        let slice = by_labels
+        let update = by_labels
             .entry(from_api_labels(&ep.labels))
             .or_insert_with_key(|labels| {
                 let relevant: Vec<(&Rule, bool)> = candidates
@@ -296,8 +296,8 @@ fn identity_work(st: &State, effects: &Effects, skip: &BTreeSet<u32>) -> Vec<(u3
                     .flatten();
                 Some(entries.map_or(Update::Whole, |e| Update::Identities(Arc::new(e))))
             });
-        if let Some(slice) = slice {
-            work.push((ep.id, slice.clone()));
+        if let Some(update) = update {
+            work.push((ep.id, update.clone()));
         }
     }
     work
