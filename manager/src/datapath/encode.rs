@@ -202,16 +202,39 @@ pub fn lookup_encoded(
 /// stale blocks to remove.
 #[must_use]
 pub(crate) fn diff(old: &Encoded, new: &Encoded) -> (Vec<(PolicyBlock, u8)>, Vec<PolicyBlock>) {
-    let upserts = new
-        .iter()
-        .filter(|(b, v)| old.get(b) != Some(v))
-        .map(|(b, v)| (*b, *v))
-        .collect();
-    let removes = old
-        .keys()
-        .filter(|b| !new.contains_key(b))
-        .copied()
-        .collect();
+    // Both maps iterate in key order: one merge pass instead of a lookup per block.
+    let (mut upserts, mut removes) = (Vec::new(), Vec::new());
+    let (mut o, mut n) = (old.iter().peekable(), new.iter().peekable());
+    loop {
+        match (o.peek(), n.peek()) {
+            (None, None) => break,
+            (Some(&(ob, _)), None) => {
+                removes.push(*ob);
+                o.next();
+            }
+            (None, Some(&(nb, nv))) => {
+                upserts.push((*nb, *nv));
+                n.next();
+            }
+            (Some(&(ob, ov)), Some(&(nb, nv))) => match ob.cmp(nb) {
+                std::cmp::Ordering::Less => {
+                    removes.push(*ob);
+                    o.next();
+                }
+                std::cmp::Ordering::Greater => {
+                    upserts.push((*nb, *nv));
+                    n.next();
+                }
+                std::cmp::Ordering::Equal => {
+                    if ov != nv {
+                        upserts.push((*nb, *nv));
+                    }
+                    o.next();
+                    n.next();
+                }
+            },
+        }
+    }
     (upserts, removes)
 }
 

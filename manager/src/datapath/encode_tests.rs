@@ -191,3 +191,50 @@ fn diff_upserts_changed_and_new_then_removes_stale() {
     assert_eq!(u16::from_be(removes[0].key.dport), 443);
     assert_eq!(diff(&eb, &eb), (vec![], vec![]));
 }
+
+#[test]
+fn diff_matches_a_lookup_per_block_on_random_maps() {
+    let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let mut random_map = |n: usize| -> Encoded {
+        (0..n)
+            .map(|_| {
+                let r = next();
+                let block = PolicyBlock {
+                    key: PolicyKey {
+                        endpoint_id: 7,
+                        identity: (r % 5) as u32,
+                        direction: ((r >> 8) % 2) as u8,
+                        proto: 6,
+                        dport: ((r >> 16) % 8) as u16,
+                    },
+                    prefix_len: abi::POLICY_FULL_PREFIX,
+                };
+                (block, 1 + ((r >> 32) % 2) as u8)
+            })
+            .collect()
+    };
+    for round in 0..200 {
+        let (old, new) = (random_map(round % 40), random_map((round * 7) % 40));
+        let want_upserts: Vec<(PolicyBlock, u8)> = new
+            .iter()
+            .filter(|(b, v)| old.get(b) != Some(v))
+            .map(|(b, v)| (*b, *v))
+            .collect();
+        let want_removes: Vec<PolicyBlock> = old
+            .keys()
+            .filter(|b| !new.contains_key(b))
+            .copied()
+            .collect();
+        assert_eq!(
+            diff(&old, &new),
+            (want_upserts, want_removes),
+            "round {round}"
+        );
+    }
+}

@@ -118,15 +118,22 @@ impl Maps {
                 map: names::POLICY,
                 source,
             })?;
-        for (key, value) in entries {
-            let block = PolicyBlock {
-                key: key.data,
-                prefix_len: key.prefix_len,
-            };
+        // The trie hands entries back in its own order: sorted first, each endpoint's run is
+        // bulk-built into its map instead of inserted entry by entry (~900 000 at 1000 rules).
+        let mut blocks: Vec<(PolicyBlock, u8)> = entries
+            .into_iter()
+            .map(|(key, value)| {
+                let block = PolicyBlock {
+                    key: key.data,
+                    prefix_len: key.prefix_len,
+                };
+                (block, value.verdict)
+            })
+            .collect();
+        blocks.sort_unstable();
+        for run in blocks.chunk_by(|a, b| a.0.key.endpoint_id == b.0.key.endpoint_id) {
             self.installed
-                .entry(block.key.endpoint_id)
-                .or_default()
-                .insert(block, value.verdict);
+                .insert(run[0].0.key.endpoint_id, run.iter().copied().collect());
         }
         Ok(())
     }
