@@ -62,11 +62,7 @@ pub fn compute_identities(
     if identities.iter().any(|&id| id < reserved::FIRST_ALLOCATED) {
         return None;
     }
-    let mut policy = compute_from(selecting, cache, *opts, Some(identities));
-    policy
-        .entries
-        .retain(|e, _| identities.contains(&e.identity));
-    Some(policy.entries)
+    Some(compute_restricted(selecting, cache, opts, identities).entries)
 }
 
 /// [`compute`] restricted to the entries of `identities`, from every rule that selects the
@@ -172,13 +168,7 @@ fn compute_from(
 }
 
 fn entry(direction: Direction, identity: Identity, pp: PortProto) -> PolicyEntry {
-    PolicyEntry {
-        direction,
-        identity,
-        proto: pp.proto,
-        port_lo: pp.lo,
-        port_hi: pp.hi,
-    }
+    PolicyEntry::new(direction, identity, pp.proto, pp.lo, pp.hi)
 }
 
 fn expand(

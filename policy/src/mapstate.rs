@@ -69,6 +69,24 @@ pub struct PolicyEntry {
 }
 
 impl PolicyEntry {
+    /// An entry; `port_lo..=port_hi` is the destination port range.
+    #[must_use]
+    pub const fn new(
+        direction: Direction,
+        identity: Identity,
+        proto: u8,
+        port_lo: u16,
+        port_hi: u16,
+    ) -> Self {
+        Self {
+            direction,
+            identity,
+            proto,
+            port_lo,
+            port_hi,
+        }
+    }
+
     /// Every port.
     pub const ALL_PORTS: (u16, u16) = (0, u16::MAX);
 

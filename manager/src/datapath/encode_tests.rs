@@ -1,16 +1,6 @@
 use super::*;
 use weft_policy::mapstate::PolicyEntry;
 
-fn entry(direction: Direction, identity: u32, proto: u8, lo: u16, hi: u16) -> PolicyEntry {
-    PolicyEntry {
-        direction,
-        identity,
-        proto,
-        port_lo: lo,
-        port_hi: hi,
-    }
-}
-
 /// The contract's semantics, evaluated directly on the entries.
 fn naive(p: &EndpointPolicy, identity: u32, d: Direction, proto: u8, port: u16) -> Option<Verdict> {
     let matching: Vec<Verdict> = p
@@ -54,12 +44,16 @@ fn port_ranges_split_into_aligned_blocks() {
 #[test]
 fn narrow_allow_inside_broad_deny_is_denied() {
     let mut p = EndpointPolicy::default();
-    p.entries
-        .insert(entry(Direction::Ingress, 300, 6, 80, 80), Verdict::Allow);
-    p.entries
-        .insert(entry(Direction::Ingress, 300, 6, 0, 1023), Verdict::Deny);
     p.entries.insert(
-        entry(Direction::Ingress, 300, 6, 8080, 8080),
+        PolicyEntry::new(Direction::Ingress, 300, 6, 80, 80),
+        Verdict::Allow,
+    );
+    p.entries.insert(
+        PolicyEntry::new(Direction::Ingress, 300, 6, 0, 1023),
+        Verdict::Deny,
+    );
+    p.entries.insert(
+        PolicyEntry::new(Direction::Ingress, 300, 6, 8080, 8080),
         Verdict::Allow,
     );
     let enc = encode_policy(1, &p);
@@ -78,10 +72,14 @@ fn narrow_allow_inside_broad_deny_is_denied() {
 #[test]
 fn any_identity_deny_beats_exact_allow_and_any_proto_covers_ports() {
     let mut p = EndpointPolicy::default();
-    p.entries
-        .insert(entry(Direction::Egress, 300, 0, 0, 65535), Verdict::Allow);
-    p.entries
-        .insert(entry(Direction::Egress, 0, 17, 53, 53), Verdict::Deny);
+    p.entries.insert(
+        PolicyEntry::new(Direction::Egress, 300, 0, 0, 65535),
+        Verdict::Allow,
+    );
+    p.entries.insert(
+        PolicyEntry::new(Direction::Egress, 0, 17, 53, 53),
+        Verdict::Deny,
+    );
     let enc = encode_policy(1, &p);
     assert_eq!(enc.len(), 2, "one wildcard block + one port block: {enc:?}");
     assert_eq!(
@@ -140,8 +138,10 @@ fn encoding_matches_the_contract_on_random_policies() {
             } else {
                 Verdict::Allow
             };
-            p.entries
-                .insert(entry(d, ids[rng.next(3) as usize], proto, lo, hi), v);
+            p.entries.insert(
+                PolicyEntry::new(d, ids[rng.next(3) as usize], proto, lo, hi),
+                v,
+            );
         }
         let enc = encode_policy(7, &p);
         for &id in &ids[1..] {
@@ -163,17 +163,25 @@ fn encoding_matches_the_contract_on_random_policies() {
 #[test]
 fn diff_upserts_changed_and_new_then_removes_stale() {
     let mut a = EndpointPolicy::default();
-    a.entries
-        .insert(entry(Direction::Ingress, 300, 6, 80, 80), Verdict::Allow);
-    a.entries
-        .insert(entry(Direction::Ingress, 300, 6, 443, 443), Verdict::Allow);
+    a.entries.insert(
+        PolicyEntry::new(Direction::Ingress, 300, 6, 80, 80),
+        Verdict::Allow,
+    );
+    a.entries.insert(
+        PolicyEntry::new(Direction::Ingress, 300, 6, 443, 443),
+        Verdict::Allow,
+    );
     let mut b = a.clone();
     b.entries
-        .remove(&entry(Direction::Ingress, 300, 6, 443, 443));
-    b.entries
-        .insert(entry(Direction::Ingress, 300, 6, 80, 80), Verdict::Deny);
-    b.entries
-        .insert(entry(Direction::Ingress, 301, 17, 53, 53), Verdict::Allow);
+        .remove(&PolicyEntry::new(Direction::Ingress, 300, 6, 443, 443));
+    b.entries.insert(
+        PolicyEntry::new(Direction::Ingress, 300, 6, 80, 80),
+        Verdict::Deny,
+    );
+    b.entries.insert(
+        PolicyEntry::new(Direction::Ingress, 301, 17, 53, 53),
+        Verdict::Allow,
+    );
     let (ea, eb) = (encode_policy(1, &a), encode_policy(1, &b));
     let (upserts, removes) = diff(&ea, &eb);
     assert_eq!(upserts.len(), 2);

@@ -123,9 +123,33 @@ impl Manager {
         let mut st = self.state();
         let (change, effects) = st.pol.add_rules(rules)?;
         let stored = t0.elapsed();
+        let result = self.enforce_change(st, &change, &effects, t0)?;
+        let ms = |d: std::time::Duration| d.as_secs_f64() * 1000.0;
+        tracing::info!(
+            file,
+            revision = result.revision,
+            regenerated = result.regenerated,
+            elapsed_ms = result.elapsed_ms,
+            parse_ms = ms(parsed),
+            repository_ms = ms(stored) - ms(parsed),
+            regenerate_ms = result.elapsed_ms - ms(stored),
+            "policy imported"
+        );
+        Ok(result)
+    }
+
+    /// Brings every endpoint to the repository's new revision after `change`, then releases
+    /// the lock and the memory the regeneration freed. `t0`: when the request started.
+    fn enforce_change(
+        &self,
+        mut st: std::sync::MutexGuard<'_, State>,
+        change: &weft_policy::repository::RepoChange,
+        effects: &Effects,
+        t0: std::time::Instant,
+    ) -> Result<ImportResult, ManagerError> {
         let regenerated = self
-            .regenerate_for_change(&mut st, &change, &effects)
-            .and_then(|n| self.apply_effects_after(&effects).map(|()| n))
+            .regenerate_for_change(&mut st, change, effects)
+            .and_then(|n| self.apply_effects_after(effects).map(|()| n))
             .inspect_err(|_| self.mark_needs_regeneration())?;
         let result = ImportResult {
             revision: st.pol.repo().revision(),
@@ -135,17 +159,6 @@ impl Manager {
         };
         drop(st);
         super::release_freed_memory();
-        let ms = |d: std::time::Duration| d.as_secs_f64() * 1000.0;
-        tracing::info!(
-            file,
-            revision = result.revision,
-            regenerated,
-            elapsed_ms = result.elapsed_ms,
-            parse_ms = ms(parsed),
-            repository_ms = ms(stored) - ms(parsed),
-            regenerate_ms = result.elapsed_ms - ms(stored),
-            "policy imported"
-        );
         Ok(result)
     }
 
@@ -168,19 +181,7 @@ impl Manager {
             .collect::<Result<_, _>>()?;
         let mut st = self.state();
         let (change, effects) = st.pol.delete_rules(&filter, all)?;
-        let regenerated = self
-            .regenerate_for_change(&mut st, &change, &effects)
-            .and_then(|n| self.apply_effects_after(&effects).map(|()| n))
-            .inspect_err(|_| self.mark_needs_regeneration())?;
-        let result = ImportResult {
-            revision: st.pol.repo().revision(),
-            rules: st.pol.repo().rules().len(),
-            regenerated,
-            elapsed_ms: t0.elapsed().as_secs_f64() * 1000.0,
-        };
-        drop(st);
-        super::release_freed_memory();
-        Ok(result)
+        self.enforce_change(st, &change, &effects, t0)
     }
 
     /// The repository: revision and rules.

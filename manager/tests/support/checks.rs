@@ -40,13 +40,7 @@ pub fn policy(ingress: bool, egress: bool, rules: &str) -> EndpointPolicy {
         };
         let identity = f[1].parse().unwrap();
         entries.insert(
-            PolicyEntry {
-                direction,
-                identity,
-                proto,
-                port_lo,
-                port_hi,
-            },
+            PolicyEntry::new(direction, identity, proto, port_lo, port_hi),
             verdict,
         );
     }

@@ -15,22 +15,6 @@ const L3_L4: &str = r#"[{"labels":[{"key":"name","value":"l3-rule"}],
   "ingress":[{"fromEndpoints":[{"matchLabels":{"app":"client"}}],
               "toPorts":[{"ports":[{"port":"80","protocol":"TCP"}]}]}]}]"#;
 
-fn e(
-    direction: weft_policy::mapstate::Direction,
-    identity: u32,
-    proto: u8,
-    lo: u16,
-    hi: u16,
-) -> PolicyEntry {
-    PolicyEntry {
-        direction,
-        identity,
-        proto,
-        port_lo: lo,
-        port_hi: hi,
-    }
-}
-
 #[test]
 fn exact_entries_of_the_getting_started_policy() {
     let mut w = World::new();
@@ -41,9 +25,18 @@ fn exact_entries_of_the_getting_started_policy() {
     let p = w.policy("web");
     assert!(p.ingress_enforced && !p.egress_enforced);
     let want: Vec<(PolicyEntry, Verdict)> = vec![
-        (e(Ingress, reserved::HOST, ANY, 0, u16::MAX), Verdict::Allow),
-        (e(Ingress, client, TCP, 80, 80), Verdict::Allow),
-        (e(Ingress, prod_client, TCP, 80, 80), Verdict::Allow),
+        (
+            PolicyEntry::new(Ingress, reserved::HOST, ANY, 0, u16::MAX),
+            Verdict::Allow,
+        ),
+        (
+            PolicyEntry::new(Ingress, client, TCP, 80, 80),
+            Verdict::Allow,
+        ),
+        (
+            PolicyEntry::new(Ingress, prod_client, TCP, 80, 80),
+            Verdict::Allow,
+        ),
     ];
     assert_eq!(p.entries.into_iter().collect::<Vec<_>>(), want);
     assert_eq!(w.policy("db"), EndpointPolicy::default());
@@ -77,16 +70,18 @@ fn broad_deny_is_emitted_at_the_allows_key() {
     let client = w.eps["client"].0;
     let p = w.policy("web");
     assert_eq!(
-        p.entries.get(&e(Ingress, client, TCP, 80, 80)),
+        p.entries
+            .get(&PolicyEntry::new(Ingress, client, TCP, 80, 80)),
         Some(&Verdict::Deny)
     );
     assert_eq!(
-        p.entries.get(&e(Ingress, 0, TCP, 80, 81)),
+        p.entries.get(&PolicyEntry::new(Ingress, 0, TCP, 80, 81)),
         Some(&Verdict::Deny)
     );
     // The host allow-all overlaps the any-identity deny: carved at the host's identity.
     assert_eq!(
-        p.entries.get(&e(Ingress, reserved::HOST, TCP, 80, 81)),
+        p.entries
+            .get(&PolicyEntry::new(Ingress, reserved::HOST, TCP, 80, 81)),
         Some(&Verdict::Deny)
     );
     assert!(p.deny_shadowing_violations().is_empty());
@@ -99,12 +94,14 @@ fn shadowing_check_catches_a_missing_carve() {
         ..EndpointPolicy::default()
     };
     p.entries
-        .insert(e(Ingress, 300, TCP, 80, 80), Verdict::Allow);
-    p.entries
-        .insert(e(Ingress, 300, ANY, 0, u16::MAX), Verdict::Deny);
+        .insert(PolicyEntry::new(Ingress, 300, TCP, 80, 80), Verdict::Allow);
+    p.entries.insert(
+        PolicyEntry::new(Ingress, 300, ANY, 0, u16::MAX),
+        Verdict::Deny,
+    );
     assert_eq!(p.deny_shadowing_violations().len(), 1);
     p.entries
-        .insert(e(Ingress, 300, TCP, 80, 80), Verdict::Deny);
+        .insert(PolicyEntry::new(Ingress, 300, TCP, 80, 80), Verdict::Deny);
     assert!(p.deny_shadowing_violations().is_empty());
 }
 
@@ -318,19 +315,20 @@ fn diff_orders_denies_first_and_removals_last() {
         ..EndpointPolicy::default()
     };
     old.entries
-        .insert(e(Ingress, 300, TCP, 1, 1), Verdict::Allow);
+        .insert(PolicyEntry::new(Ingress, 300, TCP, 1, 1), Verdict::Allow);
     let mut new = old.clone();
-    new.entries.remove(&e(Ingress, 300, TCP, 1, 1));
     new.entries
-        .insert(e(Ingress, 300, TCP, 2, 2), Verdict::Allow);
+        .remove(&PolicyEntry::new(Ingress, 300, TCP, 1, 1));
     new.entries
-        .insert(e(Ingress, 301, TCP, 2, 2), Verdict::Deny);
+        .insert(PolicyEntry::new(Ingress, 300, TCP, 2, 2), Verdict::Allow);
+    new.entries
+        .insert(PolicyEntry::new(Ingress, 301, TCP, 2, 2), Verdict::Deny);
     new.egress_enforced = true;
     let d = plan(&old, &new);
     assert_eq!(
         d.add.iter().map(|(_, v)| *v).collect::<Vec<_>>(),
         [Verdict::Deny, Verdict::Allow]
     );
-    assert_eq!(d.remove, [e(Ingress, 300, TCP, 1, 1)]);
+    assert_eq!(d.remove, [PolicyEntry::new(Ingress, 300, TCP, 1, 1)]);
     assert_eq!((d.ingress_enforced, d.egress_enforced), (None, Some(true)));
 }
