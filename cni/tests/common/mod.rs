@@ -15,44 +15,18 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
+use weft_testkit::require_root_and_tools;
+pub use weft_testkit::sh;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_weft-cni");
 
 /// Panics (never skips) when the test cannot run for real.
 fn preflight() {
-    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
-    let euid = status
-        .lines()
-        .find_map(|l| l.strip_prefix("Uid:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .expect("Uid line");
-    assert!(
-        euid == "0",
-        "privileged weft-cni tests need root (CI runs them as root); refusing to skip"
+    require_root_and_tools(
+        "privileged weft-cni tests",
+        &["ip", "nsenter", "ping"],
+        "apt: iproute2, util-linux, iputils-ping (scripts/setup)",
     );
-    for tool in ["ip", "nsenter", "ping"] {
-        let found = std::env::var_os("PATH")
-            .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()));
-        assert!(
-            found,
-            "required tool {tool:?} is not installed (apt: iproute2, util-linux, iputils-ping)"
-        );
-    }
-}
-
-/// Runs a command, panicking with its output on failure.
-pub fn sh(args: &[&str]) -> String {
-    let out = Command::new(args[0])
-        .args(&args[1..])
-        .output()
-        .unwrap_or_else(|e| panic!("running {args:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{args:?} failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// Whether a command succeeds (for pings).

@@ -11,23 +11,10 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 use weft_manager::datapath::{DatapathConfig, EndpointDatapath};
+use weft_testkit::require_root_and_tools;
+pub use weft_testkit::sh;
 
 static NEXT: AtomicU32 = AtomicU32::new(0);
-
-/// Runs `cmd`, panicking with its output when it fails.
-pub fn sh(args: &[&str]) -> String {
-    let out = Command::new(args[0])
-        .args(&args[1..])
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {args:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{args:?} failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
 
 /// Runs `f` on a fresh thread that entered netns `ns` (sockets created there stay in that netns
 /// wherever they are used later). The thread dies afterwards, so no thread keeps a wrong netns.
@@ -58,20 +45,11 @@ pub struct World {
 }
 
 fn preflight() {
-    assert!(
-        // SAFETY: geteuid has no preconditions.
-        unsafe { libc::geteuid() } == 0,
-        "the datapath tests need root (netns, veth, BPF): run them as root, they never skip"
+    require_root_and_tools(
+        "the datapath tests (netns, veth, BPF)",
+        &["ip", "ping", "nsenter", "tc"],
+        "run scripts/setup",
     );
-    for tool in ["ip", "ping", "nsenter", "tc"] {
-        assert!(
-            Command::new("sh")
-                .args(["-c", &format!("command -v {tool}")])
-                .output()
-                .is_ok_and(|o| o.status.success()),
-            "`{tool}` is missing: run scripts/setup"
-        );
-    }
     assert!(
         std::fs::read_to_string("/proc/mounts")
             .unwrap()
