@@ -331,7 +331,10 @@ mod tests {
 
     #[test]
     fn the_by_ip_bit_is_the_datapaths() {
-        assert_eq!(weft_policy::mapstate::reserved::BY_IP, weft_ebpf::IDENTITY_BY_IP);
+        assert_eq!(
+            weft_policy::mapstate::reserved::BY_IP,
+            weft_ebpf::IDENTITY_BY_IP
+        );
     }
 
     #[test]

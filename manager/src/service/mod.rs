@@ -349,6 +349,47 @@ impl Manager {
         Ok(())
     }
 
+    /// Makes the ipcache entries of remote node `node`'s endpoints exactly `entries` (address
+    /// prefix → identity): a cluster-store (re)list or the node's lease expiring (empty map).
+    /// A remote entry never hides a local endpoint's or the node's own. The caller makes the
+    /// identities known to the selector cache (and regenerates) before this, so an address
+    /// never resolves to an identity no policy knows yet.
+    pub fn sync_remote_endpoints(
+        &self,
+        node: &str,
+        entries: &BTreeMap<ipnet::IpNet, weft_policy::mapstate::Identity>,
+    ) -> Result<(), ManagerError> {
+        let mut st = self.state();
+        st.ipcache
+            .replace_source(&Source::RemoteEndpoint(node.to_owned()), entries);
+        self.flush_ipcache(&mut st)
+    }
+
+    /// One remote endpoint address appeared or changed identity (cluster-store watch event).
+    pub fn upsert_remote_endpoint(
+        &self,
+        node: &str,
+        prefix: ipnet::IpNet,
+        identity: weft_policy::mapstate::Identity,
+    ) -> Result<(), ManagerError> {
+        let mut st = self.state();
+        st.ipcache
+            .set(prefix, Source::RemoteEndpoint(node.to_owned()), identity);
+        self.flush_ipcache(&mut st)
+    }
+
+    /// One remote endpoint address went away (cluster-store watch event).
+    pub fn remove_remote_endpoint(
+        &self,
+        node: &str,
+        prefix: ipnet::IpNet,
+    ) -> Result<(), ManagerError> {
+        let mut st = self.state();
+        st.ipcache
+            .unset(prefix, &Source::RemoteEndpoint(node.to_owned()));
+        self.flush_ipcache(&mut st)
+    }
+
     /// Reserves an endpoint, its identity and its IPs (all persisted before returning). Peers
     /// whose selectors match a new identity are regenerated now, so they already allow the new
     /// pod when its IPs appear in the ipcache at registration.
