@@ -9,9 +9,11 @@
 mod labels;
 pub mod policy_api;
 mod regen;
+mod verify;
 
 pub use labels::{from_api_labels, to_api_labels};
 pub use policy_api::{ImportResult, TraceRequest, TraceResult};
+pub use verify::VerifyReport;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -103,7 +105,7 @@ pub(crate) fn datapath_view(ep: &Endpoint) -> Option<EndpointDatapath> {
 /// The ipcache owners restored state implies: the node's router IPs and world defaults, every
 /// registered endpoint's addresses, the repository's CIDR identities. Nothing is written yet:
 /// [`Manager::reconcile_ipcache`] diffs it against what the kernel holds.
-fn initial_ipcache(reg: &Registry, pol: &PolicyState) -> Ipcache {
+pub(crate) fn initial_ipcache(reg: &Registry, pol: &PolicyState) -> Ipcache {
     use weft_policy::mapstate::reserved;
     let mut c = Ipcache::new();
     for world in ["0.0.0.0/0", "::/0"] {

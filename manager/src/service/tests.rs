@@ -535,3 +535,21 @@ fn remote_entries_never_hide_local_ones_and_come_back_when_the_local_one_goes() 
     assert!(!w.dp.ipcache().contains_key(&ip));
     assert!(!w.dp.ipcache().contains_key(&other));
 }
+
+#[test]
+fn verify_finds_the_kernel_consistent_and_notices_a_lost_entry() {
+    let w = world();
+    let a = pod(&w, "a", "app1");
+    let _b = pod(&w, "b", "app2");
+    w.m.import_policy("p.json", GETTING_STARTED).unwrap();
+    let r = w.m.verify().unwrap();
+    assert!(r.consistent, "{:?}", r.problems);
+    assert_eq!(r.endpoints, 2);
+    let ip = ipnet::IpNet::from(a.ips[0].address);
+    w.dp.remove_ipcache(ip).unwrap();
+    let r = w.m.verify().unwrap();
+    assert!(!r.consistent);
+    assert!(r.problems[0].contains(&ip.to_string()), "{:?}", r.problems);
+    w.m.reconcile_ipcache().unwrap();
+    assert!(w.m.verify().unwrap().consistent, "reconcile repairs it");
+}
