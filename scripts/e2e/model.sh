@@ -10,7 +10,7 @@
 # Reproducible: every random choice comes from the script's own generator seeded per run (not
 # bash's RANDOM: bash reseeds it in every subshell, so $(...) would break replay). A failure prints
 # the seed and the command that replays it. Knobs (defaults are CI's lean run):
-#   WEFT_MODEL_SEEDS="1 2 3"   WEFT_MODEL_STEPS=40
+#   WEFT_MODEL_SEEDS="1 2 3"   WEFT_MODEL_STEPS=100
 # A longer run: WEFT_MODEL_SEEDS="$(seq 1 20)" WEFT_MODEL_STEPS=300 bash scripts/e2e/model.sh
 
 if [ -z "${WEFT_MODEL_SEED:-}" ]; then
@@ -28,7 +28,7 @@ fi
 source "$(dirname "$0")/../lib.sh"
 
 SEED=$WEFT_MODEL_SEED
-STEPS=${WEFT_MODEL_STEPS:-40}
+STEPS=${WEFT_MODEL_STEPS:-100}
 RNG=$SEED
 CIDR=10.0.71.0/24
 PORTS=(80 8005 9000)
@@ -270,9 +270,9 @@ verify() {
   out=$(weftctl map verify 2>&1) || fail "map verify: $out"
 }
 
-# connect SRC DST_IP PORT WAIT → allow|deny
+# connect SRC DST_IP PORT SECONDS → allow|deny (a dropped SYN is a connect that times out)
 connect() {
-  if in_pod "$1" nc -z -w "$4" "$2" "$3" >/dev/null 2>&1; then echo allow; else echo deny; fi
+  if in_pod "$1" timeout "$4" nc -z "$2" "$3" >/dev/null 2>&1; then echo allow; else echo deny; fi
 }
 
 sample_flow() {
@@ -287,8 +287,8 @@ sample_flow() {
   port=$PICK
   sip=$(pod_ip "$src") dip=$(pod_ip "$dst")
   traced=$(weftctl -o json policy trace --src "$sip" --dst "$dip" --dport "$port" --proto tcp | jq -r .verdict)
-  got=$(connect "$src" "$dip" "$port" 1)
-  # A one-second timeout can lose a SYN on a busy machine: a disagreement is re-measured slowly.
+  got=$(connect "$src" "$dip" "$port" 0.3)
+  # A short timeout can lose a SYN on a busy machine: a disagreement is re-measured slowly.
   [ "$got" = "$traced" ] || got=$(connect "$src" "$dip" "$port" 4)
   [ "$got" = "$traced" ] || fail "$src ($sip) -> $dst ($dip):$port: datapath $got, policy trace $traced"
   record "flow $src -> $dst:$port $got"
