@@ -67,14 +67,26 @@ fail() {
 
 restart_manager() { weft_start_manager --pod-cidr "$CIDR"; }
 
+# Not through in_pod: `$!` of a backgrounded function is a subshell, and killing it would
+# leave nc running (and the pod's netns alive).
 start_listeners() {
   local pod=$1 pids="" port
   for port in "${PORTS[@]}"; do
-    in_pod "$pod" nc -lk "$port" >/dev/null 2>&1 &
+    ip netns exec "${WEFT_P}-$pod" nc -lk "$port" >/dev/null 2>&1 &
     pids+=" $!"
   done
   LISTENERS[$pod]=$pids
 }
+
+stop_listeners() {
+  local pod
+  for pod in "${!LISTENERS[@]}"; do
+    # shellcheck disable=SC2086 # a list of pids
+    kill ${LISTENERS[$pod]} 2>/dev/null
+    unset "LISTENERS[$pod]"
+  done
+}
+trap 'rc=$?; stop_listeners; (exit $rc); weft_cleanup' EXIT
 
 op_add_pod() {
   [ "${#LIVE[@]}" -lt "$MAX_PODS" ] || return 1
@@ -95,6 +107,7 @@ op_del_pod() {
   pod=$PICK
   # shellcheck disable=SC2086 # a list of pids
   kill ${LISTENERS[$pod]} 2>/dev/null
+  unset "LISTENERS[$pod]"
   weft_del_pod "$pod" >/dev/null || fail "DEL $pod failed"
   ip netns del "${WEFT_P}-$pod"
   for p in "${LIVE[@]}"; do [ "$p" = "$pod" ] || rest+=("$p"); done
@@ -314,10 +327,7 @@ for ((STEP = 1; STEP <= STEPS; STEP++)); do
   verify
   sample_flow
 done
-for pod in "${LIVE[@]}"; do
-  # shellcheck disable=SC2086
-  kill ${LISTENERS[$pod]} 2>/dev/null
-done
+stop_listeners
 [ -z "${WEFT_MODEL_VERBOSE:-}" ] || printf "    %s\n" "${LOG[@]}"
 check "seed $SEED: $STEPS steps, maps equal a fresh computation and the datapath agreed with trace after each" true
 weft_summary
