@@ -164,6 +164,7 @@ async fn list_endpoints(State(m): State<Shared>, Query(q): Query<OwnerQuery>) ->
 
 async fn allocate(State(m): State<Shared>, bytes: Bytes) -> Reply {
     let req: AllocateRequest = body(&bytes)?;
+    m.settle_host_link(&req.container_id, &req.ifname).await;
     json(&m.allocate(&req)?)
 }
 
@@ -187,7 +188,7 @@ async fn delete_endpoint(State(m): State<Shared>, Query(q): Query<OwnerQuery>) -
             "DELETE /v1/endpoints needs container_id and ifname query parameters",
         ));
     };
-    json(&m.delete(&c, &i)?)
+    json(&m.delete(&c, &i).await?)
 }
 
 async fn gc(State(m): State<Shared>, bytes: Bytes) -> Reply {

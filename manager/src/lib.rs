@@ -14,6 +14,7 @@ pub mod endpoint;
 pub mod hostnet;
 pub mod ipam;
 pub mod ipcache;
+pub mod link_reaper;
 pub mod node;
 pub mod policy_state;
 pub mod restore;
