@@ -6,7 +6,7 @@ use crate::netconf::NetConf;
 use crate::netlink::{self, veth};
 use crate::result::{CniResult, Plumbed};
 use crate::revert::{self, RevertStack, Undo};
-use crate::{manager, netns};
+use crate::{annotations, manager, netns};
 use std::fs::File;
 use std::os::fd::AsFd;
 use weft_api::client::Client;
@@ -20,6 +20,10 @@ pub async fn run(env: &CniEnv, conf: &NetConf) -> Result<CniResult, CniError> {
     let netns = File::open(netns_path)
         .map_err(|e| CniError::InvalidEnv(format!("cannot open CNI_NETNS {netns_str}: {e}")))?;
     let client = Client::new(&conf.socket);
+    let (labels, overridden) = annotations::merge(&conf.labels, &conf.annotation_labels);
+    if !overridden.is_empty() {
+        tracing::warn!(?overridden, "args.cni.labels win over these pod-annotation labels");
+    }
     let host_name = host_ifname(&env.container_id, &env.ifname);
     let (host_mac, pod_mac) = veth_macs(&env.container_id, &env.ifname);
 
@@ -31,7 +35,7 @@ pub async fn run(env: &CniEnv, conf: &NetConf) -> Result<CniResult, CniError> {
             netns: netns_str.clone(),
             pod_namespace: env.args.pod_namespace.clone(),
             pod_name: env.args.pod_name.clone(),
-            labels: conf.labels.clone(),
+            labels,
         },
     )
     .await?;
