@@ -37,8 +37,9 @@ struct RawArgs {
 /// `runtimeConfig`: only the capabilities Weft declares are read.
 #[derive(Debug, Default, Deserialize)]
 struct RawRuntimeConfig {
+    /// containerd sends `null` for a pod without annotations.
     #[serde(rename = "io.kubernetes.cri.pod-annotations", default)]
-    pod_annotations: std::collections::BTreeMap<String, String>,
+    pod_annotations: Option<std::collections::BTreeMap<String, String>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -184,7 +185,9 @@ impl NetConf {
             )));
         }
         let annotation_labels = crate::annotations::labels(
-            &raw.runtime_config.unwrap_or_default().pod_annotations,
+            &raw.runtime_config
+                .and_then(|r| r.pod_annotations)
+                .unwrap_or_default(),
         )?;
         Ok(Self {
             cni_version,
@@ -252,6 +255,15 @@ mod tests {
         assert_eq!(c.annotation_labels[0].key, "tier");
         assert_eq!(c.dns.unwrap().nameservers, vec!["10.0.0.10"]);
         assert_eq!(c.valid_attachments.unwrap()[0].container_id, "c1");
+    }
+
+    #[test]
+    fn null_pod_annotations_are_none() {
+        let v = with(
+            "runtimeConfig",
+            json!({"io.kubernetes.cri.pod-annotations": null, "bandwidth": null}),
+        );
+        assert!(parse(&v).unwrap().annotation_labels.is_empty());
     }
 
     #[test]
