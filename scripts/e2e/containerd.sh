@@ -33,17 +33,19 @@ ip -n "$CLIENT" addr add 192.0.2.2/24 dev "${WEFT_P}x" && ip -n "$CLIENT" link s
 ep_of() { weftctl -o json endpoint list | jq -c --arg c "$1" '.[] | select(.container_id == $c)'; }
 ip_matches() { local s e; s=$(pod_sip "$1"); e=$(ep_of "$1" | jq -r '.ips[0].address'); [ -n "$s" ] && [ "$s" = "$e" ] || { echo "CRI $s, weft $e"; return 1; }; }
 sb_ping() { in_sandbox "$1" ping -c1 -W2 -q "$(pod_sip "$2")" >/dev/null; }
-# sb_tcp SERVER_ID CLIENT_ID PORT: a TCP connect from the client sandbox to the server's pod IP.
-sb_tcp() {
-  local srv=$1 cli=$2 port=$3 ns ip rc i
-  ns=$(pod_netns "$srv"); ip=$(pod_sip "$srv")
+# ns_tcp SERVER_NETNS SERVER_IP CLIENT_NETNS PORT: a TCP connect between two netns paths (works
+# while containerd is down, when PodSandboxStatus cannot answer).
+ns_tcp() {
+  local ns=$1 ip=$2 cns=$3 port=$4 rc i
   nsenter --net="$ns" timeout 5 nc -l "$port" >/dev/null 2>&1 &
   local spid=$!
   for i in $(seq 50); do nsenter --net="$ns" ss -Hltn "sport = :$port" | grep -q . && break; sleep 0.02; done
-  in_sandbox "$cli" nc -z -w 2 "$ip" "$port"; rc=$?
+  nsenter --net="$cns" nc -z -w 2 "$ip" "$port"; rc=$?
   kill "$spid" 2>/dev/null; wait "$spid" 2>/dev/null
   return $rc
 }
+# sb_tcp SERVER_ID CLIENT_ID PORT: a TCP connect from the client sandbox to the server's pod IP.
+sb_tcp() { ns_tcp "$(pod_netns "$1")" "$(pod_sip "$1")" "$(pod_netns "$2")" "$3"; }
 has_label() { ep_of "$1" | jq -e --arg k "$2" --arg v "$3" 'any(.labels[]; (.key == $k or (.key | endswith(":" + $k))) and .value == $v)' >/dev/null; }
 counts() { # endpoints, IPAM allocations, host veths, ipcache entries
   echo "$(weftctl -o json endpoint list | jq length) $(weftctl -o json ipam list | jq length)" \
@@ -88,9 +90,10 @@ check "host veth $tmp_veth gone" bash -c "! nsenter --net=/run/netns/$WEFT_NODE 
 check "sandbox gone from ListPodSandbox" bash -c "! $WEFT_BIN/weft-cri --socket $CTRD_SOCK list | jq -e --arg i $TMP_POD 'any(.[]; .id == \$i)'"
 
 echo "== containerd restart"
-cli_ns=$(pod_netns "$CLI"); web_ip=$(pod_sip "$WEB")
+cli_ns=$(pod_netns "$CLI"); web_ns=$(pod_netns "$WEB"); web_ip=$(pod_sip "$WEB")
 ctrd_stop
-check "pods reachable while containerd is down" nsenter --net="$cli_ns" ping -c1 -W2 -q "$web_ip"
+# The policy admits only TCP 80 from role=client into web, so reachability is that port.
+check "client -> web:80 while containerd is down" ns_tcp "$web_ns" "$web_ip" "$cli_ns" 80
 ctrd_start
 check "PodSandboxStatus IP unchanged after restart" ip_matches "$WEB"
 check "policy still enforced after containerd restart" enforcing
