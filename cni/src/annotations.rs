@@ -15,6 +15,26 @@ pub const CAPABILITY: &str = "io.kubernetes.cri.pod-annotations";
 /// Annotations under this prefix become identity labels: `weft.io/label.app: web` → `app=web`.
 pub const LABEL_PREFIX: &str = "weft.io/label.";
 
+/// The pod annotation Kubernetes (and containerd's `bandwidth` capability) use for a pod's
+/// egress rate limit.
+pub const EGRESS_BANDWIDTH: &str = "kubernetes.io/egress-bandwidth";
+
+/// ADD refuses a pod that asks for an egress rate limit: Weft cannot enforce it yet, and the
+/// chained `bandwidth` plugin cannot either (it needs the host veth's ingress qdisc slot, which
+/// Weft's clsact holds; it fails with "create ingress qdisc: file exists"). A clear error before
+/// anything is created beats that one after Weft's ADD, or a limit silently not applied.
+pub fn refuse_egress_bandwidth(egress: Option<&str>) -> Result<(), CniError> {
+    match egress {
+        None => Ok(()),
+        Some(rate) => Err(CniError::InvalidConfig(format!(
+            "not supported yet: egress bandwidth limits (pod annotation {EGRESS_BANDWIDTH}: \
+             {rate:?}); Weft's tc programs hold the host veth's clsact/ingress slot the \
+             `bandwidth` plugin needs for egress shaping. Remove the annotation; \
+             kubernetes.io/ingress-bandwidth through the chained `bandwidth` plugin works"
+        ))),
+    }
+}
+
 /// The labels named by `annotations`, sorted by key. Other annotations are ignored.
 pub fn labels(annotations: &BTreeMap<String, String>) -> Result<Vec<Label>, CniError> {
     annotations
@@ -67,6 +87,16 @@ mod tests {
             .iter()
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
             .collect()
+    }
+
+    #[test]
+    fn egress_bandwidth_is_refused_with_the_annotation_named() {
+        assert!(refuse_egress_bandwidth(None).is_ok());
+        let e = refuse_egress_bandwidth(Some("1M")).unwrap_err().to_string();
+        assert!(
+            e.contains("not supported yet") && e.contains(EGRESS_BANDWIDTH),
+            "{e}"
+        );
     }
 
     #[test]

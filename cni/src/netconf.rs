@@ -91,6 +91,8 @@ pub struct NetConf {
     pub labels: Vec<Label>,
     /// Labels from `weft.io/label.*` pod annotations (see `annotations`; `labels` wins).
     pub annotation_labels: Vec<Label>,
+    /// The pod's `kubernetes.io/egress-bandwidth` annotation, if any (ADD refuses it).
+    pub egress_bandwidth: Option<String>,
     /// `prevResult` (CHECK, DEL), raw: it may be in any supported version's format.
     pub prev_result: Option<serde_json::Value>,
     /// `cni.dev/valid-attachments` (GC).
@@ -184,11 +186,14 @@ impl NetConf {
                 l.value
             )));
         }
-        let annotation_labels = crate::annotations::labels(
-            &raw.runtime_config
-                .and_then(|r| r.pod_annotations)
-                .unwrap_or_default(),
-        )?;
+        let pod_annotations = raw
+            .runtime_config
+            .and_then(|r| r.pod_annotations)
+            .unwrap_or_default();
+        let annotation_labels = crate::annotations::labels(&pod_annotations)?;
+        let egress_bandwidth = pod_annotations
+            .get(crate::annotations::EGRESS_BANDWIDTH)
+            .cloned();
         Ok(Self {
             cni_version,
             version,
@@ -200,6 +205,7 @@ impl NetConf {
             dns: raw.dns,
             labels,
             annotation_labels,
+            egress_bandwidth,
             prev_result: raw.prev_result,
             valid_attachments: raw.valid_attachments,
         })

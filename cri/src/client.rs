@@ -1,4 +1,4 @@
-//! The CRI RuntimeService over containerd's unix socket: one tonic channel, the sandbox calls the
+//! The CRI `RuntimeService` over containerd's unix socket: one tonic channel, the sandbox calls the
 //! tests need, and the netns path dug out of containerd's verbose status.
 
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
@@ -61,7 +61,7 @@ pub struct SandboxView {
     pub pid: Option<u64>,
 }
 
-/// A connected RuntimeService client.
+/// A connected `RuntimeService` client.
 #[derive(Clone)]
 pub struct Cri {
     inner: RuntimeServiceClient<Channel>,
@@ -90,7 +90,7 @@ impl Cri {
         })
     }
 
-    /// RunPodSandbox: returns the sandbox id.
+    /// `RunPodSandbox`: returns the sandbox id.
     pub async fn run(&mut self, config: PodSandboxConfig) -> Result<String, CriError> {
         let r = self
             .inner
@@ -103,7 +103,7 @@ impl Cri {
         Ok(r.into_inner().pod_sandbox_id)
     }
 
-    /// StopPodSandbox (containerd: CNI DEL with the netns and prevResult).
+    /// `StopPodSandbox` (containerd: CNI DEL with the netns and prevResult).
     pub async fn stop(&mut self, id: &str) -> Result<(), CriError> {
         self.inner
             .stop_pod_sandbox(StopPodSandboxRequest {
@@ -114,7 +114,7 @@ impl Cri {
         Ok(())
     }
 
-    /// RemovePodSandbox (containerd: a second DEL without netns or prevResult).
+    /// `RemovePodSandbox` (containerd: a second DEL without netns or prevResult).
     pub async fn remove(&mut self, id: &str) -> Result<(), CriError> {
         self.inner
             .remove_pod_sandbox(RemovePodSandboxRequest {
@@ -125,7 +125,7 @@ impl Cri {
         Ok(())
     }
 
-    /// PodSandboxStatus, verbose (containerd's info carries the netns path and pid).
+    /// `PodSandboxStatus`, verbose (containerd's info carries the netns path and pid).
     pub async fn status(&mut self, id: &str) -> Result<SandboxView, CriError> {
         let r = self
             .inner
@@ -158,7 +158,7 @@ impl Cri {
         })
     }
 
-    /// ListPodSandbox (all of them; the scripts filter).
+    /// `ListPodSandbox` (all of them; the scripts filter).
     pub async fn list(&mut self) -> Result<Vec<SandboxView>, CriError> {
         let r = self
             .inner
@@ -186,8 +186,10 @@ impl Cri {
 }
 
 fn state_name(state: i32) -> String {
-    k8s_cri::v1::PodSandboxState::try_from(state)
-        .map_or_else(|_| format!("UNKNOWN({state})"), |s| s.as_str_name().to_owned())
+    k8s_cri::v1::PodSandboxState::try_from(state).map_or_else(
+        |_| format!("UNKNOWN({state})"),
+        |s| s.as_str_name().to_owned(),
+    )
 }
 
 /// containerd's verbose info: `runtimeSpec.linux.namespaces[type=network].path`.

@@ -1,5 +1,5 @@
 //! Many pods through their whole life (run → status → stop → remove), P at a time, with the
-//! latency of each CRI step: the parallel leak test and the RunPodSandbox benchmark share it.
+//! latency of each CRI step: the parallel leak test and the `RunPodSandbox` benchmark share it.
 
 use crate::client::{Cri, CriError};
 use crate::spec::PodSpec;
@@ -14,11 +14,11 @@ pub struct Lap {
     pub name: String,
     /// The IP the runtime reported.
     pub ip: String,
-    /// RunPodSandbox, ms.
+    /// `RunPodSandbox`, ms.
     pub run_ms: f64,
-    /// StopPodSandbox, ms.
+    /// `StopPodSandbox`, ms.
     pub stop_ms: f64,
-    /// RemovePodSandbox, ms.
+    /// `RemovePodSandbox`, ms.
     pub remove_ms: f64,
 }
 
@@ -29,7 +29,7 @@ pub struct Report {
     pub laps: Vec<Lap>,
     /// Pods that failed somewhere, with why.
     pub errors: Vec<String>,
-    /// Median RunPodSandbox, ms.
+    /// Median `RunPodSandbox`, ms.
     pub run_median_ms: f64,
     /// Median Stop+Remove, ms.
     pub stop_remove_median_ms: f64,

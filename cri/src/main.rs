@@ -39,7 +39,7 @@ struct PodArgs {
     /// Pod annotation KEY=VALUE (repeatable).
     #[arg(long = "annotation", value_parser = spec::key_value)]
     annotations: Vec<(String, String)>,
-    /// Port mapping [HOST_IP:]HOST_PORT:CONTAINER_PORT[/tcp|udp|sctp] (repeatable).
+    /// Port mapping `[HOST_IP:]HOST_PORT:CONTAINER_PORT[/tcp|udp|sctp]` (repeatable).
     #[arg(long = "port", value_parser = spec::port)]
     ports: Vec<k8s_cri::v1::PortMapping>,
     /// cgroup parent of the sandbox (cgroupfs path, e.g. /weft-test).
@@ -63,24 +63,24 @@ impl PodArgs {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// RunPodSandbox; prints the sandbox id.
+    /// `RunPodSandbox`; prints the sandbox id.
     Run(PodArgs),
-    /// PodSandboxStatus (verbose); prints {id,name,namespace,state,ip,netns,pid,...}.
+    /// `PodSandboxStatus` (verbose); prints {id,name,namespace,state,ip,netns,pid,...}.
     Status {
         /// Sandbox id.
         id: String,
     },
-    /// StopPodSandbox.
+    /// `StopPodSandbox`.
     Stop {
         /// Sandbox id.
         id: String,
     },
-    /// RemovePodSandbox.
+    /// `RemovePodSandbox`.
     Remove {
         /// Sandbox id.
         id: String,
     },
-    /// ListPodSandbox; prints a JSON array.
+    /// `ListPodSandbox`; prints a JSON array.
     List,
     /// Runs COUNT pods named NAME-i through run → status → stop → remove, PARALLEL at a time;
     /// prints per-pod latencies and medians. Exits 1 if any pod failed.

@@ -79,7 +79,7 @@ pub struct PodSpec {
 }
 
 impl PodSpec {
-    /// The RunPodSandbox config kubelet would send for this pod.
+    /// The `RunPodSandbox` config kubelet would send for this pod.
     #[must_use]
     pub fn config(&self) -> PodSandboxConfig {
         let uid = if self.uid.is_empty() {
@@ -142,7 +142,9 @@ mod tests {
         let p = port("8080:80").unwrap();
         assert_eq!(p.protocol, i32::from(Protocol::Tcp));
         assert!(p.host_ip.is_empty());
-        for bad in ["80", "a:80", "0:80", "1:2:3:4", "x:1:2", "1:2/icmp", "70000:1"] {
+        for bad in [
+            "80", "a:80", "0:80", "1:2:3:4", "x:1:2", "1:2/icmp", "70000:1",
+        ] {
             assert!(port(bad).is_err(), "{bad}");
         }
     }

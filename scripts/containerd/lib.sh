@@ -131,7 +131,7 @@ ctrd_cgroup_pids() {
 ctrd_shim_pids() {
   local p
   for p in /proc/[0-9]*; do
-    tr '\0' ' ' <"$p/cmdline" 2>/dev/null | grep -q -- "-address $CTRD_SOCK " && basename "$p"
+    { tr '\0' ' ' <"$p/cmdline"; } 2>/dev/null | grep -q -- "-address $CTRD_SOCK " && basename "$p"
   done
 }
 

@@ -7,7 +7,8 @@
 #
 # Part 1 (cniVersion 1.0.0): IPs, traffic, a policy selecting pods by weft.io/label.* annotations,
 # Stop+Remove, containerd restart, kill -9 of the manager, 20 pods 4-way in parallel, hostPort,
-# bandwidth. Part 2 (cniVersion 0.4.0): run, status, traffic, stop, remove.
+# ingress bandwidth (egress: a clear "not supported yet"). Then cniVersion 0.4.0: run, status,
+# traffic, stop, remove. 1.1.0's STATUS and GC are covered by direct invocations (versions.sh).
 source "$(dirname "$0")/../lib.sh"
 source "$WEFT_ROOT/scripts/containerd/lib.sh"
 command -v iperf3 >/dev/null || die "iperf3 is missing: run scripts/setup"
@@ -131,5 +132,30 @@ check "libcni cached the chain's result (weft's IP)" jq -e --arg ip "$(pod_sip "
 check "stop + remove hp (DEL through weft, portmap, bandwidth)" pod_gone "$HP"
 check "portmap's DNAT rules gone" bash -c "! nsenter --net=/run/netns/$WEFT_NODE iptables-save -t nat | grep -q -- '--dport 8080'"
 check "libcni cache entry gone" test ! -e "$hp_cache"
+
+echo "== chaining: bandwidth"
+before=$(counts)
+IBW=$(pod_run ibw shop --annotation kubernetes.io/ingress-bandwidth=10M) || die "RunPodSandbox ibw failed"
+ibw_veth=$(ep_of "$IBW" | jq -r .host_ifname)
+check "ingress-bandwidth: bandwidth's tbf on the host veth beside Weft's clsact" \
+  bash -c "nsenter --net=/run/netns/$WEFT_NODE tc qdisc show dev $ibw_veth | grep -q 'tbf.*rate 10Mbit'"
+check "ping client -> ibw through the shaper" sb_ping "$CLI" "$IBW"
+check "stop + remove ibw" pod_gone "$IBW"
+out=$(cri run --name ebw --namespace shop --cgroup-parent "$CTRD_CGROUP" \
+  --annotation kubernetes.io/egress-bandwidth=10M 2>&1); rc=$?
+check "egress-bandwidth: RunPodSandbox fails with Weft's 'not supported yet' error" \
+  bash -c "[ $rc != 0 ] && grep -q 'not supported yet: egress bandwidth' <<<\"\$1\"" _ "$out"
+check "no leak after the refused pod ($before)" test "$(counts)" = "$before"
+
+echo "== cniVersion 0.4.0"
+ctrd_conflist 0.4.0 "$PORTMAP" "$BANDWIDTH"
+ctrd_stop; ctrd_start # containerd reads the conflist at start (its watcher would also pick it up)
+V04=$(pod_run v04 lab) || die "RunPodSandbox v04 (0.4.0) failed"
+check "0.4.0: PodSandboxStatus IP == weft endpoint IP" ip_matches "$V04"
+check "0.4.0: ping v04 -> client" sb_ping "$V04" "$CLI"
+check "0.4.0: libcni cached a 0.4.0 result" jq -e '.result.cniVersion == "0.4.0"' \
+  "/var/lib/cni/results/$CTRD_NET-$V04-eth0"
+check "0.4.0: stop + remove" pod_gone "$V04"
+check "0.4.0: no leak ($before)" test "$(counts)" = "$before"
 
 weft_summary

@@ -13,17 +13,28 @@ use weft_api::client::Client;
 use weft_api::naming::{format_mac, host_ifname, veth_macs};
 use weft_api::{AllocateRequest, EndpointState, IpConfig, RegisterRequest};
 
+/// The endpoint's labels (`args.cni.labels` over `weft.io/label.*` annotations), after refusing
+/// what the pod's annotations ask for that Weft cannot honour.
+fn pod_labels(conf: &NetConf) -> Result<Vec<weft_api::Label>, CniError> {
+    annotations::refuse_egress_bandwidth(conf.egress_bandwidth.as_deref())?;
+    let (labels, overridden) = annotations::merge(&conf.labels, &conf.annotation_labels);
+    if !overridden.is_empty() {
+        tracing::warn!(
+            ?overridden,
+            "args.cni.labels win over these pod-annotation labels"
+        );
+    }
+    Ok(labels)
+}
+
 /// Runs ADD and returns the result to print.
 pub async fn run(env: &CniEnv, conf: &NetConf) -> Result<CniResult, CniError> {
+    let labels = pod_labels(conf)?;
     let netns_path = super::netns_path(env)?;
     let netns_str = netns_path.to_string_lossy().into_owned();
     let netns = File::open(netns_path)
         .map_err(|e| CniError::InvalidEnv(format!("cannot open CNI_NETNS {netns_str}: {e}")))?;
     let client = Client::new(&conf.socket);
-    let (labels, overridden) = annotations::merge(&conf.labels, &conf.annotation_labels);
-    if !overridden.is_empty() {
-        tracing::warn!(?overridden, "args.cni.labels win over these pod-annotation labels");
-    }
     let host_name = host_ifname(&env.container_id, &env.ifname);
     let (host_mac, pod_mac) = veth_macs(&env.container_id, &env.ifname);
 
