@@ -222,6 +222,23 @@ fn k8s_namespace_selector() {
 }
 
 #[test]
+fn k8s_namespace_selector_on_any_key() {
+    let r = &ok("k8s-namespace-label-any-key.yaml")[0];
+    let sel = match &r.ingress[0].peers[0] {
+        PeerSelector::Endpoints(s) => s,
+        other => panic!("{other}"),
+    };
+    let pod = |team: &str| {
+        let mut set = LabelSet::for_pod("shop", [("app", "client")]);
+        set.insert(Label::new("k8s", "io.cilium.k8s.namespace.labels.team", team));
+        set
+    };
+    assert!(sel.matches(&pod("billing")));
+    assert!(!sel.matches(&pod("ops")));
+    assert!(!sel.matches(&LabelSet::for_pod("shop", [("app", "client")])));
+}
+
+#[test]
 fn k8s_ipblock_and_port_range() {
     let r = &ok("k8s-ipblock-egress.yaml")[0];
     assert_eq!(
@@ -309,10 +326,6 @@ fn invalid_files_fail_with_clear_errors() {
         (
             "cnp-no-spec.yaml",
             "spec: missing (a CiliumNetworkPolicy needs spec or specs)",
-        ),
-        (
-            "np-namespace-label.yaml",
-            r#"NetworkPolicy "default/team-ns": spec.ingress[0].from[0].namespaceSelector: not supported yet: namespaceSelector key "team""#,
         ),
         (
             "np-named-port.yaml",
