@@ -70,6 +70,9 @@ pub struct Watchers {
     sink: Arc<dyn Sink>,
     client: Client,
     node_name: String,
+    /// Resources whose first list completed, and those started.
+    synced: std::sync::Mutex<(BTreeSet<&'static str>, Vec<&'static str>)>,
+    synced_changed: tokio::sync::Notify,
 }
 
 /// What one resource's event loop does with its objects.
@@ -113,6 +116,8 @@ async fn drive<K, H>(
             watcher::Event::InitDone => {
                 let listed = listing.take().unwrap_or_default();
                 h.relisted(&w, &listed);
+                w.lock_synced().0.insert(h.name());
+                w.synced_changed.notify_waiters();
                 tracing::info!(resource = h.name(), objects = listed.len(), "listed");
             }
             watcher::Event::Apply(obj) => {
@@ -309,7 +314,54 @@ impl Watchers {
             sink,
             client,
             node_name: node_name.to_owned(),
+            synced: std::sync::Mutex::default(),
+            synced_changed: tokio::sync::Notify::new(),
         })
+    }
+
+    fn lock_synced(
+        &self,
+    ) -> std::sync::MutexGuard<'_, (BTreeSet<&'static str>, Vec<&'static str>)> {
+        self.synced
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn missing(&self) -> Vec<String> {
+        let g = self.lock_synced();
+        g.1.iter()
+            .filter(|n| !g.0.contains(*n))
+            .map(ToString::to_string)
+            .collect()
+    }
+
+    /// Waits until every started watcher has completed its first list. `Err`: the resources
+    /// still missing at `timeout`.
+    pub async fn wait_synced(&self, timeout: std::time::Duration) -> Result<(), Vec<String>> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let notified = self.synced_changed.notified();
+            let missing = self.missing();
+            if missing.is_empty() {
+                return Ok(());
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return Err(missing);
+            }
+        }
+    }
+
+    fn started<K, H>(
+        self: &Arc<Self>,
+        stream: impl Stream<Item = watcher::Result<watcher::Event<K>>> + Send + 'static,
+        h: H,
+    ) -> tokio::task::JoinHandle<()>
+    where
+        K: Clone + Send + 'static,
+        H: Handler<K> + 'static,
+    {
+        self.lock_synced().1.push(h.name());
+        tokio::spawn(drive(self.clone(), stream, h))
     }
 
     /// Starts every watcher on the current tokio runtime; they run until the runtime stops.
@@ -318,36 +370,25 @@ impl Watchers {
     pub fn spawn(self: &Arc<Self>, cilium: bool) -> Vec<tokio::task::JoinHandle<()>> {
         let c = self.client.clone();
         let cfg = watcher::Config::default;
+        let node_sel = format!("metadata.name={}", self.node_name);
+        let pod_sel = format!("spec.nodeName={}", self.node_name);
         let mut tasks = vec![
-            tokio::spawn(drive(
-                self.clone(),
-                stream(
-                    Api::<Node>::all(c.clone()),
-                    cfg().fields(&format!("metadata.name={}", self.node_name)),
-                ),
+            self.started(
+                stream(Api::<Node>::all(c.clone()), cfg().fields(&node_sel)),
                 ThisNode,
-            )),
-            tokio::spawn(drive(
-                self.clone(),
-                stream(
-                    Api::<Pod>::all(c.clone()),
-                    cfg().fields(&format!("spec.nodeName={}", self.node_name)),
-                ),
+            ),
+            self.started(
+                stream(Api::<Pod>::all(c.clone()), cfg().fields(&pod_sel)),
                 Pods,
-            )),
-            tokio::spawn(drive(
-                self.clone(),
-                stream(Api::<Namespace>::all(c.clone()), cfg()),
-                Namespaces,
-            )),
-            tokio::spawn(drive(
-                self.clone(),
+            ),
+            self.started(stream(Api::<Namespace>::all(c.clone()), cfg()), Namespaces),
+            self.started(
                 stream(Api::<NetworkPolicy>::all(c.clone()), cfg()),
                 Policies {
                     kind: PolicyKind::NetworkPolicy,
                     applied: BTreeMap::new(),
                 },
-            )),
+            ),
         ];
         if cilium {
             for kind in [
@@ -355,14 +396,13 @@ impl Watchers {
                 PolicyKind::CiliumClusterwideNetworkPolicy,
             ] {
                 let api = Api::<DynamicObject>::all_with(c.clone(), &cilium_resource(kind));
-                tasks.push(tokio::spawn(drive(
-                    self.clone(),
+                tasks.push(self.started(
                     stream(api, cfg()),
                     Policies {
                         kind,
                         applied: BTreeMap::new(),
                     },
-                )));
+                ));
             }
         }
         tasks

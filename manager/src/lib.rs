@@ -13,6 +13,7 @@ pub mod datapath;
 pub mod endpoint;
 pub mod hostnet;
 pub mod ipam;
+pub mod k8s;
 pub mod node;
 pub mod policy_state;
 pub mod restore;

@@ -81,6 +81,8 @@ pub struct Manager {
     delete_queue: Option<DeleteQueue>,
     /// A regeneration failed half-way: housekeeping recomputes every endpoint.
     needs_regeneration: AtomicBool,
+    /// Kubernetes mode: pods, namespaces and policy statuses from the watchers.
+    pub(crate) cluster: std::sync::OnceLock<Arc<weft_k8s::cache::ClusterCache>>,
 }
 
 /// The datapath's view of a registered endpoint (`None` before registration).
@@ -160,7 +162,18 @@ impl Manager {
             regenerations: AtomicU64::new(0),
             delete_queue: None,
             needs_regeneration: AtomicBool::new(false),
+            cluster: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Kubernetes mode: endpoint labels come from `cache` from now on.
+    pub fn set_cluster(&self, cache: Arc<weft_k8s::cache::ClusterCache>) {
+        let _ = self.cluster.set(cache);
+    }
+
+    /// The cluster cache in Kubernetes mode.
+    pub fn cluster(&self) -> Option<&Arc<weft_k8s::cache::ClusterCache>> {
+        self.cluster.get()
     }
 
     /// Asks housekeeping to recompute every endpoint: a policy or label change failed after
@@ -295,6 +308,16 @@ impl Manager {
     /// whose selectors match a new identity are regenerated now, so they already allow the new
     /// pod when its IPs appear in the ipcache at registration.
     pub fn allocate(&self, req: &AllocateRequest) -> Result<Endpoint, ManagerError> {
+        self.allocate_with_labels(req, None)
+    }
+
+    /// [`Self::allocate`] with the endpoint's labels given (Kubernetes mode: from its pod and
+    /// namespace) instead of built from the request's CNI labels.
+    pub fn allocate_with_labels(
+        &self,
+        req: &AllocateRequest,
+        pod_labels: Option<weft_policy::labels::LabelSet>,
+    ) -> Result<Endpoint, ManagerError> {
         // A DEL for this pair queued while the manager was unreachable came before this ADD:
         // apply it first, or a later drain would remove what this ADD creates. Taken before
         // the state lock: the drain holds the queue lock while it takes the state lock.
@@ -321,12 +344,14 @@ impl Manager {
             }
             return Ok(ep.clone());
         }
-        let labels = weft_policy::labels::LabelSet::for_pod(
-            req.pod_namespace.as_deref().unwrap_or("default"),
-            req.labels
-                .iter()
-                .map(|l| (l.key.as_str(), l.value.as_str())),
-        );
+        let labels = pod_labels.unwrap_or_else(|| {
+            weft_policy::labels::LabelSet::for_pod(
+                req.pod_namespace.as_deref().unwrap_or("default"),
+                req.labels
+                    .iter()
+                    .map(|l| (l.key.as_str(), l.value.as_str())),
+            )
+        });
         let (identity, effects) = st.pol.acquire(&labels)?;
         let ep = match st.reg.allocate(req, to_api_labels(&labels), identity) {
             Ok(ep) => ep,
