@@ -8,6 +8,8 @@ pub mod client;
 pub mod labels;
 pub mod node;
 pub mod policy;
+#[cfg(feature = "replay")]
+pub mod replay;
 pub mod watch;
 
 pub use k8s_openapi;
