@@ -82,6 +82,12 @@ pub struct Cli {
     /// (cilium.io/v2; their CRDs must be installed: conf/k8s/) [default: true].
     #[arg(long)]
     pub k8s_cilium_policies: Option<bool>,
+    /// Once ready, copy weft-cni (beside this binary) into this CNI bin dir as `weft`.
+    #[arg(long, requires = "install_cni_conf")]
+    pub install_cni_bin: Option<PathBuf>,
+    /// Once ready, write the conflist into this CNI conf dir (removed on a graceful stop).
+    #[arg(long, requires = "install_cni_bin")]
+    pub install_cni_conf: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -99,6 +105,8 @@ struct FileConfig {
     k8s: bool,
     kubeconfig: Option<PathBuf>,
     k8s_cilium_policies: Option<bool>,
+    install_cni_bin: Option<PathBuf>,
+    install_cni_conf: Option<PathBuf>,
 }
 
 /// The resolved settings.
@@ -120,6 +128,8 @@ pub struct Config {
     pub log_format: LogFormat,
     /// Kubernetes mode (`None`: off).
     pub k8s: Option<K8sSettings>,
+    /// Install the CNI plugin and conflist once ready.
+    pub cni_install: Option<crate::cni_install::CniInstall>,
 }
 
 /// Kubernetes mode's settings.
@@ -168,7 +178,22 @@ impl Config {
             pod_cidrs,
             log_format: cli.log_format.or(file.log_format).unwrap_or_default(),
             k8s: None,
+            cni_install: None,
         };
+        match (
+            cli.install_cni_bin.or(file.install_cni_bin),
+            cli.install_cni_conf.or(file.install_cni_conf),
+        ) {
+            (Some(bin_dir), Some(conf_dir)) => {
+                config.cni_install = Some(crate::cni_install::CniInstall { bin_dir, conf_dir });
+            }
+            (None, None) => {}
+            _ => {
+                return Err(ConfigError::Invalid(
+                    "install_cni_bin and install_cni_conf go together: set both or neither".into(),
+                ));
+            }
+        }
         let kubeconfig = cli.kubeconfig.or(file.kubeconfig);
         if cli.k8s || file.k8s || kubeconfig.is_some() {
             config.k8s = Some(K8sSettings {

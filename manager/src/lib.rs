@@ -6,6 +6,7 @@
 
 pub mod api;
 pub mod clock;
+pub mod cni_install;
 pub mod config;
 pub mod ctl;
 pub mod daemon;
