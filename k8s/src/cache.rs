@@ -51,6 +51,15 @@ impl ClusterCache {
         Some(endpoint_labels(pod, g.namespaces.get(ns)))
     }
 
+    /// The named container ports of pod `ns/name` (what ingress rules' `port: name` resolve
+    /// to), if the cache has it.
+    #[must_use]
+    pub fn named_ports(&self, ns: &str, name: &str) -> Option<weft_policy::rule::NamedPorts> {
+        let g = self.lock();
+        let pod = g.pods.get(&(ns.to_owned(), name.to_owned()))?;
+        Some(crate::labels::policy_named_ports(pod))
+    }
+
     /// Like [`Self::labels`], waiting up to `timeout` for the pod to arrive.
     pub async fn wait_labels(&self, ns: &str, name: &str, timeout: Duration) -> Option<LabelSet> {
         let deadline = tokio::time::Instant::now() + timeout;

@@ -89,6 +89,41 @@ pub fn named_ports(pod: &Pod) -> Vec<NamedPort> {
     out
 }
 
+/// The pod's named ports as policy computation resolves them: (name, IP protocol) → port.
+/// A name on two containers with different numbers is ambiguous; like Cilium, the first
+/// (lowest number) wins and the conflict is logged.
+#[must_use]
+pub fn policy_named_ports(pod: &Pod) -> weft_policy::rule::NamedPorts {
+    use weft_policy::mapstate::proto;
+    let mut out = weft_policy::rule::NamedPorts::new();
+    for p in named_ports(pod) {
+        let Some(number) = (match p.protocol.as_str() {
+            "TCP" => Some(proto::TCP),
+            "UDP" => Some(proto::UDP),
+            "SCTP" => Some(proto::SCTP),
+            _ => None,
+        }) else {
+            continue;
+        };
+        match out.entry((p.name.clone(), number)) {
+            std::collections::btree_map::Entry::Vacant(v) => {
+                v.insert(p.port);
+            }
+            std::collections::btree_map::Entry::Occupied(o) if *o.get() != p.port => {
+                tracing::warn!(
+                    pod = ?pod.metadata.name,
+                    name = %p.name,
+                    used = *o.get(),
+                    ignored = p.port,
+                    "named port defined twice with different numbers"
+                );
+            }
+            std::collections::btree_map::Entry::Occupied(_) => {}
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -161,5 +196,15 @@ mod tests {
                 ("metrics".into(), 9100, "TCP".into()),
             ]
         );
+    }
+
+    #[test]
+    fn policy_named_ports_are_keyed_by_name_and_protocol() {
+        let pod: Pod = testdata::load("pod-web.json");
+        let ports = policy_named_ports(&pod);
+        assert_eq!(ports.get(&("http".into(), 6)), Some(&8080));
+        assert_eq!(ports.get(&("dns-udp".into(), 17)), Some(&5353));
+        assert_eq!(ports.get(&("dns-udp".into(), 6)), None);
+        assert_eq!(ports.len(), 3);
     }
 }

@@ -214,11 +214,16 @@ mod tests {
 
     #[test]
     fn network_policy_namespace_selector_on_any_key() {
-        let mut obj = testdata::json("networkpolicy-ns-expr-named-port.json");
-        // Named ports are not translated yet (the parser rejects them with that message):
-        // check the namespace selector on a copy with a numbered port.
-        obj["spec"]["ingress"][0]["ports"][0]["port"] = 8080.into();
+        let obj = testdata::json("networkpolicy-ns-expr-named-port.json");
         let (_, rules) = translate(PolicyKind::NetworkPolicy, &obj).unwrap();
+        assert!(rules[0].ingress[0].ports.is_empty());
+        assert_eq!(
+            rules[0].ingress[0].named_ports,
+            [weft_policy::rule::NamedPort {
+                proto: 6,
+                name: "http".into()
+            }]
+        );
         let peer = match &rules[0].ingress[0].peers[0] {
             weft_policy::rule::PeerSelector::Endpoints(s) => s.clone(),
             other => panic!("{other}"),
@@ -230,16 +235,19 @@ mod tests {
 
     #[test]
     fn rejected_object_says_why() {
-        let err = translate(
-            PolicyKind::NetworkPolicy,
-            &testdata::json("networkpolicy-ns-expr-named-port.json"),
-        )
-        .unwrap_err();
+        let mut obj = testdata::json("networkpolicy-ns-expr-named-port.json");
+        obj["spec"]["egress"] = obj["spec"]["ingress"].clone();
+        obj["spec"]["egress"][0]["to"] = obj["spec"]["egress"][0]["from"].take();
+        obj["spec"]["policyTypes"] = serde_json::json!(["Ingress", "Egress"]);
+        let err = translate(PolicyKind::NetworkPolicy, &obj).unwrap_err();
         assert!(
             err.starts_with("NetworkPolicy prod/allow-payments-http"),
             "{err}"
         );
-        assert!(err.contains("named ports are not supported yet"), "{err}");
+        assert!(
+            err.contains("not supported yet: named port \"http\" in an egress rule"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -3,7 +3,10 @@
 //! list responses are served in order (the last one again when they run out); watch responses
 //! in order, each a list of events that ends by closing the connection (a dropped watch) or
 //! by hanging (a healthy idle watch); with no watch response left, watches hang. GETs of single
-//! objects come from a map; PATCH bodies are recorded. Every request is logged.
+//! objects come from a map; PATCH bodies are recorded. Every request is logged. Events can
+//! also be pushed into the hanging watches of a path while the server runs ([`Replay::push`],
+//! or `POST /replay/push?path=...` from a script), and a whole script can come from JSON
+//! ([`Replay::from_script`]: the `weft-k8s-replay` binary of the end-to-end test).
 
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -28,7 +31,20 @@ struct Resource {
     lists: VecDeque<Value>,
     last_list: Option<Value>,
     watches: VecDeque<(Vec<Value>, WatchEnd)>,
+    live: Option<tokio::sync::broadcast::Sender<Value>>,
 }
+
+impl Resource {
+    fn live(&mut self) -> &tokio::sync::broadcast::Sender<Value> {
+        self.live
+            .get_or_insert_with(|| tokio::sync::broadcast::channel(1024).0)
+    }
+}
+
+/// A script that is not what [`Replay::from_script`] takes.
+#[derive(Debug, thiserror::Error)]
+#[error("replay script: {0}")]
+pub struct ScriptError(String);
 
 #[derive(Default)]
 struct Inner {
@@ -121,6 +137,71 @@ impl Replay {
         self
     }
 
+    /// A replay from JSON: `{"lists": {path: [body, ...]}, "watches": {path: [{"events":
+    /// [...], "end": "close" | "hang"}, ...]}, "objects": {path: body}}`, every key optional.
+    pub fn from_script(script: &Value) -> Result<Self, ScriptError> {
+        let section = |name: &str| -> Result<Vec<(String, Value)>, ScriptError> {
+            match script.get(name) {
+                None => Ok(Vec::new()),
+                Some(Value::Object(m)) => {
+                    Ok(m.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+                }
+                Some(_) => Err(ScriptError(format!(
+                    "{name} must be an object keyed by path"
+                ))),
+            }
+        };
+        let mut r = Self::default();
+        for (path, bodies) in section("lists")? {
+            let Value::Array(bodies) = bodies else {
+                return Err(ScriptError(format!(
+                    "lists.{path} must be an array of bodies"
+                )));
+            };
+            for b in bodies {
+                r = r.list(&path, b);
+            }
+        }
+        for (path, watches) in section("watches")? {
+            let Value::Array(watches) = watches else {
+                return Err(ScriptError(format!("watches.{path} must be an array")));
+            };
+            for w in watches {
+                let events = match w.get("events") {
+                    Some(Value::Array(e)) => e.clone(),
+                    _ => {
+                        return Err(ScriptError(format!(
+                            "watches.{path}[]: events must be an array"
+                        )));
+                    }
+                };
+                let end = match w.get("end").and_then(Value::as_str) {
+                    Some("close") => WatchEnd::Close,
+                    Some("hang") | None => WatchEnd::Hang,
+                    Some(other) => {
+                        return Err(ScriptError(format!(
+                            "watches.{path}[]: end {other:?} (expected close or hang)"
+                        )));
+                    }
+                };
+                r = r.watch(&path, events, end);
+            }
+        }
+        for (path, body) in section("objects")? {
+            r = r.object(&path, body);
+        }
+        Ok(r)
+    }
+
+    /// Sends `event` to every open (hanging) watch of `path`; returns how many got it.
+    #[must_use]
+    pub fn push(&self, path: &str, event: Value) -> usize {
+        let mut g = self.lock();
+        let tx = g.resources.entry(path.into()).or_default().live().clone();
+        drop(g);
+        tx.send(event).unwrap_or(0)
+    }
+
     /// Every request so far: `METHOD path?query`.
     #[must_use]
     pub fn log(&self) -> Vec<String> {
@@ -135,7 +216,12 @@ impl Replay {
 
     /// Starts serving on 127.0.0.1; returns the server's URL.
     pub async fn serve(&self) -> std::io::Result<String> {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        self.serve_on("127.0.0.1:0").await
+    }
+
+    /// Starts serving on `addr`; returns the server's URL.
+    pub async fn serve_on(&self, addr: &str) -> std::io::Result<String> {
+        let listener = tokio::net::TcpListener::bind(addr).await?;
         let url = format!("http://{}", listener.local_addr()?);
         let app = axum::Router::new()
             .fallback(handle)
@@ -168,6 +254,30 @@ async fn handle(State(r): State<Replay>, req: Request) -> Response {
     let path = req.uri().path().to_owned();
     let query = req.uri().query().unwrap_or("").to_owned();
     r.lock().log.push(format!("{method} {path}?{query}"));
+    if method == Method::POST && path == "/replay/push" {
+        let target = query
+            .split('&')
+            .find_map(|p| p.strip_prefix("path="))
+            .unwrap_or_default()
+            .to_owned();
+        let bytes = axum::body::to_bytes(req.into_body(), 1 << 20)
+            .await
+            .unwrap_or_default();
+        let Ok(event) = serde_json::from_slice::<Value>(&bytes) else {
+            return json_response(
+                StatusCode::BAD_REQUEST,
+                &json!({"error": "body is not JSON"}),
+            );
+        };
+        let n = r.push(&target, event);
+        // No open watch to take it (the client is between watches): the caller retries.
+        let status = if n == 0 {
+            StatusCode::CONFLICT
+        } else {
+            StatusCode::OK
+        };
+        return json_response(status, &json!({"delivered": n}));
+    }
     if method == Method::PATCH {
         let bytes = axum::body::to_bytes(req.into_body(), 1 << 20)
             .await
@@ -205,15 +315,25 @@ async fn handle(State(r): State<Replay>, req: Request) -> Response {
         .watches
         .pop_front()
         .unwrap_or((Vec::new(), WatchEnd::Hang));
+    let live = res.live().subscribe();
     drop(g);
     let lines = futures::stream::iter(
         events
             .into_iter()
             .map(|e| Ok::<_, std::convert::Infallible>(format!("{e}\n"))),
     );
+    let pushed = futures::stream::unfold(live, |mut rx| async move {
+        loop {
+            match rx.recv().await {
+                Ok(e) => return Some((Ok(format!("{e}\n")), rx)),
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+            }
+        }
+    });
     let body = match end {
         WatchEnd::Close => Body::from_stream(lines),
-        WatchEnd::Hang => Body::from_stream(lines.chain(futures::stream::pending())),
+        WatchEnd::Hang => Body::from_stream(lines.chain(pushed)),
     };
     Response::builder()
         .header("content-type", "application/json")

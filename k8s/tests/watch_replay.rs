@@ -94,6 +94,9 @@ fn script() -> Replay {
     let mut np_ok = np_named.clone();
     np_ok["metadata"]["name"] = "allow-payments-8080".into();
     np_ok["spec"]["ingress"][0]["ports"][0]["port"] = 8080.into();
+    let mut np_bad = np_named.clone();
+    np_bad["metadata"]["name"] = "bad-port".into();
+    np_bad["spec"]["ingress"][0]["ports"][0]["port"] = 70000.into();
     Replay::default()
         .list(
             "/api/v1/nodes",
@@ -118,7 +121,7 @@ fn script() -> Replay {
                 "networking.k8s.io/v1",
                 "NetworkPolicy",
                 "20",
-                vec![np_ok.clone(), np_named],
+                vec![np_ok.clone(), np_named, np_bad],
             ),
         )
         .watch(
@@ -242,6 +245,7 @@ async fn watchers_resume_relist_and_deliver() {
     assert!(ev.contains(&"node worker-1".to_owned()), "{ev:#?}");
     for applied in [
         "apply NetworkPolicy prod/allow-payments-8080 rules=1",
+        "apply NetworkPolicy prod/allow-payments-http rules=1",
         "apply CiliumNetworkPolicy prod/web-from-frontend rules=1",
         "apply CiliumClusterwideNetworkPolicy deny-to-metadata rules=1",
     ] {
@@ -258,8 +262,11 @@ async fn watchers_resume_relist_and_deliver() {
     .await;
     let rejected = w.cache.rejected();
     assert_eq!(rejected.len(), 1, "{rejected:?}");
-    assert_eq!(rejected[0].object, "NetworkPolicy prod/allow-payments-http");
-    assert!(rejected[0].error.contains("named ports"), "{rejected:?}");
+    assert_eq!(rejected[0].object, "NetworkPolicy prod/bad-port");
+    assert!(
+        rejected[0].error.contains("70000\" is not a port number"),
+        "{rejected:?}"
+    );
     let counts = w.stats.snapshot();
     assert_eq!(
         counts.get(&("NetworkPolicy".into(), "rejected".into())),

@@ -142,6 +142,16 @@ impl Sink for ManagerSink {
         });
         for ep in mine {
             if crate::service::from_api_labels(&ep.labels) == *labels {
+                // Same identity; its named ports may be new (the ADD did not wait for the pod).
+                match m.refresh_endpoint(ep.id) {
+                    Ok(true) => tracing::info!(
+                        endpoint_id = ep.id,
+                        pod = %format!("{ns}/{name}"),
+                        "endpoint policy follows the pod's named ports"
+                    ),
+                    Ok(false) => {}
+                    Err(e) => tracing::warn!(endpoint_id = ep.id, "pod change not applied: {e}"),
+                }
                 continue;
             }
             match m.replace_labels(ep.id, labels) {

@@ -230,7 +230,11 @@ fn k8s_namespace_selector_on_any_key() {
     };
     let pod = |team: &str| {
         let mut set = LabelSet::for_pod("shop", [("app", "client")]);
-        set.insert(Label::new("k8s", "io.cilium.k8s.namespace.labels.team", team));
+        set.insert(Label::new(
+            "k8s",
+            "io.cilium.k8s.namespace.labels.team",
+            team,
+        ));
         set
     };
     assert!(sel.matches(&pod("billing")));
@@ -279,7 +283,7 @@ fn invalid_files_fail_with_clear_errors() {
     let cases = [
         (
             "bad-port.json",
-            r#"invalid/bad-port.json: rule 2 (name "x"): ingress[0].toPorts[0].ports[0].port: "abc" is not a port number (1-65535)"#,
+            r#"invalid/bad-port.json: rule 2 (name "x"): ingress[0].toPorts[0].ports[0].port: "Abc_1" is neither a port number (1-65535) nor a port name"#,
         ),
         (
             "port-out-of-range.json",
@@ -329,7 +333,7 @@ fn invalid_files_fail_with_clear_errors() {
         ),
         (
             "np-named-port.yaml",
-            "spec.ingress[0].ports[0].port: \"http\" is not a port number (1-65535); named ports are not supported yet",
+            "spec.egress[0].ports[0].port: not supported yet: named port \"http\" in an egress rule",
         ),
         (
             "np-ipblock-mixed.yaml",

@@ -21,6 +21,7 @@ use weft_api::{
     PoolStatus, RegisterRequest, StatusResponse,
 };
 use weft_policy::mapstate::EndpointPolicy;
+use weft_policy::rule::NamedPorts;
 
 use crate::datapath::{Datapath, DatapathError, EndpointDatapath};
 use crate::endpoint::{EndpointError, Registry};
@@ -174,6 +175,27 @@ impl Manager {
     /// The cluster cache in Kubernetes mode.
     pub fn cluster(&self) -> Option<&Arc<weft_k8s::cache::ClusterCache>> {
         self.cluster.get()
+    }
+
+    /// Recomputes an endpoint's policy and installs it if it changed (its pod's named ports
+    /// arrived or changed). Returns whether the maps changed.
+    pub fn refresh_endpoint(&self, id: u32) -> Result<bool, ManagerError> {
+        let mut st = self.state();
+        Ok(self.regenerate(&mut st, &[id])? > 0)
+    }
+
+    /// The named container ports of an endpoint's pod, which ingress rules' `port: name`
+    /// resolve to: from the pod watch in Kubernetes mode; none otherwise or before the pod
+    /// arrives (the pod's event regenerates the endpoint then).
+    pub(crate) fn named_ports(&self, ep: &Endpoint) -> NamedPorts {
+        match (
+            self.cluster(),
+            ep.pod_namespace.as_deref(),
+            ep.pod_name.as_deref(),
+        ) {
+            (Some(c), Some(ns), Some(name)) => c.named_ports(ns, name).unwrap_or_default(),
+            _ => NamedPorts::new(),
+        }
     }
 
     /// Asks housekeeping to recompute every endpoint: a policy or label change failed after
@@ -384,7 +406,9 @@ impl Manager {
         let t0 = std::time::Instant::now();
         self.datapath.attach_endpoint(&view)?;
         let attach_us = t0.elapsed().as_micros();
-        let policy = st.pol.compute(&from_api_labels(&ep.labels));
+        let policy = st
+            .pol
+            .compute(&from_api_labels(&ep.labels), &self.named_ports(&ep));
         ep.policy_revision = st.pol.repo().revision();
         let done = self
             .datapath

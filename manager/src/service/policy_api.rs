@@ -5,6 +5,7 @@ use std::net::IpAddr;
 use weft_api::{Endpoint, EndpointState};
 use weft_policy::labels::{Label, LabelSet};
 use weft_policy::mapstate::{Identity, Verdict, proto, reserved};
+use weft_policy::rule::NamedPorts;
 use weft_policy::trace::{TracePeer, trace};
 
 use super::{Manager, ManagerError, State, datapath_view, from_api_labels, to_api_labels};
@@ -324,10 +325,11 @@ impl Manager {
     }
 
     fn resolve_peer<'a>(
+        &self,
         st: &'a State,
         peer: &TracePeerRequest,
         side: &str,
-    ) -> Result<(Identity, Option<LabelSet>), ManagerError> {
+    ) -> Result<(Identity, Option<LabelSet>, NamedPorts), ManagerError> {
         let set = [
             peer.endpoint.is_some(),
             !peer.labels.is_empty(),
@@ -341,7 +343,13 @@ impl Manager {
                 "{side}: give exactly one of an endpoint id, labels or an IP"
             )));
         }
-        let local = |ep: &'a Endpoint| (ep.identity, Some(from_api_labels(&ep.labels)));
+        let local = |ep: &'a Endpoint| {
+            (
+                ep.identity,
+                Some(from_api_labels(&ep.labels)),
+                self.named_ports(ep),
+            )
+        };
         if let Some(id) = peer.endpoint {
             let ep = st
                 .reg
@@ -354,7 +362,7 @@ impl Manager {
                 return Ok(local(ep));
             }
             if st.reg.pools().iter().any(|p| p.router() == ip) {
-                return Ok((reserved::HOST, None));
+                return Ok((reserved::HOST, None, NamedPorts::new()));
             }
             let cidr = st
                 .pol
@@ -363,7 +371,7 @@ impl Manager {
                 .filter(|(p, _)| p.contains(&ip))
                 .max_by_key(|(p, _)| p.prefix_len())
                 .map(|(_, id)| id);
-            return Ok((cidr.unwrap_or(reserved::WORLD), None));
+            return Ok((cidr.unwrap_or(reserved::WORLD), None, NamedPorts::new()));
         }
         let wanted: Vec<Label> = peer
             .labels
@@ -395,18 +403,20 @@ impl Manager {
     pub fn trace(&self, req: &TraceRequest) -> Result<TraceResult, ManagerError> {
         let protocol = parse_protocol(&req.protocol)?;
         let st = self.state();
-        let (src_id, src_labels) = Self::resolve_peer(&st, &req.src, "source")?;
-        let (dst_id, dst_labels) = Self::resolve_peer(&st, &req.dst, "destination")?;
+        let (src_id, src_labels, src_ports) = self.resolve_peer(&st, &req.src, "source")?;
+        let (dst_id, dst_labels, dst_ports) = self.resolve_peer(&st, &req.dst, "destination")?;
         let t = trace(
             st.pol.repo(),
             st.pol.cache(),
             TracePeer {
                 identity: src_id,
                 labels: src_labels.as_ref(),
+                named_ports: Some(&src_ports),
             },
             TracePeer {
                 identity: dst_id,
                 labels: dst_labels.as_ref(),
+                named_ports: Some(&dst_ports),
             },
             protocol,
             req.port,

@@ -1,11 +1,13 @@
 //! Kubernetes objects: `cilium.io/v2 CiliumNetworkPolicy` and `networking.k8s.io/v1
 //! NetworkPolicy`, translated as Cilium's `ParseToCiliumRule` and `ParseNetworkPolicy` do.
 
-use super::walk::{self, FieldError, Obj, Res};
+use super::walk::{self, FieldError, Obj, PortSpec, Res};
 use super::{DocError, cilium, join_loc};
 use crate::labels::{Label, LabelSet, keys, source};
 use crate::mapstate::Direction;
-use crate::rule::{CidrSelector, Enforcement, Entity, PeerRule, PeerSelector, PortProto, Rule};
+use crate::rule::{
+    CidrSelector, Enforcement, Entity, NamedPort, PeerRule, PeerSelector, PortProto, Rule,
+};
 use crate::selector::{Requirement, Selector};
 use serde_json::Value;
 
@@ -251,14 +253,18 @@ fn cidr_block(v: &Value, path: &str) -> Res<CidrSelector> {
     cilium::cidr_rule(v, path)
 }
 
-fn np_ports(list: Option<Vec<(String, &Value)>>) -> Res<Vec<PortProto>> {
+fn np_ports(
+    list: Option<Vec<(String, &Value)>>,
+    egress: bool,
+) -> Res<(Vec<PortProto>, Vec<NamedPort>)> {
     let mut out = Vec::new();
+    let mut named = Vec::new();
     for (p, v) in list.unwrap_or_default() {
         let mut o = Obj::new(v, &p)?;
         let port_path = o.at("port");
         let port = match o.get("port") {
-            Some(v) => walk::port_number(v, &port_path, false)?,
-            None => 0,
+            Some(v) => walk::port_spec(v, &port_path, false)?,
+            None => PortSpec::Number(0),
         };
         let end_path = o.at("endPort");
         let end = match o.get("endPort") {
@@ -277,11 +283,24 @@ fn np_ports(list: Option<Vec<(String, &Value)>>) -> Res<Vec<PortProto>> {
             None => walk::protocols("TCP", &proto_path)?,
         };
         o.finish(&[])?;
-        out.extend(walk::port_entries(&protos, port, end, &end_path)?);
+        match port {
+            PortSpec::Number(port) => {
+                out.extend(walk::port_entries(&protos, port, end, &end_path)?);
+            }
+            PortSpec::Name(name) => named.extend(walk::named_ports(
+                &protos,
+                &name,
+                egress,
+                end.is_some(),
+                &port_path,
+            )?),
+        }
     }
     out.sort();
     out.dedup();
-    Ok(out)
+    named.sort();
+    named.dedup();
+    Ok((out, named))
 }
 
 fn np_section(
@@ -300,11 +319,15 @@ fn np_section(
         if peers.is_empty() {
             peers.push(PeerSelector::Entity(Entity::All));
         }
-        let ports = np_ports(o.array("ports")?)?;
+        let (ports, named_ports) = np_ports(o.array("ports")?, peers_field == "to")?;
         o.finish(&[])?;
         peers.sort();
         peers.dedup();
-        rules.push(PeerRule { peers, ports });
+        rules.push(PeerRule {
+            peers,
+            ports,
+            named_ports,
+        });
     }
     Ok(rules)
 }
