@@ -115,6 +115,7 @@ pub fn router(manager: Shared) -> Router {
         .route("/v1/identities", get(identities))
         .route("/v1/maps", get(maps))
         .route("/v1/maps/{name}", get(map_dump))
+        .route("/v1/verify", get(verify))
         .route("/v1/monitor", get(monitor))
         .route("/v1/metrics", get(metrics))
         .fallback(|| async {
@@ -264,6 +265,10 @@ async fn map_dump(State(m): State<Shared>, Path(name): Path<String>) -> Reply {
         .map_dump(&name)
         .map_err(|e| HttpError::new(StatusCode::NOT_FOUND, "not_found", e.to_string()))
         .and_then(|v| json(&v))
+}
+
+async fn verify(State(m): State<Shared>) -> Reply {
+    json(&m.verify()?)
 }
 
 /// Streams drop events as JSON lines until the client goes away.

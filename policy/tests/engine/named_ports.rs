@@ -73,11 +73,13 @@ fn named_ports_resolve_against_the_selected_pods_own_ports() {
                 identity: client,
                 labels: None,
                 named_ports: None,
+                cidr_identity: 0,
             },
             TracePeer {
                 identity: w.eps["web"].0,
                 labels: Some(web),
                 named_ports: Some(named),
+                cidr_identity: 0,
             },
             TCP,
             port,

@@ -178,11 +178,13 @@ impl World {
             identity: *eid,
             labels: Some(el),
             named_ports: None,
+            cidr_identity: 0,
         };
         let other = TracePeer {
             identity: self.peer(peer).0,
             labels: None,
             named_ports: None,
+            cidr_identity: 0,
         };
         match dir {
             Direction::Ingress => {
