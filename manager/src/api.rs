@@ -165,7 +165,7 @@ async fn list_endpoints(State(m): State<Shared>, Query(q): Query<OwnerQuery>) ->
 async fn allocate(State(m): State<Shared>, bytes: Bytes) -> Reply {
     let req: AllocateRequest = body(&bytes)?;
     m.settle_host_link(&req.container_id, &req.ifname).await;
-    json(&m.allocate(&req)?)
+    json(&crate::k8s::allocate(&m, &req).await?)
 }
 
 async fn get_endpoint(State(m): State<Shared>, Path(id): Path<u32>) -> Reply {

@@ -71,6 +71,23 @@ pub struct Cli {
     /// Log format.
     #[arg(long, value_enum)]
     pub log_format: Option<LogFormat>,
+    /// Kubernetes mode: this Node, its pods, namespaces and network policies come from the API
+    /// server (in-cluster service account, or --kubeconfig).
+    #[arg(long)]
+    pub k8s: bool,
+    /// kubeconfig for Kubernetes mode (implies --k8s) [default: in-cluster, then $KUBECONFIG].
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    /// In Kubernetes mode, also follow Cilium's namespaced and clusterwide network policies
+    /// (cilium.io/v2; their CRDs must be installed: conf/k8s/) [default: true].
+    #[arg(long)]
+    pub k8s_cilium_policies: Option<bool>,
+    /// Once ready, copy weft-cni (beside this binary) into this CNI bin dir as `weft`.
+    #[arg(long, requires = "install_cni_conf")]
+    pub install_cni_bin: Option<PathBuf>,
+    /// Once ready, write the conflist into this CNI conf dir (removed on a graceful stop).
+    #[arg(long, requires = "install_cni_bin")]
+    pub install_cni_conf: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -84,6 +101,12 @@ struct FileConfig {
     #[serde(default)]
     pod_cidrs: Vec<String>,
     log_format: Option<LogFormat>,
+    #[serde(default)]
+    k8s: bool,
+    kubeconfig: Option<PathBuf>,
+    k8s_cilium_policies: Option<bool>,
+    install_cni_bin: Option<PathBuf>,
+    install_cni_conf: Option<PathBuf>,
 }
 
 /// The resolved settings.
@@ -103,6 +126,19 @@ pub struct Config {
     pub pod_cidrs: Vec<String>,
     /// Log format.
     pub log_format: LogFormat,
+    /// Kubernetes mode (`None`: off).
+    pub k8s: Option<K8sSettings>,
+    /// Install the CNI plugin and conflist once ready.
+    pub cni_install: Option<crate::cni_install::CniInstall>,
+}
+
+/// Kubernetes mode's settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct K8sSettings {
+    /// kubeconfig (`None`: in-cluster config, then `$KUBECONFIG` / `~/.kube/config`).
+    pub kubeconfig: Option<PathBuf>,
+    /// Follow the cilium.io/v2 policy kinds too.
+    pub cilium_policies: bool,
 }
 
 fn hostname() -> String {
@@ -124,7 +160,7 @@ impl Config {
         } else {
             cli.pod_cidrs
         };
-        let config = Self {
+        let mut config = Self {
             state_dir: cli
                 .state_dir
                 .or(file.state_dir)
@@ -141,7 +177,33 @@ impl Config {
             node_manifest: cli.node_manifest.or(file.node_manifest),
             pod_cidrs,
             log_format: cli.log_format.or(file.log_format).unwrap_or_default(),
+            k8s: None,
+            cni_install: None,
         };
+        match (
+            cli.install_cni_bin.or(file.install_cni_bin),
+            cli.install_cni_conf.or(file.install_cni_conf),
+        ) {
+            (Some(bin_dir), Some(conf_dir)) => {
+                config.cni_install = Some(crate::cni_install::CniInstall { bin_dir, conf_dir });
+            }
+            (None, None) => {}
+            _ => {
+                return Err(ConfigError::Invalid(
+                    "install_cni_bin and install_cni_conf go together: set both or neither".into(),
+                ));
+            }
+        }
+        let kubeconfig = cli.kubeconfig.or(file.kubeconfig);
+        if cli.k8s || file.k8s || kubeconfig.is_some() {
+            config.k8s = Some(K8sSettings {
+                kubeconfig,
+                cilium_policies: cli
+                    .k8s_cilium_policies
+                    .or(file.k8s_cilium_policies)
+                    .unwrap_or(true),
+            });
+        }
         if config.node_name.is_empty() {
             return Err(ConfigError::Invalid("--node-name must not be empty".into()));
         }
@@ -186,6 +248,22 @@ mod tests {
         assert_eq!(c.bpffs, PathBuf::from("/sys/fs/bpf/weft"));
         assert_eq!(c.pod_cidrs, vec!["10.1.0.0/24".to_string()]);
         assert_eq!(c.log_format, LogFormat::Json);
+    }
+
+    #[test]
+    fn k8s_mode_from_file_or_kubeconfig_flag() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("m.toml");
+        std::fs::write(&file, "k8s = true\nk8s_cilium_policies = false\n").unwrap();
+        let cli = Cli::parse_from(["weft-manager", "--config", file.to_str().unwrap()]);
+        let k = Config::resolve(cli).unwrap().k8s.unwrap();
+        assert_eq!((k.kubeconfig, k.cilium_policies), (None, false));
+        let cli = Cli::parse_from(["weft-manager", "--kubeconfig", "/k/config"]);
+        let k = Config::resolve(cli).unwrap().k8s.unwrap();
+        assert_eq!(k.kubeconfig, Some(PathBuf::from("/k/config")));
+        assert!(k.cilium_policies);
+        let cli = Cli::parse_from(["weft-manager"]);
+        assert_eq!(Config::resolve(cli).unwrap().k8s, None);
     }
 
     #[test]

@@ -70,6 +70,9 @@ pub enum StartError {
         /// Endpoints in the datapath.
         endpoints: usize,
     },
+    /// Kubernetes mode.
+    #[error(transparent)]
+    K8s(#[from] crate::k8s::K8sError),
     /// Filesystem work around the socket or state dir.
     #[error("{what} {path}: {source}")]
     Io {
@@ -88,10 +91,16 @@ fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> StartEr
 }
 
 /// Picks the node CIDRs and refuses a change that would orphan live endpoints.
-fn node_cidrs(config: &Config, store: &Store) -> Result<Vec<ChosenCidr>, StartError> {
-    let manifest = match &config.node_manifest {
-        Some(path) => NodeManifest::load(path)?,
-        None => NodeManifest::default(),
+/// `from_api`: the Node as the API server returned it (Kubernetes mode), over any manifest.
+fn node_cidrs(
+    config: &Config,
+    store: &Store,
+    from_api: Option<NodeManifest>,
+) -> Result<Vec<ChosenCidr>, StartError> {
+    let manifest = match (from_api, &config.node_manifest) {
+        (Some(node), _) => node,
+        (None, Some(path)) => NodeManifest::load(path)?,
+        (None, None) => NodeManifest::default(),
     };
     let selection = node::select(&manifest, &config.pod_cidrs)?;
     for w in &selection.warnings {
@@ -205,7 +214,16 @@ pub async fn start(config: &Config) -> Result<(Arc<Manager>, UnixListener), Star
     phases.mark("maps");
 
     refuse_lost_state(config, &store, &*datapath)?;
-    let cidrs = node_cidrs(config, &store)?;
+    let k8s = match &config.k8s {
+        Some(settings) => Some(crate::k8s::connect(settings, &config.node_name).await?),
+        None => None,
+    };
+    let cidrs = node_cidrs(
+        config,
+        &store,
+        k8s.as_ref().map(|c| crate::k8s::manifest(&c.node)),
+    )?;
+    let chosen = cidrs.clone();
     let hostnet: Arc<dyn HostNet> = Arc::new(NetlinkHostNet::new()?);
     let routers: Vec<_> = cidrs.iter().map(|c| (c.router_ip(), c.cidr)).collect();
     hostnet.ensure_host_device(&routers).await?;
@@ -245,6 +263,10 @@ pub async fn start(config: &Config) -> Result<(Arc<Manager>, UnixListener), Star
     let drained = crate::restore::drain_delete_queue(&manager, &queue).await;
     phases.mark("delete-queue");
     let orphan_links = manager.reap_orphan_links().await?;
+    if let Some(conn) = k8s {
+        crate::k8s::start(&manager, conn, &config.node_name, &chosen).await?;
+        phases.mark("k8s-sync");
+    }
 
     let listener = bind_socket(&config.socket)?;
     for (name, ms) in &phases.done {

@@ -6,6 +6,7 @@
 
 pub mod api;
 pub mod clock;
+pub mod cni_install;
 pub mod config;
 pub mod ctl;
 pub mod daemon;
@@ -15,6 +16,7 @@ pub mod hostnet;
 pub mod ipam;
 pub mod ipcache;
 pub mod link_reaper;
+pub mod k8s;
 pub mod node;
 pub mod policy_state;
 pub mod restore;

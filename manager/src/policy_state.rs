@@ -7,11 +7,12 @@ use ipnet::IpNet;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{Hash, Hasher};
 use weft_policy::cidr::CidrReferences;
-use weft_policy::compute::{ComputeOptions, compute};
+use weft_policy::compute::{ComputeOptions, compute_with_ports};
 use weft_policy::identity::{IdentityAllocator, IdentityError, IdentityKey, IdentityStore};
 use weft_policy::labels::LabelSet;
 use weft_policy::mapstate::{EndpointPolicy, Identity};
 use weft_policy::repository::{RepoChange, Repository};
+use weft_policy::rule::NamedPorts;
 use weft_policy::rule::{PeerSelector, Rule};
 use weft_policy::selectorcache::SelectorCache;
 
@@ -304,8 +305,8 @@ impl PolicyState {
 
     /// The policy an endpoint with `labels` must enforce now.
     #[must_use]
-    pub fn compute(&self, labels: &LabelSet) -> EndpointPolicy {
-        compute(labels, &self.repo, &self.cache, &self.options)
+    pub fn compute(&self, labels: &LabelSet, named: &NamedPorts) -> EndpointPolicy {
+        compute_with_ports(labels, named, &self.repo, &self.cache, &self.options)
     }
 
     /// CIDR identities currently referenced (for the ipcache at start).
@@ -373,7 +374,10 @@ mod tests {
             eff2.ipcache_add, effects.ipcache_add,
             "same CIDR identity after restart"
         );
-        assert!(st2.compute(&labels("a")).egress_enforced);
+        assert!(
+            st2.compute(&labels("a"), &NamedPorts::new())
+                .egress_enforced
+        );
     }
 
     #[test]

@@ -132,10 +132,10 @@ mod tests {
             crate::selector::Selector::all(),
             crate::labels::LabelSet::new(),
         );
-        rule.egress.push(crate::rule::PeerRule {
-            peers: vec![world.clone(), cidr.clone()],
-            ports: vec![],
-        });
+        rule.egress.push(crate::rule::PeerRule::new(
+            vec![world.clone(), cidr.clone()],
+            vec![],
+        ));
         repo.add(vec![rule]);
         cache.sync(&repo);
 

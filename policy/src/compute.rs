@@ -13,7 +13,7 @@
 use crate::labels::LabelSet;
 use crate::mapstate::{Direction, EndpointPolicy, Identity, PolicyEntry, Verdict, reserved};
 use crate::repository::Repository;
-use crate::rule::{PeerRule, PeerSelector, PortProto, Rule};
+use crate::rule::{NamedPorts, PeerRule, PeerSelector, PortProto, Rule};
 use crate::selectorcache::SelectorCache;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -42,8 +42,21 @@ pub fn compute(
     cache: &SelectorCache,
     opts: &ComputeOptions,
 ) -> EndpointPolicy {
+    compute_with_ports(endpoint_labels, &NamedPorts::new(), repo, cache, opts)
+}
+
+/// [`compute`] for an endpoint whose pod has these named ports (ingress rules' `port: name`
+/// resolve against them; a name it lacks matches nothing).
+#[must_use]
+pub fn compute_with_ports(
+    endpoint_labels: &LabelSet,
+    named: &NamedPorts,
+    repo: &Repository,
+    cache: &SelectorCache,
+    opts: &ComputeOptions,
+) -> EndpointPolicy {
     let selecting: Vec<&Rule> = repo.selecting(endpoint_labels).collect();
-    compute_from(&selecting, cache, *opts, None)
+    compute_from(&selecting, named, cache, *opts, None)
 }
 
 /// The entries of `identities` only, for an endpoint that `selecting` rules select: what
@@ -55,6 +68,7 @@ pub fn compute(
 #[must_use]
 pub fn compute_identities(
     selecting: &[&Rule],
+    named: &NamedPorts,
     cache: &SelectorCache,
     opts: &ComputeOptions,
     identities: &BTreeSet<Identity>,
@@ -62,7 +76,7 @@ pub fn compute_identities(
     if identities.iter().any(|&id| id < reserved::FIRST_ALLOCATED) {
         return None;
     }
-    Some(compute_restricted(selecting, cache, opts, identities).entries)
+    Some(compute_restricted(selecting, named, cache, opts, identities).entries)
 }
 
 /// [`compute`] restricted to the entries of `identities`, from every rule that selects the
@@ -72,11 +86,12 @@ pub fn compute_identities(
 #[must_use]
 pub fn compute_restricted(
     selecting: &[&Rule],
+    named: &NamedPorts,
     cache: &SelectorCache,
     opts: &ComputeOptions,
     identities: &BTreeSet<Identity>,
 ) -> EndpointPolicy {
-    let mut policy = compute_from(selecting, cache, *opts, Some(identities));
+    let mut policy = compute_from(selecting, named, cache, *opts, Some(identities));
     policy
         .entries
         .retain(|e, _| identities.contains(&e.identity));
@@ -126,6 +141,7 @@ pub fn has_wildcard_peer(rule: &Rule) -> bool {
 /// `only`: expand peers to these identities (and the wildcard 0) only.
 fn compute_from(
     selecting: &[&Rule],
+    named: &NamedPorts,
     cache: &SelectorCache,
     opts: ComputeOptions,
     only: Option<&BTreeSet<Identity>>,
@@ -149,10 +165,10 @@ fn compute_from(
         for r in &rules {
             let (allow, deny) = r.sections(dir);
             for pr in allow {
-                expand(pr, dir, cache, only, &mut allows);
+                expand(pr, named, dir, cache, only, &mut allows);
             }
             for pr in deny {
-                expand(pr, dir, cache, only, &mut denies);
+                expand(pr, named, dir, cache, only, &mut denies);
             }
         }
         if !rules.iter().any(|r| r.default_deny(dir)) {
@@ -173,16 +189,14 @@ fn entry(direction: Direction, identity: Identity, pp: PortProto) -> PolicyEntry
 
 fn expand(
     pr: &PeerRule,
+    named: &NamedPorts,
     dir: Direction,
     cache: &SelectorCache,
     only: Option<&BTreeSet<Identity>>,
     out: &mut BTreeSet<PolicyEntry>,
 ) {
-    let ports: &[PortProto] = if pr.ports.is_empty() {
-        &[PortProto::ANY]
-    } else {
-        &pr.ports
-    };
+    let resolved = pr.resolved_ports(named);
+    let ports: &[PortProto] = &resolved;
     for peer in &pr.peers {
         let ids = cache.identities(peer);
         let by_ip = matches!(peer, PeerSelector::Cidr(c) if c.match_pods);

@@ -160,13 +160,67 @@ impl Enforcement {
     }
 }
 
+/// A port given by name (Kubernetes `port: http`), resolved per endpoint against its pod's
+/// container ports when the policy is computed. Only ingress rules have them: there the name
+/// is the selected pod's own port (Cilium's ingress resolution).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct NamedPort {
+    /// IP protocol number (TCP, UDP or SCTP).
+    pub proto: u8,
+    /// The container port's name.
+    pub name: String,
+}
+
+/// An endpoint's named ports: (name, protocol) → port number (its pod's container ports).
+pub type NamedPorts = std::collections::BTreeMap<(String, u8), u16>;
+
 /// Peers and ports of one ingress/egress (allow or deny) section entry.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct PeerRule {
     /// Who: an empty list selects no peer (Cilium's `ingress: [{}]`).
     pub peers: Vec<PeerSelector>,
-    /// What: an empty list means every protocol and port.
+    /// What: an empty list (and no `named_ports`) means every protocol and port.
     pub ports: Vec<PortProto>,
+    /// Ports by name; a name the endpoint's pod does not have matches nothing.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub named_ports: Vec<NamedPort>,
+}
+
+impl PeerRule {
+    /// A rule entry with numeric ports only.
+    #[must_use]
+    pub fn new(peers: Vec<PeerSelector>, ports: Vec<PortProto>) -> Self {
+        Self {
+            peers,
+            ports,
+            named_ports: Vec::new(),
+        }
+    }
+
+    /// True when the entry restricts nothing by port.
+    #[must_use]
+    pub fn all_ports(&self) -> bool {
+        self.ports.is_empty() && self.named_ports.is_empty()
+    }
+
+    /// The entry's ports for an endpoint with these named ports: numeric ones plus the names
+    /// it resolves; `[ANY]` for an entry without ports.
+    #[must_use]
+    pub fn resolved_ports(&self, named: &NamedPorts) -> Vec<PortProto> {
+        if self.all_ports() {
+            return vec![PortProto::ANY];
+        }
+        let mut out = self.ports.clone();
+        out.extend(self.named_ports.iter().filter_map(|n| {
+            let port = *named.get(&(n.name.clone(), n.proto))?;
+            Some(PortProto {
+                proto: n.proto,
+                lo: port,
+                hi: port,
+            })
+        }));
+        out
+    }
 }
 
 /// A rule: which endpoints it applies to and what it allows or denies per direction.

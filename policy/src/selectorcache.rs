@@ -228,10 +228,7 @@ mod tests {
 
     fn repo_with(peers: Vec<PeerSelector>) -> Repository {
         let mut r = Rule::new(Selector::all(), LabelSet::new());
-        r.ingress.push(crate::rule::PeerRule {
-            peers,
-            ports: vec![],
-        });
+        r.ingress.push(crate::rule::PeerRule::new(peers, vec![]));
         let mut repo = Repository::new();
         repo.add(vec![r]);
         repo

@@ -4,7 +4,7 @@ use crate::compute::ComputeOptions;
 use crate::labels::LabelSet;
 use crate::mapstate::{Direction, Identity, Verdict, reserved};
 use crate::repository::Repository;
-use crate::rule::{PeerRule, PeerSelector, Rule};
+use crate::rule::{NamedPorts, PeerRule, PeerSelector, Rule};
 use crate::selectorcache::SelectorCache;
 use std::fmt;
 
@@ -16,6 +16,8 @@ pub struct TracePeer<'a> {
     /// Its security labels when it is a local endpoint subject to policy; `None` for host,
     /// world or CIDR peers, whose own policy is not Weft's business.
     pub labels: Option<&'a LabelSet>,
+    /// Its pod's named ports (ingress rules' `port: name` resolve against the destination's).
+    pub named_ports: Option<&'a NamedPorts>,
     /// For an endpoint's address: the CIDR identity of the longest CIDR-rule prefix containing
     /// it (the ipcache's `cidr_identity`), which Kubernetes ipBlock peers match; else 0.
     pub cidr_identity: Identity,
@@ -87,11 +89,12 @@ pub fn trace(
     port: u16,
     opts: &ComputeOptions,
 ) -> Trace {
+    let none = NamedPorts::new();
     let egress = src.labels.map(|l| {
         decide(
             repo,
             cache,
-            l,
+            (l, src.named_ports.unwrap_or(&none)),
             Direction::Egress,
             (dst.identity, dst.cidr_identity),
             proto,
@@ -103,7 +106,7 @@ pub fn trace(
         decide(
             repo,
             cache,
-            l,
+            (l, dst.named_ports.unwrap_or(&none)),
             Direction::Ingress,
             (src.identity, src.cidr_identity),
             proto,
@@ -126,8 +129,18 @@ pub fn trace(
     }
 }
 
-fn hits(pr: &PeerRule, cache: &SelectorCache, peer: Identity, proto: u8, port: u16) -> bool {
-    let ports = pr.ports.is_empty() || pr.ports.iter().any(|p| p.matches(proto, port));
+fn hits(
+    pr: &PeerRule,
+    named: &NamedPorts,
+    cache: &SelectorCache,
+    peer: Identity,
+    proto: u8,
+    port: u16,
+) -> bool {
+    let ports = pr
+        .resolved_ports(named)
+        .iter()
+        .any(|p| p.matches(proto, port));
     ports && pr.peers.iter().any(|s| cache.peer_matches(s, peer))
 }
 
@@ -155,7 +168,7 @@ fn hits_by_ip(
 fn decide(
     repo: &Repository,
     cache: &SelectorCache,
-    labels: &LabelSet,
+    (labels, named): (&LabelSet, &NamedPorts),
     dir: Direction,
     (peer, peer_cidr): (Identity, Identity),
     proto: u8,
@@ -171,7 +184,7 @@ fn decide(
         if r.sections(dir)
             .1
             .iter()
-            .any(|pr| hits(pr, cache, peer, proto, port))
+            .any(|pr| hits(pr, named, cache, peer, proto, port))
         {
             return done(Verdict::Deny, Decision::DeniedBy(r.labels.clone()));
         }
@@ -180,7 +193,7 @@ fn decide(
         if r.sections(dir)
             .0
             .iter()
-            .any(|pr| hits(pr, cache, peer, proto, port))
+            .any(|pr| hits(pr, named, cache, peer, proto, port))
         {
             return done(Verdict::Allow, Decision::AllowedBy(r.labels.clone()));
         }

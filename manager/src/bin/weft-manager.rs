@@ -33,7 +33,17 @@ fn main() {
         let (manager, listener) = weft_manager::daemon::start(&config)
             .await
             .unwrap_or_else(|e| fail(&format!("cannot start: {e}")));
-        if let Err(e) = weft_manager::daemon::serve(manager, listener, &config.socket).await {
+        if let Some(i) = &config.cni_install {
+            let plugin = weft_manager::cni_install::plugin_beside_manager()
+                .unwrap_or_else(|e| fail(&format!("cannot find weft-cni: {e}")));
+            i.install(&plugin, &config.socket)
+                .unwrap_or_else(|e| fail(&e));
+        }
+        let served = weft_manager::daemon::serve(manager, listener, &config.socket).await;
+        if let Some(i) = &config.cni_install {
+            i.uninstall();
+        }
+        if let Err(e) = served {
             fail(&e);
         }
     });

@@ -108,6 +108,7 @@ pub fn policy_table(v: &Value) -> String {
             let count = |k: &str| r[k].as_array().map_or(0, Vec::len);
             vec![
                 i.to_string(),
+                origin_of(&r["labels"]).into(),
                 labels_of(&r["labels"]),
                 serde_json::to_string(&r["endpoint_selector"]).unwrap_or_default(),
                 format!("{}/{}", count("ingress"), count("ingress_deny")),
@@ -115,12 +116,27 @@ pub fn policy_table(v: &Value) -> String {
             ]
         })
         .collect();
+    let rejected: Vec<Vec<String>> = v["rejected"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|r| vec![s(&r["object"]), s(&r["error"])])
+        .collect();
+    let rejected = if rejected.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "\nRejected cluster policies (previous rules of each object, if any, stay in force):\n{}",
+            table::render(&["OBJECT", "ERROR"], &rejected)
+        )
+    };
     format!(
-        "Revision: {}\n{}",
+        "Revision: {}\n{}{rejected}",
         s(&v["revision"]),
         table::render(
             &[
                 "#",
+                "ORIGIN",
                 "LABELS",
                 "SELECTOR",
                 "INGRESS(allow/deny)",
@@ -129,6 +145,18 @@ pub fn policy_table(v: &Value) -> String {
             &rows
         )
     )
+}
+
+/// `cluster` for rules the Kubernetes watchers added (`k8s:io.weft.policy.origin=cluster`),
+/// `import` for everything `weftctl policy import` added.
+fn origin_of(labels: &Value) -> &'static str {
+    let mark = weft_k8s::policy::origin_label().to_string();
+    let cluster = labels
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|l| l.as_str() == Some(mark.as_str()));
+    if cluster { "cluster" } else { "import" }
 }
 
 fn labels_of(v: &Value) -> String {
@@ -225,4 +253,30 @@ pub fn event_line(e: &Value) -> String {
         s(&e["src_identity"]),
         s(&e["dst_identity"]),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn policy_list_tells_cluster_rules_from_imported_ones_and_shows_rejections() {
+        let v = serde_json::json!({
+            "revision": 7,
+            "rules": [
+                {"labels": ["k8s:io.cilium.k8s.policy.name=a", "k8s:io.weft.policy.origin=cluster"]},
+                {"labels": ["unspec:name=l3-rule"]},
+            ],
+            "rejected": [{"object": "NetworkPolicy prod/bad", "error": "spec: missing"}],
+        });
+        let out = policy_table(&v);
+        let lines: Vec<&str> = out.lines().collect();
+        assert!(lines[1].contains("ORIGIN"), "{out}");
+        assert!(lines[2].contains("cluster"), "{out}");
+        assert!(lines[3].contains("import"), "{out}");
+        assert!(
+            out.contains("NetworkPolicy prod/bad") && out.contains("spec: missing"),
+            "{out}"
+        );
+    }
 }

@@ -23,6 +23,7 @@ use weft_api::{
     PoolStatus, RegisterRequest, StatusResponse,
 };
 use weft_policy::mapstate::EndpointPolicy;
+use weft_policy::rule::NamedPorts;
 
 use crate::datapath::{Datapath, DatapathError, EndpointDatapath};
 use crate::endpoint::{EndpointError, Registry};
@@ -89,6 +90,8 @@ pub struct Manager {
     delete_queue: Option<DeleteQueue>,
     /// A regeneration failed half-way: housekeeping recomputes every endpoint.
     needs_regeneration: AtomicBool,
+    /// Kubernetes mode: pods, namespaces and policy statuses from the watchers.
+    pub(crate) cluster: std::sync::OnceLock<Arc<weft_k8s::cache::ClusterCache>>,
 }
 
 /// The datapath's view of a registered endpoint (`None` before registration).
@@ -207,6 +210,38 @@ impl Manager {
             regenerations: AtomicU64::new(0),
             delete_queue: None,
             needs_regeneration: AtomicBool::new(false),
+            cluster: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Kubernetes mode: endpoint labels come from `cache` from now on.
+    pub fn set_cluster(&self, cache: Arc<weft_k8s::cache::ClusterCache>) {
+        let _ = self.cluster.set(cache);
+    }
+
+    /// The cluster cache in Kubernetes mode.
+    pub fn cluster(&self) -> Option<&Arc<weft_k8s::cache::ClusterCache>> {
+        self.cluster.get()
+    }
+
+    /// Recomputes an endpoint's policy and installs it if it changed (its pod's named ports
+    /// arrived or changed). Returns whether the maps changed.
+    pub fn refresh_endpoint(&self, id: u32) -> Result<bool, ManagerError> {
+        let mut st = self.state();
+        Ok(self.regenerate(&mut st, &[id])? > 0)
+    }
+
+    /// The named container ports of an endpoint's pod, which ingress rules' `port: name`
+    /// resolve to: from the pod watch in Kubernetes mode; none otherwise or before the pod
+    /// arrives (the pod's event regenerates the endpoint then).
+    pub(crate) fn named_ports(&self, ep: &Endpoint) -> NamedPorts {
+        match (
+            self.cluster(),
+            ep.pod_namespace.as_deref(),
+            ep.pod_name.as_deref(),
+        ) {
+            (Some(c), Some(ns), Some(name)) => c.named_ports(ns, name).unwrap_or_default(),
+            _ => NamedPorts::new(),
         }
     }
 
@@ -400,6 +435,16 @@ impl Manager {
     /// whose selectors match a new identity are regenerated now, so they already allow the new
     /// pod when its IPs appear in the ipcache at registration.
     pub fn allocate(&self, req: &AllocateRequest) -> Result<Endpoint, ManagerError> {
+        self.allocate_with_labels(req, None)
+    }
+
+    /// [`Self::allocate`] with the endpoint's labels given (Kubernetes mode: from its pod and
+    /// namespace) instead of built from the request's CNI labels.
+    pub fn allocate_with_labels(
+        &self,
+        req: &AllocateRequest,
+        pod_labels: Option<weft_policy::labels::LabelSet>,
+    ) -> Result<Endpoint, ManagerError> {
         // A DEL for this pair queued while the manager was unreachable came before this ADD:
         // apply it first, or a later drain would remove what this ADD creates. Taken before
         // the state lock: the drain holds the queue lock while it takes the state lock.
@@ -426,12 +471,14 @@ impl Manager {
             }
             return Ok(ep.clone());
         }
-        let labels = weft_policy::labels::LabelSet::for_pod(
-            req.pod_namespace.as_deref().unwrap_or("default"),
-            req.labels
-                .iter()
-                .map(|l| (l.key.as_str(), l.value.as_str())),
-        );
+        let labels = pod_labels.unwrap_or_else(|| {
+            weft_policy::labels::LabelSet::for_pod(
+                req.pod_namespace.as_deref().unwrap_or("default"),
+                req.labels
+                    .iter()
+                    .map(|l| (l.key.as_str(), l.value.as_str())),
+            )
+        });
         let (identity, effects) = st.pol.acquire(&labels)?;
         let ep = match st.reg.allocate(req, to_api_labels(&labels), identity) {
             Ok(ep) => ep,
@@ -464,7 +511,9 @@ impl Manager {
         let t0 = std::time::Instant::now();
         self.datapath.attach_endpoint(&view)?;
         let attach_us = t0.elapsed().as_micros();
-        let policy = st.pol.compute(&from_api_labels(&ep.labels));
+        let policy = st
+            .pol
+            .compute(&from_api_labels(&ep.labels), &self.named_ports(&ep));
         ep.policy_revision = st.pol.repo().revision();
         let owner = Source::LocalEndpoint(ep.id);
         for ip in &view.ips {

@@ -5,6 +5,7 @@ use std::net::IpAddr;
 use weft_api::{Endpoint, EndpointState};
 use weft_policy::labels::{Label, LabelSet};
 use weft_policy::mapstate::{Identity, Verdict, proto, reserved};
+use weft_policy::rule::NamedPorts;
 use weft_policy::trace::{TracePeer, trace};
 
 use super::{Manager, ManagerError, State, datapath_view, from_api_labels, to_api_labels};
@@ -121,6 +122,16 @@ impl Manager {
         let t0 = std::time::Instant::now();
         let rules = weft_policy::parse::parse_policy_file(file, text)
             .map_err(|e| ManagerError::Invalid(e.to_string()))?;
+        self.import_rules(file, rules, t0)
+    }
+
+    /// Adds parsed rules (same labels replace, as on import). `t0`: when the request started.
+    pub fn import_rules(
+        &self,
+        file: &str,
+        rules: Vec<weft_policy::rule::Rule>,
+        t0: std::time::Instant,
+    ) -> Result<ImportResult, ManagerError> {
         let parsed = t0.elapsed();
         let mut st = self.state();
         let (change, effects) = st.pol.add_rules(rules)?;
@@ -181,17 +192,34 @@ impl Manager {
             .iter()
             .map(|s| Label::parse_filter(s).map_err(|e| ManagerError::Invalid(e.to_string())))
             .collect::<Result<_, _>>()?;
+        self.delete_rules(&filter, all, t0)
+    }
+
+    /// Deletes the rules whose labels contain all of `filter` (every rule with `all`).
+    pub fn delete_rules(
+        &self,
+        filter: &[Label],
+        all: bool,
+        t0: std::time::Instant,
+    ) -> Result<ImportResult, ManagerError> {
         let mut st = self.state();
-        let (change, effects) = st.pol.delete_rules(&filter, all)?;
+        let (change, effects) = st.pol.delete_rules(filter, all)?;
         self.enforce_change(st, &change, &effects, t0)
+    }
+
+    /// Rules of the repository, cloned.
+    pub fn rules(&self) -> Vec<weft_policy::rule::Rule> {
+        self.state().pol.repo().rules().to_vec()
     }
 
     /// The repository: revision and rules.
     pub fn policies(&self) -> serde_json::Value {
         let st = self.state();
+        let rejected = self.cluster.get().map(|c| c.rejected()).unwrap_or_default();
         serde_json::json!({
             "revision": st.pol.repo().revision(),
             "rules": st.pol.repo().rules(),
+            "rejected": rejected,
         })
     }
 
@@ -233,6 +261,19 @@ impl Manager {
     ) -> Result<Endpoint, ManagerError> {
         let add: Vec<(&str, &str)> = add.iter().map(|s| split_kv(s)).collect::<Result<_, _>>()?;
         let remove: Vec<&str> = remove.iter().map(String::as_str).collect();
+        let current = self
+            .endpoint(id)
+            .ok_or(crate::endpoint::EndpointError::NotFound(id))?;
+        let new_labels = from_api_labels(&current.labels)
+            .with_user_changes(&add, &remove)
+            .map_err(|e| ManagerError::Invalid(e.to_string()))?;
+        self.replace_labels(id, &new_labels)
+    }
+
+    /// Gives an endpoint exactly `new_labels` (Kubernetes mode: its pod's labels changed), with
+    /// the same ordering guarantees as [`Self::set_labels`].
+    pub fn replace_labels(&self, id: u32, new_labels: &LabelSet) -> Result<Endpoint, ManagerError> {
+        let new_labels = new_labels.clone();
         let mut st = self.state();
         let mut ep = st
             .reg
@@ -243,9 +284,6 @@ impl Manager {
             return Err(crate::endpoint::EndpointError::BeingDeleted(id).into());
         }
         let old_labels = from_api_labels(&ep.labels);
-        let new_labels = old_labels
-            .with_user_changes(&add, &remove)
-            .map_err(|e| ManagerError::Invalid(e.to_string()))?;
         if new_labels == old_labels {
             return Ok(ep);
         }
@@ -303,10 +341,11 @@ impl Manager {
     }
 
     fn resolve_peer<'a>(
+        &self,
         st: &'a State,
         peer: &TracePeerRequest,
         side: &str,
-    ) -> Result<(Identity, Option<LabelSet>, Identity), ManagerError> {
+    ) -> Result<(Identity, Option<LabelSet>, Identity, NamedPorts), ManagerError> {
         let set = [
             peer.endpoint.is_some(),
             !peer.labels.is_empty(),
@@ -329,7 +368,12 @@ impl Manager {
         };
         let local = |ep: &'a Endpoint| {
             let cidr = ep.ips.first().map_or(0, |i| cidr_of(i.address));
-            (ep.identity, Some(from_api_labels(&ep.labels)), cidr)
+            (
+                ep.identity,
+                Some(from_api_labels(&ep.labels)),
+                cidr,
+                self.named_ports(ep),
+            )
         };
         if let Some(id) = peer.endpoint {
             let ep = st
@@ -348,6 +392,7 @@ impl Manager {
                 v.map_or(reserved::WORLD, |v| v.identity),
                 None,
                 v.map_or(0, |v| v.cidr_identity),
+                NamedPorts::new(),
             ));
         }
         let wanted: Vec<Label> = peer
@@ -380,19 +425,23 @@ impl Manager {
     pub fn trace(&self, req: &TraceRequest) -> Result<TraceResult, ManagerError> {
         let protocol = parse_protocol(&req.protocol)?;
         let st = self.state();
-        let (src_id, src_labels, src_cidr) = Self::resolve_peer(&st, &req.src, "source")?;
-        let (dst_id, dst_labels, dst_cidr) = Self::resolve_peer(&st, &req.dst, "destination")?;
+        let (src_id, src_labels, src_cidr, src_ports) =
+            self.resolve_peer(&st, &req.src, "source")?;
+        let (dst_id, dst_labels, dst_cidr, dst_ports) =
+            self.resolve_peer(&st, &req.dst, "destination")?;
         let t = trace(
             st.pol.repo(),
             st.pol.cache(),
             TracePeer {
                 identity: src_id,
                 labels: src_labels.as_ref(),
+                named_ports: Some(&src_ports),
                 cidr_identity: src_cidr,
             },
             TracePeer {
                 identity: dst_id,
                 labels: dst_labels.as_ref(),
+                named_ports: Some(&dst_ports),
                 cidr_identity: dst_cidr,
             },
             protocol,

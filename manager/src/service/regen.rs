@@ -14,7 +14,7 @@ use weft_policy::compute::{
 use weft_policy::labels::LabelSet;
 use weft_policy::mapstate::{EndpointPolicy, Identity, PolicyEntry, Verdict, reserved};
 use weft_policy::repository::RepoChange;
-use weft_policy::rule::Rule;
+use weft_policy::rule::{NamedPorts, Rule};
 
 use super::{Manager, ManagerError, State, from_api_labels};
 use crate::ipcache::Source;
@@ -44,7 +44,7 @@ impl Manager {
         change: &RepoChange,
         effects: &Effects,
     ) -> Result<usize, ManagerError> {
-        let (identities, work) = change_work(st, change, effects);
+        let (identities, work) = change_work(self, st, change, effects);
         let done: BTreeSet<u32> = work.iter().map(|(id, _)| *id).collect();
         let n = self.apply_work(st, &identities, work)?
             + self.regenerate_identities(st, effects, &done)?;
@@ -72,7 +72,7 @@ impl Manager {
         if effects.changed.is_empty() {
             return Ok(0);
         }
-        let work = identity_work(st, effects, skip);
+        let work = identity_work(self, st, effects, skip);
         self.apply_work(st, &effects.identities, work)
     }
 
@@ -198,16 +198,18 @@ impl Manager {
         let rev = st.pol.repo().revision();
         let mut changed = 0;
         // Endpoints with the same labels (replicas) have the same policy: compute it once.
-        let mut computed: HashMap<LabelSet, Arc<(EndpointPolicy, u64)>> = HashMap::new();
+        // Named ports are part of the key: replicas share them, other pods may not.
+        let mut computed: HashMap<(LabelSet, NamedPorts), Arc<(EndpointPolicy, u64)>> =
+            HashMap::new();
         for &id in ids {
             let Some(ep) = st.reg.get(id) else { continue };
             if ep.state != EndpointState::Ready {
                 continue;
             }
             let result = computed
-                .entry(from_api_labels(&ep.labels))
-                .or_insert_with_key(|labels| {
-                    let policy = st.pol.compute(labels);
+                .entry((from_api_labels(&ep.labels), self.named_ports(ep)))
+                .or_insert_with_key(|(labels, named)| {
+                    let policy = st.pol.compute(labels, named);
                     let print = super::fingerprint(&policy);
                     Arc::new((policy, print))
                 })
@@ -240,7 +242,12 @@ impl Manager {
 /// per distinct label set, from only the rules that can matter: those using a changed selector
 /// (the only ones whose peers can match a changed identity) and those with a wildcard peer
 /// (whose denies carve every identity's allows).
-fn identity_work(st: &State, effects: &Effects, skip: &BTreeSet<u32>) -> Vec<(u32, Update)> {
+fn identity_work(
+    m: &Manager,
+    st: &State,
+    effects: &Effects,
+    skip: &BTreeSet<u32>,
+) -> Vec<(u32, Update)> {
     let candidates: Vec<(&Rule, bool)> = st
         .pol
         .repo()
@@ -251,15 +258,15 @@ fn identity_work(st: &State, effects: &Effects, skip: &BTreeSet<u32>) -> Vec<(u3
             (uses || has_wildcard_peer(r)).then_some((r, uses))
         })
         .collect();
-    let mut by_labels: HashMap<LabelSet, Option<Update>> = HashMap::new();
+    let mut by_labels: HashMap<(LabelSet, NamedPorts), Option<Update>> = HashMap::new();
     let mut work = Vec::new();
     for ep in st.reg.list() {
         if ep.state != EndpointState::Ready || skip.contains(&ep.id) {
             continue;
         }
         let update = by_labels
-            .entry(from_api_labels(&ep.labels))
-            .or_insert_with_key(|labels| {
+            .entry((from_api_labels(&ep.labels), m.named_ports(ep)))
+            .or_insert_with_key(|(labels, named)| {
                 let relevant: Vec<(&Rule, bool)> = candidates
                     .iter()
                     .copied()
@@ -273,6 +280,7 @@ fn identity_work(st: &State, effects: &Effects, skip: &BTreeSet<u32>) -> Vec<(u3
                     .then(|| {
                         compute_identities(
                             &rules,
+                            named,
                             st.pol.cache(),
                             st.pol.options(),
                             &effects.identities,
@@ -303,6 +311,7 @@ enum Update {
 /// the endpoint's enforcement (flags, allow-all, allow-from-host). Computed once per distinct
 /// label set.
 fn change_work(
+    m: &Manager,
     st: &State,
     change: &RepoChange,
     effects: &Effects,
@@ -326,15 +335,15 @@ fn change_work(
             }
         }
     }
-    let mut by_labels: HashMap<LabelSet, Option<Update>> = HashMap::new();
+    let mut by_labels: HashMap<(LabelSet, NamedPorts), Option<Update>> = HashMap::new();
     let mut work = Vec::new();
     for ep in st.reg.list() {
         if ep.state != EndpointState::Ready {
             continue;
         }
         let update = by_labels
-            .entry(from_api_labels(&ep.labels))
-            .or_insert_with_key(|labels| {
+            .entry((from_api_labels(&ep.labels), m.named_ports(ep)))
+            .or_insert_with_key(|(labels, named)| {
                 if !change.selects(labels) {
                     return None;
                 }
@@ -364,8 +373,13 @@ fn change_work(
                 if before.shape() != now.shape() {
                     return Some(Update::Whole);
                 }
-                let policy =
-                    compute_restricted(&selecting, st.pol.cache(), st.pol.options(), &identities);
+                let policy = compute_restricted(
+                    &selecting,
+                    named,
+                    st.pol.cache(),
+                    st.pol.options(),
+                    &identities,
+                );
                 Some(Update::Identities(Arc::new(policy.entries)))
             });
         if let Some(update) = update {

@@ -267,7 +267,7 @@ fn rejected_import_changes_nothing() {
     let err =
         w.m.import_policy(
             "bad.json",
-            r#"[{"endpointSelector":{},"ingress":[{"toPorts":[{"ports":[{"port":"abc"}]}]}]}]"#,
+            r#"[{"endpointSelector":{},"ingress":[{"toPorts":[{"ports":[{"port":"70000"}]}]}]}]"#,
         )
         .unwrap_err()
         .to_string();
@@ -394,7 +394,9 @@ fn an_add_for_a_pair_being_deleted_is_told_to_retry() {
 fn assert_installed_is_complete(w: &World, step: &str) {
     let st = w.m.state();
     for ep in st.reg.list().filter(|e| e.state == EndpointState::Ready) {
-        let want = st.pol.compute(&from_api_labels(&ep.labels));
+        let want = st
+            .pol
+            .compute(&from_api_labels(&ep.labels), &w.m.named_ports(ep));
         let got = w.dp.policy(ep.id).unwrap_or_default();
         assert_eq!(got, want, "{step}: endpoint {} {:?}", ep.id, ep.labels);
     }

@@ -1,10 +1,12 @@
 //! Cilium's rule format (`pkg/policy/api` Rule), as `cilium policy import` and a CNP's spec
 //! take it.
 
-use super::walk::{self, FieldError, Obj, Res};
+use super::walk::{self, FieldError, Obj, PortSpec, Res};
 use crate::labels::{Label, LabelSet, source};
 use crate::mapstate::Direction;
-use crate::rule::{CidrSelector, Enforcement, Entity, PeerRule, PeerSelector, PortProto, Rule};
+use crate::rule::{
+    CidrSelector, Enforcement, Entity, NamedPort, PeerRule, PeerSelector, PortProto, Rule,
+};
 use serde_json::Value;
 
 /// `rule 2 (name "x")`: the index plus the rule's `name` label when it has one.
@@ -172,10 +174,13 @@ fn peer_rule(v: &Value, path: &str, dir: Direction, deny: bool) -> Res<PeerRule>
         }
     }
     let mut ports = Vec::new();
+    let mut named_ports = Vec::new();
     let mut has_ports = false;
     for (p, pr) in o.array("toPorts")?.unwrap_or_default() {
         has_ports = true;
-        ports.extend(port_rule(pr, &p, deny)?);
+        let (numbers, names) = port_rule(pr, &p, deny, dir == Direction::Egress)?;
+        ports.extend(numbers);
+        named_ports.extend(names);
     }
     o.finish(unsupported)?;
     // Cilium: a section with toPorts but no L3 peer applies to every peer; a section with
@@ -187,7 +192,13 @@ fn peer_rule(v: &Value, path: &str, dir: Direction, deny: bool) -> Res<PeerRule>
     peers.dedup();
     ports.sort();
     ports.dedup();
-    Ok(PeerRule { peers, ports })
+    named_ports.sort();
+    named_ports.dedup();
+    Ok(PeerRule {
+        peers,
+        ports,
+        named_ports,
+    })
 }
 
 /// `{cidr, except}`. Each except must lie inside the cidr (Cilium validates the same).
@@ -225,15 +236,21 @@ pub fn cidr_rule(v: &Value, path: &str) -> Res<CidrSelector> {
     })
 }
 
-fn port_rule(v: &Value, path: &str, deny: bool) -> Res<Vec<PortProto>> {
+fn port_rule(
+    v: &Value,
+    path: &str,
+    deny: bool,
+    egress: bool,
+) -> Res<(Vec<PortProto>, Vec<NamedPort>)> {
     let mut o = Obj::new(v, path)?;
     let mut out = Vec::new();
+    let mut named = Vec::new();
     for (p, pp) in o.array("ports")?.unwrap_or_default() {
         let mut q = Obj::new(pp, &p)?;
         let port_path = q.at("port");
         let port = match q.get("port") {
-            Some(v) => walk::port_number(v, &port_path, true)?,
-            None => 0,
+            Some(v) => walk::port_spec(v, &port_path, true)?,
+            None => PortSpec::Number(0),
         };
         let end_path = q.at("endPort");
         let end = match q.get("endPort") {
@@ -245,7 +262,18 @@ fn port_rule(v: &Value, path: &str, deny: bool) -> Res<Vec<PortProto>> {
             None => walk::protocols("ANY", "")?,
         };
         q.finish(&[])?;
-        out.extend(walk::port_entries(&protos, port, end, &end_path)?);
+        match port {
+            PortSpec::Number(port) => {
+                out.extend(walk::port_entries(&protos, port, end, &end_path)?);
+            }
+            PortSpec::Name(name) => named.extend(walk::named_ports(
+                &protos,
+                &name,
+                egress,
+                end.is_some(),
+                &port_path,
+            )?),
+        }
     }
     let unsupported: &[&str] = if deny {
         &[]
@@ -259,9 +287,9 @@ fn port_rule(v: &Value, path: &str, deny: bool) -> Res<Vec<PortProto>> {
         ]
     };
     o.finish(unsupported)?;
-    if out.is_empty() {
+    if out.is_empty() && named.is_empty() {
         // Cilium: a toPorts entry without ports matches every port.
         out.push(PortProto::ANY);
     }
-    Ok(out)
+    Ok((out, named))
 }

@@ -1,11 +1,13 @@
 //! Kubernetes objects: `cilium.io/v2 CiliumNetworkPolicy` and `networking.k8s.io/v1
 //! NetworkPolicy`, translated as Cilium's `ParseToCiliumRule` and `ParseNetworkPolicy` do.
 
-use super::walk::{self, FieldError, Obj, Res};
+use super::walk::{self, FieldError, Obj, PortSpec, Res};
 use super::{DocError, cilium, join_loc};
 use crate::labels::{Label, LabelSet, keys, source};
 use crate::mapstate::Direction;
-use crate::rule::{CidrSelector, Enforcement, Entity, PeerRule, PeerSelector, PortProto, Rule};
+use crate::rule::{
+    CidrSelector, Enforcement, Entity, NamedPort, PeerRule, PeerSelector, PortProto, Rule,
+};
 use crate::selector::{Requirement, Selector};
 use serde_json::Value;
 
@@ -86,9 +88,33 @@ fn namespaced(sel: &Selector, ns: &str) -> Selector {
 
 /// A `CiliumNetworkPolicy`: `spec` and/or `specs`, each a Cilium rule, namespaced.
 pub fn parse_cnp(v: &Value, prefix: &str, out: &mut Vec<Rule>) -> Result<(), DocError> {
+    parse_cilium_object(v, prefix, out, false)
+}
+
+/// A `CiliumClusterwideNetworkPolicy`: like a CNP, but its selectors are not restricted to a
+/// namespace and its rules carry no namespace label (Cilium's `GetPolicyLabels` with ns "").
+pub fn parse_ccnp(v: &Value, prefix: &str, out: &mut Vec<Rule>) -> Result<(), DocError> {
+    parse_cilium_object(v, prefix, out, true)
+}
+
+fn parse_cilium_object(
+    v: &Value,
+    prefix: &str,
+    out: &mut Vec<Rule>,
+    clusterwide: bool,
+) -> Result<(), DocError> {
+    let kind = if clusterwide {
+        "CiliumClusterwideNetworkPolicy"
+    } else {
+        "CiliumNetworkPolicy"
+    };
     let name_loc = |m: Option<&Meta>| {
-        let id = m.map_or_else(String::new, |m| format!(" \"{}/{}\"", m.namespace, m.name));
-        join_loc(prefix, &format!("CiliumNetworkPolicy{id}"))
+        let id = match m {
+            None => String::new(),
+            Some(m) if clusterwide => format!(" \"{}\"", m.name),
+            Some(m) => format!(" \"{}/{}\"", m.namespace, m.name),
+        };
+        join_loc(prefix, &format!("{kind}{id}"))
     };
     let m = meta(v).map_err(|e| (name_loc(None), e))?;
     let loc = name_loc(Some(&m));
@@ -109,12 +135,22 @@ pub fn parse_cnp(v: &Value, prefix: &str, out: &mut Vec<Rule>) -> Result<(), Doc
     if specs.is_empty() {
         return Err(fail(FieldError::new(
             "spec",
-            "missing (a CiliumNetworkPolicy needs spec or specs)",
+            format!("missing (a {kind} needs spec or specs)"),
         )));
     }
-    let derived = derived_labels("CiliumNetworkPolicy", &m);
+    let mut derived = derived_labels(kind, &m);
+    if clusterwide {
+        derived.remove_key(source::K8S, keys::POLICY_NAMESPACE);
+    }
     for (p, s) in specs {
         let mut rule = cilium::parse_rule(s, &p).map_err(fail)?;
+        if clusterwide {
+            for l in derived.iter() {
+                rule.labels.insert(l.clone());
+            }
+            out.push(rule);
+            continue;
+        }
         // The endpoint selector always applies in the policy's namespace (Cilium drops any
         // other namespace match with a warning).
         let reqs = rule
@@ -151,10 +187,9 @@ fn k8s_selector(v: &Value, path: &str) -> Res<Selector> {
 }
 
 /// A namespaceSelector. Cilium matches it against the namespace's labels exposed on pods as
-/// `k8s:io.cilium.k8s.namespace.labels.<key>`. Weft has no Namespace objects, so the only
-/// namespace label it knows is `kubernetes.io/metadata.name`, which Kubernetes sets on every
-/// namespace and the manager puts on every pod; other keys would silently match nothing, so
-/// they are rejected.
+/// `k8s:io.cilium.k8s.namespace.labels.<key>`: in Kubernetes mode the manager mirrors every
+/// label of the pod's namespace there, so any key works. Outside it only
+/// `kubernetes.io/metadata.name` is on endpoints (the manager knows no Namespace objects).
 fn namespace_selector(v: &Value, path: &str) -> Res<Vec<Requirement>> {
     let sel = walk::selector(v, path)?;
     if sel.is_wildcard() {
@@ -163,25 +198,14 @@ fn namespace_selector(v: &Value, path: &str) -> Res<Vec<Requirement>> {
             crate::selector::Operator::Exists,
         )]);
     }
-    sel.requirements()
-        .map(|r| {
-            if r.key != keys::NAMESPACE_NAME {
-                return Err(FieldError::new(
-                    path,
-                    format!(
-                        "not supported yet: namespaceSelector key {:?} (Weft knows no namespace labels; only {:?} works)",
-                        r.key,
-                        keys::NAMESPACE_NAME
-                    ),
-                ));
-            }
-            Ok(Requirement {
-                source: source::K8S.to_owned(),
-                key: format!("{}{}", keys::NAMESPACE_LABELS_PREFIX, r.key),
-                op: r.op.clone(),
-            })
+    Ok(sel
+        .requirements()
+        .map(|r| Requirement {
+            source: source::K8S.to_owned(),
+            key: format!("{}{}", keys::NAMESPACE_LABELS_PREFIX, r.key),
+            op: r.op.clone(),
         })
-        .collect()
+        .collect())
 }
 
 fn np_peer(v: &Value, path: &str, ns: &str) -> Res<PeerSelector> {
@@ -233,14 +257,18 @@ fn cidr_block(v: &Value, path: &str) -> Res<CidrSelector> {
     })
 }
 
-fn np_ports(list: Option<Vec<(String, &Value)>>) -> Res<Vec<PortProto>> {
+fn np_ports(
+    list: Option<Vec<(String, &Value)>>,
+    egress: bool,
+) -> Res<(Vec<PortProto>, Vec<NamedPort>)> {
     let mut out = Vec::new();
+    let mut named = Vec::new();
     for (p, v) in list.unwrap_or_default() {
         let mut o = Obj::new(v, &p)?;
         let port_path = o.at("port");
         let port = match o.get("port") {
-            Some(v) => walk::port_number(v, &port_path, false)?,
-            None => 0,
+            Some(v) => walk::port_spec(v, &port_path, false)?,
+            None => PortSpec::Number(0),
         };
         let end_path = o.at("endPort");
         let end = match o.get("endPort") {
@@ -259,11 +287,24 @@ fn np_ports(list: Option<Vec<(String, &Value)>>) -> Res<Vec<PortProto>> {
             None => walk::protocols("TCP", &proto_path)?,
         };
         o.finish(&[])?;
-        out.extend(walk::port_entries(&protos, port, end, &end_path)?);
+        match port {
+            PortSpec::Number(port) => {
+                out.extend(walk::port_entries(&protos, port, end, &end_path)?);
+            }
+            PortSpec::Name(name) => named.extend(walk::named_ports(
+                &protos,
+                &name,
+                egress,
+                end.is_some(),
+                &port_path,
+            )?),
+        }
     }
     out.sort();
     out.dedup();
-    Ok(out)
+    named.sort();
+    named.dedup();
+    Ok((out, named))
 }
 
 fn np_section(
@@ -282,11 +323,15 @@ fn np_section(
         if peers.is_empty() {
             peers.push(PeerSelector::Entity(Entity::All));
         }
-        let ports = np_ports(o.array("ports")?)?;
+        let (ports, named_ports) = np_ports(o.array("ports")?, peers_field == "to")?;
         o.finish(&[])?;
         peers.sort();
         peers.dedup();
-        rules.push(PeerRule { peers, ports });
+        rules.push(PeerRule {
+            peers,
+            ports,
+            named_ports,
+        });
     }
     Ok(rules)
 }

@@ -111,6 +111,7 @@ fn parse_value(v: &Value, prefix: &str, out: &mut Vec<Rule>) -> Result<(), DocEr
             let kind = map.get("kind").and_then(Value::as_str);
             match kind {
                 Some("CiliumNetworkPolicy") => k8s::parse_cnp(v, prefix, out),
+                Some("CiliumClusterwideNetworkPolicy") => k8s::parse_ccnp(v, prefix, out),
                 Some("NetworkPolicy") => k8s::parse_network_policy(v, prefix, out),
                 Some(k) if k == "List" || k.ends_with("List") => {
                     let items = map.get("items").and_then(Value::as_array).ok_or_else(|| {
@@ -129,7 +130,7 @@ fn parse_value(v: &Value, prefix: &str, out: &mut Vec<Rule>) -> Result<(), DocEr
                     FieldError::new(
                         "kind",
                         format!(
-                            "unsupported kind {k:?} (expected CiliumNetworkPolicy, NetworkPolicy or List)"
+                            "unsupported kind {k:?} (expected CiliumNetworkPolicy, CiliumClusterwideNetworkPolicy, NetworkPolicy or List)"
                         ),
                     ),
                 )),

@@ -341,6 +341,81 @@ pub fn port_number(v: &Value, path: &str, allow_zero: bool) -> Res<u16> {
     }
 }
 
+/// A port as written: a number, or a container port's name (`IANA_SVC_NAME`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PortSpec {
+    /// 0 (where allowed: all ports) or 1-65535.
+    Number(u16),
+    /// A named port.
+    Name(String),
+}
+
+/// A port number or name. Names follow Kubernetes' `IANA_SVC_NAME`: at most 15 lowercase
+/// letters, digits and inner single hyphens, with at least one letter.
+pub fn port_spec(v: &Value, path: &str, allow_zero: bool) -> Res<PortSpec> {
+    if let Value::String(s) = v
+        && s.chars().any(|c| c.is_ascii_alphabetic())
+    {
+        let ok = s.len() <= 15
+            && s.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+            && !s.starts_with('-')
+            && !s.ends_with('-')
+            && !s.contains("--");
+        if !ok {
+            return Err(FieldError::new(
+                path,
+                format!(
+                    "{s:?} is neither a port number (1-65535) nor a port name (at most 15 lowercase letters, digits and single inner hyphens)"
+                ),
+            ));
+        }
+        return Ok(PortSpec::Name(s.clone()));
+    }
+    port_number(v, path, allow_zero).map(PortSpec::Number)
+}
+
+/// Named ports of one entry; `end` must be absent and the direction ingress.
+pub fn named_ports(
+    protos: &[u8],
+    name: &str,
+    egress: bool,
+    has_end: bool,
+    path: &str,
+) -> Res<Vec<crate::rule::NamedPort>> {
+    if has_end {
+        return Err(FieldError::new(
+            path,
+            format!("endPort needs a numeric port, not the name {name:?}"),
+        ));
+    }
+    if egress {
+        return Err(FieldError::new(
+            path,
+            format!(
+                "not supported yet: named port {name:?} in an egress rule (named ports work in ingress rules; use the port number)"
+            ),
+        ));
+    }
+    let protos: Vec<u8> = protos
+        .iter()
+        .flat_map(|&p| {
+            if p == proto::ANY {
+                vec![proto::TCP, proto::UDP, proto::SCTP]
+            } else {
+                vec![p]
+            }
+        })
+        .collect();
+    Ok(protos
+        .into_iter()
+        .map(|proto| crate::rule::NamedPort {
+            proto,
+            name: name.to_owned(),
+        })
+        .collect())
+}
+
 /// Protocols a port can name. `ANY` with a port expands to TCP, UDP and SCTP because the map
 /// contract only allows protocol 0 together with all ports.
 pub fn protocols(name: &str, path: &str) -> Res<Vec<u8>> {

@@ -134,9 +134,14 @@ impl World {
                     has_wildcard_peer(r) || r.peers().any(|p| self.cache.peer_matches(p, id))
                 })
                 .collect();
-            let slice =
-                compute_identities(&relevant, &self.cache, &self.opts, &BTreeSet::from([id]))
-                    .expect("not a reserved identity");
+            let slice = compute_identities(
+                &relevant,
+                &weft_policy::rule::NamedPorts::new(),
+                &self.cache,
+                &self.opts,
+                &BTreeSet::from([id]),
+            )
+            .expect("not a reserved identity");
             let want: BTreeMap<PolicyEntry, Verdict> = full
                 .entries
                 .iter()
@@ -172,11 +177,13 @@ impl World {
         let me = TracePeer {
             identity: *eid,
             labels: Some(el),
+            named_ports: None,
             cidr_identity: 0,
         };
         let other = TracePeer {
             identity: self.peer(peer).0,
             labels: None,
+            named_ports: None,
             cidr_identity: 0,
         };
         match dir {

@@ -1,0 +1,410 @@
+//! The watchers: this Node, the pods on this node (field selector `spec.nodeName`), every
+//! Namespace, and the three policy kinds (the Cilium ones as dynamic objects, so their CRDs
+//! need no generated types). kube-runtime's watcher resumes a dropped watch from the last
+//! resourceVersion (bookmarks keep it fresh) and re-lists when the server answers 410 Gone;
+//! after a re-list, objects that were not listed again are treated as deleted.
+
+use crate::cache::ClusterCache;
+use crate::policy::{PolicyKey, PolicyKind, translate};
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Resource};
+use serde::de::DeserializeOwned;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Debug;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use weft_policy::labels::LabelSet;
+use weft_policy::rule::Rule;
+
+/// Where the watchers deliver what they learn: the manager.
+pub trait Sink: Send + Sync + 'static {
+    /// Pod `ns/name` on this node has these endpoint labels now (it arrived or changed).
+    fn pod_labels(&self, ns: &str, name: &str, labels: &LabelSet);
+    /// An object's rules, replacing its previous ones.
+    fn policy_apply(&self, key: &PolicyKey, rules: Vec<Rule>) -> Result<(), String>;
+    /// An object is gone: its rules go too.
+    fn policy_delete(&self, key: &PolicyKey);
+    /// Keys of cluster-sourced rules in the repository (also those from before a restart).
+    fn policy_keys(&self) -> Vec<PolicyKey>;
+    /// This node changed.
+    fn node(&self, node: &Node);
+}
+
+/// Watch events and errors per resource, for `/metrics` and tests.
+#[derive(Debug, Default)]
+pub struct WatchStats {
+    counts: std::sync::Mutex<BTreeMap<(String, String), u64>>,
+    /// Re-lists (initial list included).
+    pub lists: AtomicU64,
+}
+
+impl WatchStats {
+    fn count(&self, resource: &str, what: &str) {
+        let mut g = self
+            .counts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *g.entry((resource.to_owned(), what.to_owned())).or_default() += 1;
+    }
+
+    /// `(resource, event or "error") → count`.
+    #[must_use]
+    pub fn snapshot(&self) -> BTreeMap<(String, String), u64> {
+        self.counts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+}
+
+/// Everything the watchers share.
+pub struct Watchers {
+    /// Pods and namespaces.
+    pub cache: Arc<ClusterCache>,
+    /// Counters.
+    pub stats: Arc<WatchStats>,
+    sink: Arc<dyn Sink>,
+    client: Client,
+    node_name: String,
+    /// Resources whose first list completed, and those started.
+    synced: std::sync::Mutex<(BTreeSet<&'static str>, Vec<&'static str>)>,
+    synced_changed: tokio::sync::Notify,
+}
+
+/// What one resource's event loop does with its objects.
+trait Handler<K>: Send {
+    fn name(&self) -> &'static str;
+    fn apply(&mut self, w: &Watchers, obj: K);
+    fn delete(&mut self, w: &Watchers, obj: K);
+    /// After a (re-)list: `listed` are the objects seen in it.
+    fn relisted(&mut self, w: &Watchers, listed: &[K]);
+}
+
+async fn drive<K, H>(
+    w: Arc<Watchers>,
+    stream: impl Stream<Item = watcher::Result<watcher::Event<K>>>,
+    mut h: H,
+) where
+    K: Clone,
+    H: Handler<K>,
+{
+    let mut stream = std::pin::pin!(stream);
+    let mut listing: Option<Vec<K>> = None;
+    while let Some(ev) = stream.next().await {
+        let ev = match ev {
+            Ok(ev) => ev,
+            Err(e) => {
+                w.stats.count(h.name(), "error");
+                tracing::warn!(resource = h.name(), "watch: {e} (retrying with backoff)");
+                continue;
+            }
+        };
+        match ev {
+            watcher::Event::Init => {
+                w.stats.lists.fetch_add(1, Ordering::Relaxed);
+                listing = Some(Vec::new());
+            }
+            watcher::Event::InitApply(obj) => {
+                w.stats.count(h.name(), "list");
+                listing.get_or_insert_default().push(obj.clone());
+                h.apply(&w, obj);
+            }
+            watcher::Event::InitDone => {
+                let listed = listing.take().unwrap_or_default();
+                h.relisted(&w, &listed);
+                w.lock_synced().0.insert(h.name());
+                w.synced_changed.notify_waiters();
+                tracing::info!(resource = h.name(), objects = listed.len(), "listed");
+            }
+            watcher::Event::Apply(obj) => {
+                w.stats.count(h.name(), "apply");
+                h.apply(&w, obj);
+            }
+            watcher::Event::Delete(obj) => {
+                w.stats.count(h.name(), "delete");
+                h.delete(&w, obj);
+            }
+        }
+    }
+}
+
+struct Pods;
+impl Handler<Pod> for Pods {
+    fn name(&self) -> &'static str {
+        "pods"
+    }
+    fn apply(&mut self, w: &Watchers, pod: Pod) {
+        if let Some(((ns, name), labels)) = w.cache.put_pod(pod) {
+            w.sink.pod_labels(&ns, &name, &labels);
+        }
+    }
+    fn delete(&mut self, w: &Watchers, pod: Pod) {
+        // The endpoint goes with the CNI DEL; only the cache entry goes here.
+        if let (Some(ns), Some(name)) = (&pod.metadata.namespace, &pod.metadata.name) {
+            w.cache.remove_pod(ns, name);
+        }
+    }
+    fn relisted(&mut self, w: &Watchers, listed: &[Pod]) {
+        let keep: BTreeSet<(String, String)> = listed
+            .iter()
+            .filter_map(|p| Some((p.metadata.namespace.clone()?, p.metadata.name.clone()?)))
+            .collect();
+        for (ns, name) in w.cache.pod_ids() {
+            if !keep.contains(&(ns.clone(), name.clone())) {
+                w.cache.remove_pod(&ns, &name);
+            }
+        }
+    }
+}
+
+struct Namespaces;
+impl Namespaces {
+    fn put(w: &Watchers, name: &str, labels: Option<BTreeMap<String, String>>) {
+        for ((ns, pod), l) in w.cache.put_namespace(name, labels) {
+            w.sink.pod_labels(&ns, &pod, &l);
+        }
+    }
+}
+impl Handler<Namespace> for Namespaces {
+    fn name(&self) -> &'static str {
+        "namespaces"
+    }
+    fn apply(&mut self, w: &Watchers, ns: Namespace) {
+        if let Some(name) = &ns.metadata.name {
+            Self::put(
+                w,
+                name,
+                Some(ns.metadata.labels.clone().unwrap_or_default()),
+            );
+        }
+    }
+    fn delete(&mut self, w: &Watchers, ns: Namespace) {
+        if let Some(name) = &ns.metadata.name {
+            Self::put(w, name, None);
+        }
+    }
+    fn relisted(&mut self, w: &Watchers, listed: &[Namespace]) {
+        let keep: BTreeSet<&str> = listed
+            .iter()
+            .filter_map(|n| n.metadata.name.as_deref())
+            .collect();
+        for name in w.cache.namespace_names() {
+            if !keep.contains(name.as_str()) {
+                Self::put(w, &name, None);
+            }
+        }
+    }
+}
+
+/// One policy kind. Remembers each object's last applied resourceVersion so a re-list does not
+/// re-import unchanged objects.
+struct Policies {
+    kind: PolicyKind,
+    applied: BTreeMap<PolicyKey, String>,
+}
+impl<K: Resource + serde::Serialize> Handler<K> for Policies {
+    fn name(&self) -> &'static str {
+        self.kind.as_str()
+    }
+    fn apply(&mut self, w: &Watchers, obj: K) {
+        let rv = obj.meta().resource_version.clone().unwrap_or_default();
+        let value = match serde_json::to_value(&obj) {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::error!(kind = self.kind.as_str(), "cannot serialise object: {e}");
+                return;
+            }
+        };
+        let outcome = translate(self.kind, &value).and_then(|(key, rules)| {
+            if self.applied.get(&key) == Some(&rv) {
+                return Ok(key);
+            }
+            w.sink
+                .policy_apply(&key, rules)
+                .map_err(|e| format!("{key}: {e}"))?;
+            self.applied.insert(key.clone(), rv.clone());
+            Ok(key)
+        });
+        match outcome {
+            Ok(key) => w.cache.set_policy_status(&key, None),
+            Err(e) => {
+                // The object's previous rules, if any, stay in force (as in Cilium).
+                w.stats.count(self.kind.as_str(), "rejected");
+                tracing::warn!(kind = self.kind.as_str(), "policy rejected: {e}");
+                if let Ok(key) = PolicyKey::of(self.kind, &value) {
+                    w.cache.set_policy_status(&key, Some(e));
+                }
+            }
+        }
+    }
+    fn delete(&mut self, w: &Watchers, obj: K) {
+        let Ok(value) = serde_json::to_value(&obj) else {
+            return;
+        };
+        if let Ok(key) = PolicyKey::of(self.kind, &value) {
+            self.applied.remove(&key);
+            w.cache.set_policy_status(&key, None);
+            w.sink.policy_delete(&key);
+        }
+    }
+    fn relisted(&mut self, w: &Watchers, listed: &[K]) {
+        let keep: BTreeSet<PolicyKey> = listed
+            .iter()
+            .filter_map(|o| PolicyKey::of(self.kind, &serde_json::to_value(o).ok()?).ok())
+            .collect();
+        for key in w.sink.policy_keys() {
+            if key.kind == self.kind && !keep.contains(&key) {
+                tracing::info!(%key, "policy object gone while not watched: deleting its rules");
+                self.applied.remove(&key);
+                w.sink.policy_delete(&key);
+            }
+        }
+        self.applied.retain(|k, _| keep.contains(k));
+    }
+}
+
+struct ThisNode;
+impl Handler<Node> for ThisNode {
+    fn name(&self) -> &'static str {
+        "nodes"
+    }
+    fn apply(&mut self, w: &Watchers, node: Node) {
+        w.sink.node(&node);
+    }
+    fn delete(&mut self, _: &Watchers, _: Node) {
+        tracing::warn!("this node's Node object was deleted; keeping the CIDRs in use");
+    }
+    fn relisted(&mut self, _: &Watchers, _: &[Node]) {}
+}
+
+/// The cilium.io/v2 policy kinds as dynamic resources.
+#[must_use]
+pub fn cilium_resource(kind: PolicyKind) -> ApiResource {
+    let plural = match kind {
+        PolicyKind::CiliumClusterwideNetworkPolicy => "ciliumclusterwidenetworkpolicies",
+        _ => "ciliumnetworkpolicies",
+    };
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("cilium.io", "v2", kind.as_str()),
+        plural,
+    )
+}
+
+fn stream<K>(
+    api: Api<K>,
+    cfg: watcher::Config,
+) -> impl Stream<Item = watcher::Result<watcher::Event<K>>> + Send
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+{
+    watcher(api, cfg).default_backoff()
+}
+
+impl Watchers {
+    /// Watchers for `node_name`, delivering to `sink`.
+    #[must_use]
+    pub fn new(client: Client, node_name: &str, sink: Arc<dyn Sink>) -> Arc<Self> {
+        Arc::new(Self {
+            cache: Arc::default(),
+            stats: Arc::default(),
+            sink,
+            client,
+            node_name: node_name.to_owned(),
+            synced: std::sync::Mutex::default(),
+            synced_changed: tokio::sync::Notify::new(),
+        })
+    }
+
+    fn lock_synced(
+        &self,
+    ) -> std::sync::MutexGuard<'_, (BTreeSet<&'static str>, Vec<&'static str>)> {
+        self.synced
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn missing(&self) -> Vec<String> {
+        let g = self.lock_synced();
+        g.1.iter()
+            .filter(|n| !g.0.contains(*n))
+            .map(ToString::to_string)
+            .collect()
+    }
+
+    /// Waits until every started watcher has completed its first list. `Err`: the resources
+    /// still missing at `timeout`.
+    pub async fn wait_synced(&self, timeout: std::time::Duration) -> Result<(), Vec<String>> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let notified = self.synced_changed.notified();
+            let missing = self.missing();
+            if missing.is_empty() {
+                return Ok(());
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return Err(missing);
+            }
+        }
+    }
+
+    fn started<K, H>(
+        self: &Arc<Self>,
+        stream: impl Stream<Item = watcher::Result<watcher::Event<K>>> + Send + 'static,
+        h: H,
+    ) -> tokio::task::JoinHandle<()>
+    where
+        K: Clone + Send + 'static,
+        H: Handler<K> + 'static,
+    {
+        self.lock_synced().1.push(h.name());
+        tokio::spawn(drive(self.clone(), stream, h))
+    }
+
+    /// Starts every watcher on the current tokio runtime; they run until the runtime stops.
+    /// `cilium`: also watch the cilium.io/v2 policy CRDs (off when they are not installed).
+    #[must_use]
+    pub fn spawn(self: &Arc<Self>, cilium: bool) -> Vec<tokio::task::JoinHandle<()>> {
+        let c = self.client.clone();
+        let cfg = watcher::Config::default;
+        let node_sel = format!("metadata.name={}", self.node_name);
+        let pod_sel = format!("spec.nodeName={}", self.node_name);
+        let mut tasks = vec![
+            self.started(
+                stream(Api::<Node>::all(c.clone()), cfg().fields(&node_sel)),
+                ThisNode,
+            ),
+            self.started(
+                stream(Api::<Pod>::all(c.clone()), cfg().fields(&pod_sel)),
+                Pods,
+            ),
+            self.started(stream(Api::<Namespace>::all(c.clone()), cfg()), Namespaces),
+            self.started(
+                stream(Api::<NetworkPolicy>::all(c.clone()), cfg()),
+                Policies {
+                    kind: PolicyKind::NetworkPolicy,
+                    applied: BTreeMap::new(),
+                },
+            ),
+        ];
+        if cilium {
+            for kind in [
+                PolicyKind::CiliumNetworkPolicy,
+                PolicyKind::CiliumClusterwideNetworkPolicy,
+            ] {
+                let api = Api::<DynamicObject>::all_with(c.clone(), &cilium_resource(kind));
+                tasks.push(self.started(
+                    stream(api, cfg()),
+                    Policies {
+                        kind,
+                        applied: BTreeMap::new(),
+                    },
+                ));
+            }
+        }
+        tasks
+    }
+}

@@ -1,0 +1,166 @@
+//! Every manifest in conf/k8s/ deserialises into its typed k8s-openapi object with no field
+//! left over, so a typo (`hostNetwrok`, a misplaced `mountPropagation`) fails here instead of
+//! being silently dropped by the API server's lenient decoding.
+
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use std::path::PathBuf;
+use weft_k8s::k8s_openapi::api::apps::v1::DaemonSet;
+use weft_k8s::k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
+use weft_k8s::k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use weft_k8s::k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+
+fn conf_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../conf/k8s")
+}
+
+/// Deserialises `v` as `T`, failing on any field `T` does not have.
+fn strict<T: DeserializeOwned>(v: Value) -> Result<T, String> {
+    let mut unknown = Vec::new();
+    // serde_ignored writes `?` for each Option layer (k8s-openapi wraps most fields): drop them.
+    let t: T = serde_ignored::deserialize(v, |path| {
+        unknown.push(path.to_string().replace(".?", "").replace("?.", ""));
+    })
+    .map_err(|e| e.to_string())?;
+    if unknown.is_empty() {
+        Ok(t)
+    } else {
+        Err(format!("unknown fields: {}", unknown.join(", ")))
+    }
+}
+
+/// Every document of every file: (file, kind, object).
+fn documents() -> Vec<(String, String, Value)> {
+    let mut out = Vec::new();
+    let mut files: Vec<PathBuf> = std::fs::read_dir(conf_dir())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    for path in files {
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        assert!(
+            path.extension().is_some_and(|e| e == "yaml"),
+            "{name}: conf/k8s/ holds only .yaml manifests"
+        );
+        let text = std::fs::read_to_string(&path).unwrap();
+        let docs: Vec<Value> =
+            serde_saphyr::from_multiple(&text).unwrap_or_else(|e| panic!("{name}: not YAML: {e}"));
+        for doc in docs.into_iter().filter(|d| !d.is_null()) {
+            let kind = doc["kind"].as_str().unwrap_or_default().to_owned();
+            out.push((name.clone(), kind, doc));
+        }
+    }
+    out
+}
+
+fn check(kind: &str, v: Value) -> Result<(), String> {
+    match kind {
+        "CustomResourceDefinition" => strict::<CustomResourceDefinition>(v).map(drop),
+        "ServiceAccount" => strict::<ServiceAccount>(v).map(drop),
+        "ClusterRole" => strict::<ClusterRole>(v).map(drop),
+        "ClusterRoleBinding" => strict::<ClusterRoleBinding>(v).map(drop),
+        "ConfigMap" => strict::<ConfigMap>(v).map(drop),
+        "DaemonSet" => strict::<DaemonSet>(v).map(drop),
+        other => Err(format!("unexpected kind {other:?}: add it to this test")),
+    }
+}
+
+#[test]
+fn every_manifest_is_its_typed_object_exactly() {
+    let docs = documents();
+    let mut kinds: Vec<&str> = docs.iter().map(|(_, k, _)| k.as_str()).collect();
+    kinds.sort_unstable();
+    assert_eq!(
+        kinds,
+        [
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "ConfigMap",
+            "CustomResourceDefinition",
+            "CustomResourceDefinition",
+            "DaemonSet",
+            "ServiceAccount"
+        ]
+    );
+    for (file, kind, v) in docs {
+        check(&kind, v).unwrap_or_else(|e| panic!("{file}: {kind}: {e}"));
+    }
+}
+
+#[test]
+fn a_typo_is_refused() {
+    let (_, _, mut ds) = documents()
+        .into_iter()
+        .find(|(_, k, _)| k == "DaemonSet")
+        .unwrap();
+    ds["spec"]["template"]["spec"]["hostNetwrok"] = true.into();
+    let e = check("DaemonSet", ds).unwrap_err();
+    assert!(e.contains("spec.template.spec.hostNetwrok"), "{e}");
+}
+
+#[test]
+fn daemonset_is_what_the_node_agent_needs() {
+    let (_, _, v) = documents()
+        .into_iter()
+        .find(|(_, k, _)| k == "DaemonSet")
+        .unwrap();
+    let ds: DaemonSet = strict(v).unwrap();
+    let pod = ds.spec.unwrap().template.spec.unwrap();
+    assert_eq!(pod.host_network, Some(true));
+    assert_eq!(pod.service_account_name.as_deref(), Some("weft"));
+    let c = &pod.containers[0];
+    assert_eq!(c.security_context.as_ref().unwrap().privileged, Some(true));
+    assert!(c.readiness_probe.is_some() && c.liveness_probe.is_some());
+    let env = c.env.as_ref().unwrap();
+    let node = env.iter().find(|e| e.name == "NODE_NAME").unwrap();
+    let field = node
+        .value_from
+        .as_ref()
+        .unwrap()
+        .field_ref
+        .as_ref()
+        .unwrap();
+    assert_eq!(field.field_path, "spec.nodeName");
+    let host_paths: Vec<String> = pod
+        .volumes
+        .unwrap()
+        .into_iter()
+        .filter_map(|v| Some(v.host_path?.path))
+        .collect();
+    for p in [
+        "/sys/fs/bpf",
+        "/opt/cni/bin",
+        "/etc/cni/net.d",
+        "/run/weft",
+        "/var/lib/weft",
+    ] {
+        assert!(
+            host_paths.iter().any(|h| h == p),
+            "{p} not mounted: {host_paths:?}"
+        );
+    }
+}
+
+#[test]
+fn cluster_role_grants_only_reads_and_the_node_patch() {
+    let (_, _, v) = documents()
+        .into_iter()
+        .find(|(_, k, _)| k == "ClusterRole")
+        .unwrap();
+    let role: ClusterRole = strict(v).unwrap();
+    for rule in role.rules.unwrap() {
+        let resources = rule.resources.unwrap_or_default();
+        for verb in &rule.verbs {
+            let allowed = match verb.as_str() {
+                "list" | "watch" => true,
+                "get" | "patch" => resources == ["nodes"],
+                _ => false,
+            };
+            assert!(
+                allowed,
+                "verb {verb} on {resources:?} is more than Weft needs"
+            );
+        }
+    }
+}

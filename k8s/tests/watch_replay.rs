@@ -1,0 +1,284 @@
+//! The watch layer against a local server replaying recorded API server responses: the real
+//! kube client and kube-runtime watchers, with a dropped watch (resumed from the bookmark's
+//! resourceVersion, no re-list), a 410 Gone (re-list, and what vanished is dropped), namespace
+//! label changes reaching pods, and policy objects applied, rejected and deleted.
+
+use serde_json::Value;
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use weft_k8s::k8s_openapi::api::core::v1::Node;
+use weft_k8s::policy::PolicyKey;
+use weft_k8s::replay::{Replay, WatchEnd, event, gone, list};
+use weft_k8s::watch::{Sink, Watchers};
+use weft_policy::labels::LabelSet;
+use weft_policy::rule::Rule;
+
+fn testdata(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../testdata/k8s")
+        .join(name)
+}
+
+fn json(name: &str) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(testdata(name)).unwrap()).unwrap()
+}
+
+#[derive(Default)]
+struct Recorder {
+    events: Mutex<Vec<String>>,
+    keys: Mutex<BTreeSet<PolicyKey>>,
+}
+
+impl Recorder {
+    fn events(&self) -> Vec<String> {
+        self.events.lock().unwrap().clone()
+    }
+    fn push(&self, s: String) {
+        self.events.lock().unwrap().push(s);
+    }
+}
+
+impl Sink for Recorder {
+    fn pod_labels(&self, ns: &str, name: &str, labels: &LabelSet) {
+        let l: Vec<String> = labels.iter().map(ToString::to_string).collect();
+        self.push(format!("pod {ns}/{name} {}", l.join(",")));
+    }
+    fn policy_apply(&self, key: &PolicyKey, rules: Vec<Rule>) -> Result<(), String> {
+        self.keys.lock().unwrap().insert(key.clone());
+        self.push(format!("apply {key} rules={}", rules.len()));
+        Ok(())
+    }
+    fn policy_delete(&self, key: &PolicyKey) {
+        self.keys.lock().unwrap().remove(key);
+        self.push(format!("delete {key}"));
+    }
+    fn policy_keys(&self) -> Vec<PolicyKey> {
+        self.keys.lock().unwrap().iter().cloned().collect()
+    }
+    fn node(&self, node: &Node) {
+        self.push(format!(
+            "node {}",
+            node.metadata.name.clone().unwrap_or_default()
+        ));
+    }
+}
+
+/// Polls `cond` until it holds; panics with `what` and the state after a generous bound.
+async fn eventually(what: &str, mut cond: impl FnMut() -> bool, state: impl Fn() -> String) {
+    for _ in 0..600 {
+        if cond() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{what} did not happen; state:\n{}", state());
+}
+
+fn script() -> Replay {
+    let web = json("pod-web.json");
+    let mut old = web.clone();
+    old["metadata"]["name"] = "old-1".into();
+    let mut web_db = web.clone();
+    web_db["metadata"]["labels"]["tier"] = "db".into();
+    let recorded: Vec<Value> = std::fs::read_to_string(testdata("watch-pods.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let ns = json("namespace-prod.json");
+    let mut ns_billing = ns.clone();
+    ns_billing["metadata"]["labels"]["team"] = "billing".into();
+    let np_named = json("networkpolicy-ns-expr-named-port.json");
+    let mut np_ok = np_named.clone();
+    np_ok["metadata"]["name"] = "allow-payments-8080".into();
+    np_ok["spec"]["ingress"][0]["ports"][0]["port"] = 8080.into();
+    let mut np_bad = np_named.clone();
+    np_bad["metadata"]["name"] = "bad-port".into();
+    np_bad["spec"]["ingress"][0]["ports"][0]["port"] = 70000.into();
+    Replay::default()
+        .list(
+            "/api/v1/nodes",
+            list("v1", "Node", "5", vec![json("node.json")]),
+        )
+        .list("/api/v1/pods", list("v1", "Pod", "100", vec![web, old]))
+        .watch("/api/v1/pods", recorded, WatchEnd::Close)
+        .watch("/api/v1/pods", vec![gone("105")], WatchEnd::Close)
+        .list("/api/v1/pods", list("v1", "Pod", "200", vec![web_db]))
+        .list(
+            "/api/v1/namespaces",
+            list("v1", "Namespace", "10", vec![ns]),
+        )
+        .watch(
+            "/api/v1/namespaces",
+            vec![event("MODIFIED", ns_billing)],
+            WatchEnd::Hang,
+        )
+        .list(
+            "/apis/networking.k8s.io/v1/networkpolicies",
+            list(
+                "networking.k8s.io/v1",
+                "NetworkPolicy",
+                "20",
+                vec![np_ok.clone(), np_named, np_bad],
+            ),
+        )
+        .watch(
+            "/apis/networking.k8s.io/v1/networkpolicies",
+            vec![event("DELETED", np_ok)],
+            WatchEnd::Hang,
+        )
+        .list(
+            "/apis/cilium.io/v2/ciliumnetworkpolicies",
+            list(
+                "cilium.io/v2",
+                "CiliumNetworkPolicy",
+                "30",
+                vec![json("cnp.json")],
+            ),
+        )
+        .list(
+            "/apis/cilium.io/v2/ciliumclusterwidenetworkpolicies",
+            list(
+                "cilium.io/v2",
+                "CiliumClusterwideNetworkPolicy",
+                "31",
+                vec![json("ccnp.json")],
+            ),
+        )
+}
+
+fn param<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+    let q = line.split_once('?')?.1;
+    q.split('&')
+        .find_map(|p| p.strip_prefix(key)?.strip_prefix('='))
+}
+
+/// list → watch from the list's version → (dropped) watch from the bookmark's version, no
+/// re-list → 410 Gone → re-list → watch from the new list's version.
+fn check_pod_requests(p: &[String]) {
+    let is_watch = |l: &str| param(l, "watch") == Some("true");
+    assert!(!is_watch(&p[0]), "{p:#?}");
+    assert_eq!(
+        param(&p[0], "fieldSelector"),
+        Some("spec.nodeName%3Dworker-1"),
+        "{p:#?}"
+    );
+    assert!(
+        is_watch(&p[1]) && param(&p[1], "resourceVersion") == Some("100"),
+        "{p:#?}"
+    );
+    assert_eq!(param(&p[1], "allowWatchBookmarks"), Some("true"), "{p:#?}");
+    assert!(
+        is_watch(&p[2]) && param(&p[2], "resourceVersion") == Some("105"),
+        "{p:#?}"
+    );
+    assert!(
+        !is_watch(&p[3]),
+        "after 410 Gone the watcher re-lists: {p:#?}"
+    );
+    assert!(
+        is_watch(&p[4]) && param(&p[4], "resourceVersion") == Some("200"),
+        "{p:#?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watchers_resume_relist_and_deliver() {
+    let replay = script();
+    let url = replay.serve().await.unwrap();
+    let dir = std::env::temp_dir().join(format!("weft-k8s-replay-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let kubeconfig = dir.join("kubeconfig");
+    std::fs::write(&kubeconfig, Replay::kubeconfig(&url)).unwrap();
+    let client = weft_k8s::client::client(Some(&kubeconfig)).await.unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+
+    let rec = Arc::new(Recorder::default());
+    let w = Watchers::new(client, "worker-1", rec.clone());
+    let _tasks = w.spawn(true);
+    w.wait_synced(Duration::from_secs(30)).await.unwrap();
+
+    let pod_requests = || -> Vec<String> {
+        replay
+            .log()
+            .into_iter()
+            .filter(|l| l.starts_with("GET /api/v1/pods?"))
+            .collect()
+    };
+    let state = || format!("requests: {:#?}\nevents: {:#?}", replay.log(), rec.events());
+    eventually(
+        "pods re-listed after 410 and watched again",
+        || pod_requests().len() >= 5,
+        state,
+    )
+    .await;
+
+    check_pod_requests(&pod_requests());
+
+    let web = "pod prod/web-5d8f7c9b6d-x7k2p";
+    let ev = rec.events();
+    let tiers: Vec<&str> = ev
+        .iter()
+        .filter(|e| e.starts_with(web))
+        .filter_map(|e| e.split(',').find_map(|l| l.strip_prefix("k8s:tier=")))
+        .collect();
+    assert!(tiers.starts_with(&["frontend"]), "{ev:#?}");
+    assert!(tiers.contains(&"backend"), "{ev:#?}");
+    assert_eq!(tiers.last(), Some(&"db"), "{ev:#?}");
+    assert!(
+        ev.iter()
+            .any(|e| e.starts_with(web)
+                && e.contains("k8s:io.cilium.k8s.namespace.labels.team=billing")),
+        "namespace label change reaches the pod: {ev:#?}"
+    );
+    assert!(
+        !ev.iter().any(|e| e.contains("pod-template-hash")),
+        "{ev:#?}"
+    );
+    // What the re-list no longer has is gone from the cache; the deleted pod too.
+    assert!(w.cache.labels("prod", "old-1").is_none());
+    assert!(w.cache.labels("prod", "db-0").is_none());
+    assert!(w.cache.labels("prod", "web-5d8f7c9b6d-x7k2p").is_some());
+
+    assert!(ev.contains(&"node worker-1".to_owned()), "{ev:#?}");
+    for applied in [
+        "apply NetworkPolicy prod/allow-payments-8080 rules=1",
+        "apply NetworkPolicy prod/allow-payments-http rules=1",
+        "apply CiliumNetworkPolicy prod/web-from-frontend rules=1",
+        "apply CiliumClusterwideNetworkPolicy deny-to-metadata rules=1",
+    ] {
+        assert!(ev.contains(&applied.to_owned()), "{applied}: {ev:#?}");
+    }
+    eventually(
+        "the deleted NetworkPolicy's rules deleted",
+        || {
+            rec.events()
+                .contains(&"delete NetworkPolicy prod/allow-payments-8080".to_owned())
+        },
+        state,
+    )
+    .await;
+    let rejected = w.cache.rejected();
+    assert_eq!(rejected.len(), 1, "{rejected:?}");
+    assert_eq!(rejected[0].object, "NetworkPolicy prod/bad-port");
+    assert!(
+        rejected[0].error.contains("70000\" is not a port number"),
+        "{rejected:?}"
+    );
+    let counts = w.stats.snapshot();
+    assert_eq!(
+        counts.get(&("NetworkPolicy".into(), "rejected".into())),
+        Some(&1),
+        "{counts:?}"
+    );
+    assert!(
+        counts
+            .get(&("pods".into(), "error".into()))
+            .copied()
+            .unwrap_or(0)
+            >= 1,
+        "the 410 is counted: {counts:?}"
+    );
+}

@@ -1,0 +1,213 @@
+//! Kubernetes mode (`--k8s`): the manager as a node agent of a cluster. At start it reads this
+//! Node from the API server (its pod CIDRs, by DESIGN §3's priority), then runs weft-k8s's
+//! watchers into the manager: pod and namespace labels become endpoint labels (a change is an
+//! identity change, like `weftctl endpoint labels`), policy objects become repository rules
+//! replaced and deleted with their object. Ready only after the initial lists are in.
+
+use crate::config::K8sSettings;
+use crate::node::{ChosenCidr, NodeManifest};
+use crate::service::{Manager, ManagerError};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use weft_api::{AllocateRequest, Endpoint};
+use weft_k8s::k8s_openapi::api::core::v1::Node;
+use weft_k8s::kube::Client;
+use weft_k8s::policy::PolicyKey;
+use weft_k8s::watch::{Sink, Watchers};
+use weft_policy::labels::LabelSet;
+use weft_policy::rule::Rule;
+
+/// How long a CNI ADD waits for a pod the pod watch has not delivered yet. The kubelet only
+/// runs the ADD for a pod bound to this node, the event our watch also receives, so the wait
+/// is normally zero; it is bounded so a slow or unreachable API server delays pod creation by
+/// at most this, rather than failing it. Past it the endpoint starts with the namespace-only
+/// labels (plus any CNI labels) and is corrected, with a new identity, when the pod arrives.
+pub const POD_WAIT: Duration = Duration::from_secs(5);
+
+/// How long start-up waits for the initial lists before giving up.
+pub const SYNC_TIMEOUT: Duration = Duration::from_mins(1);
+
+/// Kubernetes-mode failures at start.
+#[derive(Debug, thiserror::Error)]
+pub enum K8sError {
+    /// Client or API call.
+    #[error(transparent)]
+    Client(#[from] weft_k8s::client::ClientError),
+    /// The initial lists did not complete.
+    #[error(
+        "Kubernetes: the initial list of {0} did not complete within {1:?} (is the API server reachable, and does the ClusterRole in conf/k8s/ allow list/watch?)"
+    )]
+    NotSynced(String, Duration),
+}
+
+/// The connection made before the node's CIDRs are chosen.
+pub struct Connected {
+    /// Client.
+    pub client: Client,
+    /// This node as the API server has it.
+    pub node: Node,
+    settings: K8sSettings,
+}
+
+/// Connects and reads this node.
+pub async fn connect(settings: &K8sSettings, node_name: &str) -> Result<Connected, K8sError> {
+    let client = weft_k8s::client::client(settings.kubeconfig.as_deref()).await?;
+    let node = weft_k8s::client::fetch_node(&client, node_name).await?;
+    Ok(Connected {
+        client,
+        node,
+        settings: settings.clone(),
+    })
+}
+
+/// This node as the manager's CIDR selection reads it.
+#[must_use]
+pub fn manifest(node: &Node) -> NodeManifest {
+    serde_json::from_value(weft_k8s::node::manifest_json(node)).unwrap_or_default()
+}
+
+/// Writes the CIDRs back as annotations, starts the watchers and waits for their initial
+/// lists. Call before the manager reports ready.
+pub async fn start(
+    manager: &Arc<Manager>,
+    conn: Connected,
+    node_name: &str,
+    cidrs: &[ChosenCidr],
+) -> Result<Arc<Watchers>, K8sError> {
+    let routers: Vec<_> = cidrs.iter().map(|c| (c.cidr, c.router_ip())).collect();
+    let patch = weft_k8s::node::annotation_patch(&routers);
+    if let Err(e) = weft_k8s::client::annotate_node(&conn.client, node_name, &patch).await {
+        // Not fatal: nothing on this node depends on it; other agents read it.
+        tracing::warn!("{e}");
+    }
+    let sink = Arc::new(ManagerSink {
+        manager: Arc::downgrade(manager),
+        cidrs: cidrs.to_vec(),
+    });
+    let watchers = Watchers::new(conn.client, node_name, sink);
+    manager.set_cluster(watchers.cache.clone());
+    let tasks = watchers.spawn(conn.settings.cilium_policies);
+    let expected = tasks.len();
+    let t0 = Instant::now();
+    if let Err(missing) = watchers.wait_synced(SYNC_TIMEOUT).await {
+        return Err(K8sError::NotSynced(missing.join(", "), SYNC_TIMEOUT));
+    }
+    tracing::info!(
+        watchers = expected,
+        ms = t0.elapsed().as_secs_f64() * 1000.0,
+        "Kubernetes caches synced"
+    );
+    Ok(watchers)
+}
+
+/// CNI ADD in Kubernetes mode: the endpoint's labels come from its pod (bounded wait, see
+/// [`POD_WAIT`]); outside it, from the request.
+pub async fn allocate(m: &Arc<Manager>, req: &AllocateRequest) -> Result<Endpoint, ManagerError> {
+    let (Some(cache), Some(ns), Some(name)) = (
+        m.cluster().cloned(),
+        req.pod_namespace.as_deref(),
+        req.pod_name.as_deref(),
+    ) else {
+        return m.allocate(req);
+    };
+    let labels = cache.wait_labels(ns, name, POD_WAIT).await;
+    if labels.is_none() {
+        tracing::warn!(
+            pod = %format!("{ns}/{name}"),
+            "pod not in the watch cache after {POD_WAIT:?}: namespace-only labels until it arrives"
+        );
+    }
+    let missed = labels.is_none();
+    let ep = m.allocate_with_labels(req, labels)?;
+    // The pod may have arrived between the wait and the allocation; its event found no
+    // endpoint to correct then, so correct it here.
+    if missed && let Some(l) = cache.labels(ns, name) {
+        return m.replace_labels(ep.id, &l);
+    }
+    Ok(ep)
+}
+
+struct ManagerSink {
+    manager: std::sync::Weak<Manager>,
+    cidrs: Vec<ChosenCidr>,
+}
+
+impl Sink for ManagerSink {
+    fn pod_labels(&self, ns: &str, name: &str, labels: &LabelSet) {
+        let Some(m) = self.manager.upgrade() else {
+            return;
+        };
+        let mine = m.endpoints().into_iter().filter(|ep| {
+            ep.pod_namespace.as_deref() == Some(ns) && ep.pod_name.as_deref() == Some(name)
+        });
+        for ep in mine {
+            if crate::service::from_api_labels(&ep.labels) == *labels {
+                // Same identity; its named ports may be new (the ADD did not wait for the pod).
+                match m.refresh_endpoint(ep.id) {
+                    Ok(true) => tracing::info!(
+                        endpoint_id = ep.id,
+                        pod = %format!("{ns}/{name}"),
+                        "endpoint policy follows the pod's named ports"
+                    ),
+                    Ok(false) => {}
+                    Err(e) => tracing::warn!(endpoint_id = ep.id, "pod change not applied: {e}"),
+                }
+                continue;
+            }
+            match m.replace_labels(ep.id, labels) {
+                Ok(ep) => tracing::info!(
+                    endpoint_id = ep.id,
+                    identity = ep.identity,
+                    pod = %format!("{ns}/{name}"),
+                    "endpoint labels follow the pod"
+                ),
+                Err(e) => tracing::warn!(endpoint_id = ep.id, "pod label change not applied: {e}"),
+            }
+        }
+    }
+
+    fn policy_apply(&self, key: &PolicyKey, rules: Vec<Rule>) -> Result<(), String> {
+        let m = self.manager.upgrade().ok_or("manager stopped")?;
+        let r = m
+            .import_rules(&key.to_string(), rules, Instant::now())
+            .map_err(|e| e.to_string())?;
+        tracing::info!(%key, revision = r.revision, regenerated = r.regenerated, "cluster policy applied");
+        Ok(())
+    }
+
+    fn policy_delete(&self, key: &PolicyKey) {
+        let Some(m) = self.manager.upgrade() else {
+            return;
+        };
+        match m.delete_rules(&key.filter(), false, Instant::now()) {
+            Ok(r) => tracing::info!(%key, revision = r.revision, "cluster policy deleted"),
+            Err(e) => tracing::error!(%key, "cluster policy not deleted: {e}"),
+        }
+    }
+
+    fn policy_keys(&self) -> Vec<PolicyKey> {
+        let Some(m) = self.manager.upgrade() else {
+            return Vec::new();
+        };
+        let mut keys: Vec<PolicyKey> = m.rules().iter().filter_map(PolicyKey::of_rule).collect();
+        keys.sort();
+        keys.dedup();
+        keys
+    }
+
+    fn node(&self, node: &Node) {
+        let Ok(sel) = crate::node::select(&manifest(node), &[]) else {
+            return;
+        };
+        let now: Vec<_> = sel.cidrs().into_iter().map(|c| c.cidr).collect();
+        let used: Vec<_> = self.cidrs.iter().map(|c| c.cidr).collect();
+        if !now.is_empty() && now != used {
+            // Pod IPs in use come from the old CIDRs; switching needs a drained node.
+            tracing::warn!(
+                ?now,
+                ?used,
+                "this Node's pod CIDRs changed: restart the manager on a drained node to use them"
+            );
+        }
+    }
+}

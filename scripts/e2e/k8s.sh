@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# Kubernetes mode end to end, without a kube-apiserver: weft-manager --k8s runs its real kube
+# client against weft-k8s-replay (a local server playing the API server from a script, events
+# pushed into its watches) and pods get real traffic. Covers the whole path watch → labels →
+# identity → policy → traffic, with the upstream network-policy e2e cases that need namespace
+# labels or named ports: "namespaceSelector with matchExpressions" (on a key other than the
+# namespace name) and "allow ingress access on one named port".
+source "$(dirname "$0")/../lib.sh"
+REPLAY=$WEFT_BIN/weft-k8s-replay
+[ -x "$REPLAY" ] || die "$REPLAY is missing: cargo build --release -p weft-k8s --features replay --bin weft-k8s-replay"
+command -v curl >/dev/null || die "curl is missing: run scripts/setup"
+
+NODE=$WEFT_P
+ns() { # NAME TEAM
+  jq -nc --arg n "$1" --arg t "$2" '{apiVersion:"v1",kind:"Namespace",
+    metadata:{name:$n,resourceVersion:"10",uid:("uid-ns-"+$n),
+      labels:{"kubernetes.io/metadata.name":$n,team:$t}},spec:{finalizers:["kubernetes"]},status:{phase:"Active"}}'
+}
+pod() { # NS NAME APP [PORTS-JSON]
+  jq -nc --arg ns "$1" --arg n "$WEFT_P-$2" --arg app "$3" --arg node "$NODE" --argjson ports "${4:-[]}" \
+    '{apiVersion:"v1",kind:"Pod",metadata:{name:$n,namespace:$ns,uid:("uid-"+$n),resourceVersion:"100",labels:{app:$app}},
+      spec:{nodeName:$node,serviceAccountName:"default",containers:[{name:"c",image:"agnhost",ports:$ports}]},
+      status:{phase:"Pending"}}'
+}
+np_ns_expr() {
+  jq -nc '{apiVersion:"networking.k8s.io/v1",kind:"NetworkPolicy",
+    metadata:{name:"allow-ns-team-billing",namespace:"srv",uid:"uid-np-1",resourceVersion:"20",generation:1},
+    spec:{podSelector:{matchLabels:{app:"server"}},policyTypes:["Ingress"],
+      ingress:[{from:[{namespaceSelector:{matchExpressions:[{key:"team",operator:"In",values:["billing","audit"]}]}}]}]}}'
+}
+np_named_port() {
+  jq -nc '{apiVersion:"networking.k8s.io/v1",kind:"NetworkPolicy",
+    metadata:{name:"allow-serve-80",namespace:"srv",uid:"uid-np-2",resourceVersion:"21",generation:1},
+    spec:{podSelector:{matchLabels:{app:"server"}},policyTypes:["Ingress"],
+      ingress:[{from:[{namespaceSelector:{}}],ports:[{port:"serve-80",protocol:"TCP"}]}]}}'
+}
+list() { # API_VERSION KIND ITEM...
+  local av=$1 kind=$2; shift 2
+  printf '%s\n' "$@" | jq -sc --arg av "$av" --arg k "${kind}List" '{apiVersion:$av,kind:$k,metadata:{resourceVersion:"100"},items:.}'
+}
+SERVER_PORTS='[{"name":"serve-80","containerPort":80,"protocol":"TCP"},{"name":"serve-81","containerPort":81,"protocol":"TCP"}]'
+node_obj=$(jq -nc --arg n "$NODE" '{apiVersion:"v1",kind:"Node",metadata:{name:$n,uid:"uid-node",resourceVersion:"5"},
+  spec:{podCIDR:"10.0.16.0/24",podCIDRs:["10.0.16.0/24"]}}')
+jq -n \
+  --argjson node "$node_obj" \
+  --argjson nodes "$(list v1 Node "$node_obj")" \
+  --argjson pods "$(list v1 Pod "$(pod srv server server "$SERVER_PORTS")" "$(pod billing client-b client)" "$(pod ops client-c client)")" \
+  --argjson nss "$(list v1 Namespace "$(ns srv platform)" "$(ns billing billing)" "$(ns ops ops)")" \
+  --argjson nps "$(list networking.k8s.io/v1 NetworkPolicy "$(np_ns_expr)")" \
+  --arg nodepath "/api/v1/nodes/$NODE" \
+  '{objects:{($nodepath):$node},
+    lists:{"/api/v1/nodes":[$nodes],"/api/v1/pods":[$pods],"/api/v1/namespaces":[$nss],
+           "/apis/networking.k8s.io/v1/networkpolicies":[$nps]}}' >"$WEFT_TMP/replay.json"
+
+weft_make_node
+# The manager lives in the node netns: so does its API server.
+nsenter --net="/run/netns/$WEFT_NODE" "$REPLAY" "$WEFT_TMP/replay.json" "$WEFT_TMP/kubeconfig" >>"$WEFT_TMP/replay.log" 2>&1 &
+REPLAY_PID=$!
+trap 'kill $REPLAY_PID 2>/dev/null; weft_cleanup' EXIT
+for _ in $(seq 100); do [ -s "$WEFT_TMP/kubeconfig" ] && break; sleep 0.05; done
+[ -s "$WEFT_TMP/kubeconfig" ] || die "weft-k8s-replay did not start: $(cat "$WEFT_TMP/replay.log")"
+URL=$(awk '/server:/ {print $2}' "$WEFT_TMP/kubeconfig")
+# push PATH EVENT-JSON: into the open watch of PATH (retried while the watcher reconnects).
+push() {
+  local i
+  for i in $(seq 100); do
+    in_node curl -sf -X POST --data-binary "$2" "$URL/replay/push?path=$1" >/dev/null && return 0
+    sleep 0.1
+  done
+  return 1
+}
+
+weft_start_manager --k8s --kubeconfig "$WEFT_TMP/kubeconfig" --k8s-cilium-policies false
+# k8s_pod NS POD: CNI ADD with the kubelet's CNI_ARGS.
+k8s_pod() {
+  ip netns add "${WEFT_P}-$2" || return 1
+  WEFT_PODS+=("$2")
+  weft_netconf | weft_cni ADD "$WEFT_P-$2" "/run/netns/${WEFT_P}-$2" eth0 \
+    CNI_ARGS="IgnoreUnknown=1;K8S_POD_NAMESPACE=$1;K8S_POD_NAME=$WEFT_P-$2"
+}
+echo "== pods get their labels from the pod and namespace watches"
+pool_is() { weftctl -o json status | jq -e --arg c "$1" '.pools[0].cidr == $c' >/dev/null; }
+check "the Node's podCIDR is the pool" pool_is 10.0.16.0/24
+for p in "srv server" "billing client-b" "ops client-c"; do
+  set -- $p
+  k8s_pod "$1" "$2" >/dev/null || die "ADD $2 failed"
+done
+has_label() { # POD KEY VALUE
+  weftctl -o json endpoint list | jq -e --arg c "$WEFT_P-$1" --arg k "$2" --arg v "$3" \
+    'any(.[] | select(.container_id == $c) | .labels[]; .key == $k and .value == $v)' >/dev/null
+}
+check "client-b carries its namespace's team label" has_label client-b k8s:io.cilium.k8s.namespace.labels.team billing
+check "server carries its pod label" has_label server k8s:app server
+SRV=$(pod_ip server)
+listed() { weftctl policy list | grep "$1" | grep -q "$2"; }
+check "the cluster's NetworkPolicy is listed with its origin" listed allow-ns-team-billing cluster
+
+echo "== upstream: namespaceSelector with matchExpressions (key team, not the namespace name)"
+check "billing (team In [billing,audit]) -> server:80 allowed" tcp_ok server client-b "$SRV" 80
+check_not "ops -> server:80 dropped" tcp_ok server client-c "$SRV" 80
+
+echo "== a namespace label change re-identifies its pods"
+id_before=$(weftctl -o json endpoint list | jq -r --arg c "$WEFT_P-client-c" '.[] | select(.container_id == $c) | .identity')
+check "MODIFIED namespace ops team=audit pushed" push /api/v1/namespaces \
+  "$(jq -nc --argjson o "$(ns ops audit | jq -c '.metadata.resourceVersion="11"')" '{type:"MODIFIED",object:$o}')"
+moved() { # POD OLD-ID
+  local i
+  for i in $(seq 100); do
+    [ "$(weftctl -o json endpoint list | jq -r --arg c "$WEFT_P-$1" '.[] | select(.container_id == $c) | .identity')" != "$2" ] && return 0
+    sleep 0.05
+  done
+  return 1
+}
+check "client-c got a new identity" moved client-c "$id_before"
+check "ops (now team=audit) -> server:80 allowed" tcp_ok server client-c "$SRV" 80
+
+echo "== upstream: allow ingress access on one named port (policy replaced through the watch)"
+rev=$(weftctl -o json status | jq .policy_revision)
+check "DELETED the namespace policy pushed" push /apis/networking.k8s.io/v1/networkpolicies \
+  "$(jq -nc --argjson o "$(np_ns_expr | jq -c '.metadata.resourceVersion="22"')" '{type:"DELETED",object:$o}')"
+check "ADDED the named-port policy pushed" push /apis/networking.k8s.io/v1/networkpolicies \
+  "$(jq -nc --argjson o "$(np_named_port | jq -c '.metadata.resourceVersion="23"')" '{type:"ADDED",object:$o}')"
+applied() {
+  local i
+  for i in $(seq 100); do
+    weftctl policy list | grep -q allow-serve-80 && ! weftctl policy list | grep -q allow-ns-team-billing && return 0
+    sleep 0.05
+  done
+  return 1
+}
+check "the repository holds only the named-port policy" applied
+rev_above() { [ "$(weftctl -o json status | jq .policy_revision)" -gt "$1" ]; }
+check "the revision moved" rev_above "$rev"
+check "ops -> server:80 (serve-80) allowed" tcp_ok server client-c "$SRV" 80
+check_not "ops -> server:81 (serve-81, not allowed) dropped" tcp_ok server client-c "$SRV" 81
+check "billing -> server:80 allowed" tcp_ok server client-b "$SRV" 80
+check_not "billing -> server:81 dropped" tcp_ok server client-b "$SRV" 81
+trace80=$(weftctl -o json policy trace --src "$(pod_ip client-b)" --dst "$SRV" --dport 80 --proto tcp | jq -r .verdict)
+check "policy trace resolves the named port like the datapath" test "$trace80" = allow
+
+echo "== the policy deleted with its object"
+check "DELETED pushed" push /apis/networking.k8s.io/v1/networkpolicies \
+  "$(jq -nc --argjson o "$(np_named_port | jq -c '.metadata.resourceVersion="24"')" '{type:"DELETED",object:$o}')"
+gone() { local i; for i in $(seq 100); do weftctl policy list | grep -q allow-serve-80 || return 0; sleep 0.05; done; return 1; }
+check "its rules are gone" gone
+check "ops -> server:81 allowed again" tcp_ok server client-c "$SRV" 81
+weft_summary
