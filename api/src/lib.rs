@@ -9,6 +9,8 @@ pub mod client;
 #[cfg(feature = "client")]
 pub mod delete_queue;
 pub mod naming;
+#[cfg(feature = "client")]
+pub mod trust;
 
 use serde::{Deserialize, Serialize};
 use std::net::IpAddr;

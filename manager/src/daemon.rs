@@ -1,6 +1,5 @@
 //! Start-up in DESIGN §2 order, then serving the API until SIGTERM.
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
@@ -72,6 +71,12 @@ pub enum StartError {
         /// Endpoints in the datapath.
         endpoints: usize,
     },
+    /// A start-up guard refused (untrusted dir, busy pin dir, socket path in use).
+    #[error(transparent)]
+    Guard(#[from] crate::guard::GuardError),
+    /// The delete queue's directory is not trusted.
+    #[error(transparent)]
+    Queue(#[from] weft_api::delete_queue::QueueError),
     /// Filesystem work around the socket or state dir.
     #[error("{what} {path}: {source}")]
     Io {
@@ -84,13 +89,12 @@ pub enum StartError {
     },
 }
 
-fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> StartError {
-    let path = path.display().to_string();
-    move |source| StartError::Io { what, path, source }
-}
-
 /// Picks the node CIDRs and refuses a change that would orphan live endpoints.
-fn node_cidrs(config: &Config, store: &Store) -> Result<Vec<ChosenCidr>, StartError> {
+fn node_cidrs(
+    config: &Config,
+    store: &Store,
+    view: &crate::nodenet::NodeView,
+) -> Result<Vec<ChosenCidr>, StartError> {
     let manifest = match &config.node_manifest {
         Some(path) => NodeManifest::load(path)?,
         None => NodeManifest::default(),
@@ -100,6 +104,11 @@ fn node_cidrs(config: &Config, store: &Store) -> Result<Vec<ChosenCidr>, StartEr
         tracing::warn!("{w}");
     }
     let chosen = selection.cidrs();
+    for c in &chosen {
+        if let Some(why) = crate::nodenet::conflict(c.cidr, view) {
+            return Err(NodeError::Conflict(format!("{} ({}): {why}", c.cidr, c.detail)).into());
+        }
+    }
     let previous: Vec<ChosenCidr> = store.get_meta(NODE_KEY)?.unwrap_or_default();
     let endpoints = store.load_endpoints()?;
     for old in &previous {
@@ -149,22 +158,6 @@ fn refuse_lost_state(
     Ok(())
 }
 
-/// Binds the API socket: parent created, stale socket replaced, mode 0600.
-fn bind_socket(path: &Path) -> Result<UnixListener, StartError> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(io("cannot create socket directory", dir))?;
-    }
-    match std::fs::remove_file(path) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(io("cannot remove stale socket", path)(e)),
-    }
-    let listener = UnixListener::bind(path).map_err(io("cannot bind socket", path))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-        .map_err(io("cannot chmod socket", path))?;
-    Ok(listener)
-}
-
 /// Times the phases of start-up for the log, `weftctl status` and the benchmark.
 struct Phases {
     start: Instant,
@@ -195,8 +188,14 @@ impl Phases {
 /// or removes an entry before its replacement exists.
 pub async fn start(config: &Config) -> Result<(Arc<Manager>, UnixListener), StartError> {
     let mut phases = Phases::new();
-    std::fs::create_dir_all(&config.state_dir)
-        .map_err(io("cannot create state directory", &config.state_dir))?;
+    // Everything the manager creates (sled files, the queue) is for root only.
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
+    crate::guard::secure_state_dir(&config.state_dir)?;
+    crate::guard::check_socket(&config.socket)?;
+    let queue = DeleteQueue::for_socket(&config.socket);
+    queue.ensure_trusted()?;
+    crate::datapath::ensure_bpffs(&config.bpffs)?;
+    crate::guard::lock_pin_dir(&config.bpffs)?;
     let store = Store::open(&config.state_dir)?;
     phases.mark("store");
 
@@ -207,8 +206,8 @@ pub async fn start(config: &Config) -> Result<(Arc<Manager>, UnixListener), Star
     phases.mark("maps");
 
     refuse_lost_state(config, &store, &*datapath)?;
-    let cidrs = node_cidrs(config, &store)?;
     let hostnet: Arc<dyn HostNet> = Arc::new(NetlinkHostNet::new()?);
+    let cidrs = node_cidrs(config, &store, &hostnet.node_view().await?)?;
     let routers: Vec<_> = cidrs.iter().map(|c| (c.router_ip(), c.cidr)).collect();
     hostnet.ensure_host_device(&routers).await?;
     for (router, _) in &routers {
@@ -225,7 +224,6 @@ pub async fn start(config: &Config) -> Result<(Arc<Manager>, UnixListener), Star
     let (policy, _) = PolicyState::restore(store, &label_sets)?;
     phases.mark("ipam+identities+policy");
 
-    let queue = DeleteQueue::for_socket(&config.socket);
     let manager = Arc::new(
         Manager::new(
             config.node_name.clone(),
@@ -250,7 +248,7 @@ pub async fn start(config: &Config) -> Result<(Arc<Manager>, UnixListener), Star
     let drained = crate::restore::drain_delete_queue(&manager, &queue).await;
     phases.mark("delete-queue");
 
-    let listener = bind_socket(&config.socket)?;
+    let listener = crate::guard::bind_socket(&config.socket)?;
     for (name, ms) in &phases.done {
         manager.record_phase(name, *ms);
     }

@@ -18,6 +18,7 @@ mod state;
 mod types;
 
 pub use bpf::BpfDatapath;
+pub(crate) use bpffs::ensure as ensure_bpffs;
 pub use encode::{PolicyBlock, encode_policy, lookup_encoded};
 pub use error::DatapathError;
 pub use fake::{FakeCall, FakeDatapath};
