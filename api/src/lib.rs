@@ -15,6 +15,10 @@ pub mod trust;
 use serde::{Deserialize, Serialize};
 use std::net::IpAddr;
 
+/// Largest request body the manager reads (413 `too_large` beyond it). The client refuses to
+/// send more, so the caller sees the limit instead of a broken connection.
+pub const MAX_REQUEST_BODY: usize = 2 << 20;
+
 /// A label as CNI CONVENTIONS pass it in `args.cni.labels`, and as endpoints carry it.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct Label {

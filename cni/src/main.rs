@@ -49,7 +49,7 @@ fn print_json(v: &serde_json::Value) {
 }
 
 fn run(stdin: &[u8]) -> Result<Option<serde_json::Value>, CniError> {
-    let env = CniEnv::from_lookup(|k| std::env::var(k).ok())?;
+    let env = CniEnv::from_os_lookup(|k| std::env::var_os(k))?;
     if env.command == Command::Version {
         return Ok(Some(version::version_info(
             netconf::sniff_version(stdin).as_deref(),
