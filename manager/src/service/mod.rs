@@ -9,6 +9,7 @@
 mod labels;
 pub mod policy_api;
 mod regen;
+pub mod validate;
 
 pub use labels::{from_api_labels, to_api_labels};
 pub use policy_api::{ImportResult, TraceRequest, TraceResult};
@@ -295,6 +296,7 @@ impl Manager {
     /// whose selectors match a new identity are regenerated now, so they already allow the new
     /// pod when its IPs appear in the ipcache at registration.
     pub fn allocate(&self, req: &AllocateRequest) -> Result<Endpoint, ManagerError> {
+        validate::allocate(req)?;
         // A DEL for this pair queued while the manager was unreachable came before this ADD:
         // apply it first, or a later drain would remove what this ADD creates. Taken before
         // the state lock: the drain holds the queue lock while it takes the state lock.
@@ -351,6 +353,7 @@ impl Manager {
     /// Registers the plumbed veth: attaches the datapath, installs the endpoint's policy, and
     /// only then persists it `ready` (Cilium's `SyncBuildEndpoint`: ADD returns enforcing).
     pub fn register(&self, id: u32, req: &RegisterRequest) -> Result<Endpoint, ManagerError> {
+        validate::register(req)?;
         let mut st = self.state();
         let mut ep = st.reg.prepare_ready(id, req)?;
         let view = datapath_view(&ep).ok_or_else(|| {
@@ -393,6 +396,7 @@ impl Manager {
     /// Removes the endpoint of (container id, ifname), if that container owns one: datapath
     /// state first, then the record, its IPs and its identity reference.
     pub fn delete(&self, container_id: &str, ifname: &str) -> Result<DeleteResponse, ManagerError> {
+        validate::owner(container_id, ifname)?;
         let mut st = self.state();
         let Some(ep) = st.reg.begin_delete(container_id, ifname)? else {
             return Ok(DeleteResponse { deleted: None });
