@@ -289,9 +289,7 @@ pub async fn serve(
         }
         tracing::info!("signal received; stopping (datapath stays in place)");
     };
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await?;
+    crate::listener::serve(listener, app, crate::listener::Limits::default(), shutdown).await?;
     let _ = std::fs::remove_file(socket);
     Ok(())
 }

@@ -14,6 +14,7 @@ pub mod endpoint;
 pub mod guard;
 pub mod hostnet;
 pub mod ipam;
+pub mod listener;
 pub mod node;
 pub mod nodenet;
 pub mod policy_state;
