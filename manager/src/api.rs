@@ -193,7 +193,10 @@ struct OwnerQuery {
 
 async fn list_endpoints(State(m): State<Shared>, Query(q): Query<OwnerQuery>) -> Reply {
     match (q.container_id, q.ifname) {
-        (Some(c), Some(i)) => json(&m.find(&c, &i).into_iter().collect::<Vec<_>>()),
+        (Some(c), Some(i)) => {
+            crate::service::validate::owner(&c, &i)?;
+            json(&m.find(&c, &i).into_iter().collect::<Vec<_>>())
+        }
         (None, None) => json(&m.endpoints()),
         _ => Err(HttpError::new(
             StatusCode::BAD_REQUEST,

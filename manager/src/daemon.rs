@@ -89,17 +89,37 @@ pub enum StartError {
     },
 }
 
+/// The node manifest and this node's name. A manifest names its node: an explicit
+/// `--node-name` that differs means the wrong manifest (another node's CIDRs would be used),
+/// refused before anything is touched; without `--node-name` the manifest's name is this node's.
+fn node_identity(config: &Config) -> Result<(NodeManifest, String), StartError> {
+    let Some(path) = &config.node_manifest else {
+        return Ok((NodeManifest::default(), config.node_name.clone()));
+    };
+    let manifest = NodeManifest::load(path)?;
+    let name = match manifest.metadata.name.clone() {
+        Some(m) if m != config.node_name && config.node_name_given => {
+            return Err(NodeError::OtherNode {
+                path: path.display().to_string(),
+                manifest_node: m,
+                node: config.node_name.clone(),
+            }
+            .into());
+        }
+        Some(m) => m,
+        None => config.node_name.clone(),
+    };
+    Ok((manifest, name))
+}
+
 /// Picks the node CIDRs and refuses a change that would orphan live endpoints.
 fn node_cidrs(
     config: &Config,
+    manifest: &NodeManifest,
     store: &Store,
     view: &crate::nodenet::NodeView,
 ) -> Result<Vec<ChosenCidr>, StartError> {
-    let manifest = match &config.node_manifest {
-        Some(path) => NodeManifest::load(path)?,
-        None => NodeManifest::default(),
-    };
-    let selection = node::select(&manifest, &config.pod_cidrs)?;
+    let selection = node::select(manifest, &config.pod_cidrs)?;
     for w in &selection.warnings {
         tracing::warn!("{w}");
     }
@@ -188,6 +208,7 @@ impl Phases {
 /// or removes an entry before its replacement exists.
 pub async fn start(config: &Config) -> Result<(Arc<Manager>, UnixListener), StartError> {
     let mut phases = Phases::new();
+    let (manifest, node_name) = node_identity(config)?;
     // Everything the manager creates (sled files, the queue) is for root only.
     nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
     crate::guard::secure_state_dir(&config.state_dir)?;
@@ -207,7 +228,7 @@ pub async fn start(config: &Config) -> Result<(Arc<Manager>, UnixListener), Star
 
     refuse_lost_state(config, &store, &*datapath)?;
     let hostnet: Arc<dyn HostNet> = Arc::new(NetlinkHostNet::new()?);
-    let cidrs = node_cidrs(config, &store, &hostnet.node_view().await?)?;
+    let cidrs = node_cidrs(config, &manifest, &store, &hostnet.node_view().await?)?;
     let routers: Vec<_> = cidrs.iter().map(|c| (c.router_ip(), c.cidr)).collect();
     hostnet.ensure_host_device(&routers).await?;
     for (router, _) in &routers {
@@ -226,7 +247,7 @@ pub async fn start(config: &Config) -> Result<(Arc<Manager>, UnixListener), Star
 
     let manager = Arc::new(
         Manager::new(
-            config.node_name.clone(),
+            node_name,
             cidrs,
             registry,
             policy,
@@ -292,4 +313,44 @@ pub async fn serve(
     crate::listener::serve(listener, app, crate::listener::Limits::default(), shutdown).await?;
     let _ = std::fs::remove_file(socket);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn config(args: &[&str]) -> Config {
+        let mut all = vec!["weft-manager"];
+        all.extend_from_slice(args);
+        Config::resolve(crate::config::Cli::parse_from(all)).unwrap()
+    }
+
+    #[test]
+    fn a_manifest_for_another_node_is_refused_when_the_name_is_given() {
+        let m = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../testdata/nodes/podcidr-only.yaml"
+        );
+        let err = node_identity(&config(&["--node-manifest", m, "--node-name", "other"]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("\"node-podcidr\"") && err.contains("\"other\""),
+            "{err}"
+        );
+        let (_, name) = node_identity(&config(&["--node-manifest", m])).unwrap();
+        assert_eq!(
+            name, "node-podcidr",
+            "without --node-name the manifest names the node"
+        );
+        let (_, name) = node_identity(&config(&[
+            "--node-manifest",
+            m,
+            "--node-name",
+            "node-podcidr",
+        ]))
+        .unwrap();
+        assert_eq!(name, "node-podcidr");
+    }
 }

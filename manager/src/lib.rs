@@ -21,3 +21,6 @@ pub mod policy_state;
 pub mod restore;
 pub mod service;
 pub mod store;
+
+#[cfg(test)]
+mod hostile_tests;

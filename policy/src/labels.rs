@@ -217,28 +217,34 @@ impl LabelSet {
     /// Applies a user's label change (`weftctl endpoint labels --add k=v --remove k`) to a
     /// pod's security labels. User labels have source `k8s`, like pod labels; the namespace
     /// labels cannot be added or removed this way.
-    pub fn with_user_changes(
+    pub fn with_user_changes<'a>(
         &self,
-        add: &[(&str, &str)],
-        remove: &[&str],
+        add: &[(&'a str, &'a str)],
+        remove: &[&'a str],
     ) -> Result<Self, LabelError> {
         let ns_name_key = format!("{}{}", keys::NAMESPACE_LABELS_PREFIX, keys::NAMESPACE_NAME);
         let managed = |k: &str| k == keys::POD_NAMESPACE || k == ns_name_key;
-        if let Some(k) = add
+        // Users may name a key with its `k8s:` source; any other source, or a ':' left in the
+        // key, would create a label no selector can name (or dodge the managed-key check).
+        let bare = |k: &'a str| -> Result<&'a str, LabelError> {
+            let key = k.strip_prefix("k8s:").unwrap_or(k);
+            check_key(key)?;
+            if key.contains(':') {
+                return Err(LabelError::BadChar(
+                    k.chars().take(80).collect(),
+                    "only k8s labels can be changed: use key or k8s:key, with no other ':'",
+                ));
+            }
+            if managed(key) {
+                return Err(LabelError::Managed(k.to_owned()));
+            }
+            Ok(key)
+        };
+        let add: Vec<(&str, &str)> = add
             .iter()
-            .map(|(k, _)| *k)
-            .chain(remove.iter().copied())
-            .find(|k| managed(k))
-        {
-            return Err(LabelError::Managed(k.to_owned()));
-        }
-        for (k, v) in add {
-            check_key(k)?;
-            check_value(v)?;
-        }
-        for k in remove {
-            check_key(k)?;
-        }
+            .map(|(k, v)| check_value(v).and_then(|()| Ok((bare(k)?, *v))))
+            .collect::<Result<_, _>>()?;
+        let remove: Vec<&str> = remove.iter().map(|k| bare(k)).collect::<Result<_, _>>()?;
         let mut out = self.clone();
         for k in remove {
             out.remove_key(source::K8S, k);
@@ -440,5 +446,26 @@ mod tests {
         assert!(set.with_user_changes(&[("\0", "x")], &[]).is_err());
         assert!(set.with_user_changes(&[("a", "two words")], &[]).is_err());
         assert!(set.with_user_changes(&[("a", "ok")], &["bad key"]).is_err());
+        // The managed namespace label cannot be reached through its source prefix either.
+        let pod = LabelSet::for_pod("ns1", [("app", "web")]);
+        for k in [
+            "k8s:io.kubernetes.pod.namespace",
+            "io.kubernetes.pod.namespace",
+        ] {
+            assert!(matches!(
+                pod.with_user_changes(&[(k, "kube-system")], &[]),
+                Err(LabelError::Managed(_))
+            ));
+            assert!(pod.with_user_changes(&[], &[k]).is_err());
+        }
+        assert!(
+            pod.with_user_changes(&[("reserved:host", "")], &[])
+                .is_err()
+        );
+        let changed = pod.with_user_changes(&[("k8s:tier", "db")], &[]).unwrap();
+        assert_eq!(
+            changed,
+            pod.with_user_changes(&[("tier", "db")], &[]).unwrap()
+        );
     }
 }
