@@ -9,6 +9,8 @@ mod manager;
 mod netconf;
 mod netlink;
 mod netns;
+#[cfg(test)]
+mod props;
 mod result;
 mod revert;
 mod version;

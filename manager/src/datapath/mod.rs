@@ -14,6 +14,8 @@ mod encode;
 mod error;
 mod events;
 mod fake;
+#[cfg(test)]
+mod props;
 mod state;
 mod types;
 

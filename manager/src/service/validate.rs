@@ -166,4 +166,34 @@ mod tests {
             );
         }
     }
+
+    proptest::proptest! {
+        #[test]
+        fn any_allocate_request_is_accepted_clean_or_refused_by_name(
+            id in ".{0,140}", ifname in ".{0,20}", netns in ".{0,40}",
+            name in proptest::option::of(".{0,20}"), key in ".{0,20}", value in ".{0,20}",
+        ) {
+            let r = AllocateRequest {
+                container_id: id, ifname, netns, pod_namespace: None, pod_name: name,
+                labels: vec![weft_api::Label { key, value }],
+            };
+            match allocate(&r) {
+                Ok(()) => {
+                    let all = format!("{}{}{}{:?}{}{}", r.container_id, r.ifname, r.netns,
+                        r.pod_name, r.labels[0].key, r.labels[0].value);
+                    proptest::prop_assert!(!all.chars().any(char::is_control));
+                    proptest::prop_assert!(r.container_id.len() <= 128 && r.ifname.len() <= 15);
+                }
+                Err(e) => proptest::prop_assert!(matches!(e, ManagerError::Invalid(_))),
+            }
+        }
+
+        #[test]
+        fn any_request_body_decodes_or_is_refused(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300)) {
+            let _ = serde_json::from_slice::<AllocateRequest>(&bytes);
+            let _ = serde_json::from_slice::<RegisterRequest>(&bytes);
+            let _ = serde_json::from_slice::<weft_api::GcRequest>(&bytes);
+            let _ = serde_json::from_slice::<crate::service::TraceRequest>(&bytes);
+        }
+    }
 }
