@@ -146,8 +146,8 @@ impl DeleteQueue {
             Err(e) => return Err(io(&tmp)(e)),
         }
         let mut f = trust::create_new_private(&tmp)?;
-        f.write_all(&serde_json::to_vec(req).expect("requests serialize"))
-            .map_err(io(&tmp))?;
+        let bytes = serde_json::to_vec(req).map_err(|e| io(&tmp)(std::io::Error::other(e)))?;
+        f.write_all(&bytes).map_err(io(&tmp))?;
         // The DEL reports success only once the request is on disk.
         f.sync_all().map_err(io(&tmp))?;
         fs::rename(&tmp, &path).map_err(io(&path))?;

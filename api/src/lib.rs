@@ -3,6 +3,16 @@
 //! Shared by the CNI plugin, the manager and weftctl so the three can never disagree on a field.
 //! Nothing here does I/O except the optional [`client`] module.
 #![warn(missing_docs)]
+// Input reaches these crates from the API, policy files and the CNI: no path may panic on it.
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::indexing_slicing,
+        clippy::panic
+    )
+)]
 
 #[cfg(feature = "client")]
 pub mod client;

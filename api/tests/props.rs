@@ -1,5 +1,5 @@
 //! Properties of the shared wire types and naming (stable counterparts of
-//! fuzz/fuzz_targets/api_decode.rs).
+//! `fuzz/fuzz_targets/api_decode.rs`).
 
 use proptest::prelude::*;
 use weft_api::naming::{container_id_problem, host_ifname, ifname_problem};

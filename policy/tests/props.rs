@@ -1,4 +1,4 @@
-//! Properties of policy parsing (stable counterparts of fuzz/fuzz_targets/policy_parse.rs): any
+//! Properties of policy parsing (stable counterparts of `fuzz/fuzz_targets/policy_parse.rs`): any
 //! text parses or fails with an error, never a panic; labels accepted are safe to print and
 //! read back as themselves.
 

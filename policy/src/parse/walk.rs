@@ -331,7 +331,9 @@ pub fn port_number(v: &Value, path: &str, allow_zero: bool) -> Res<u16> {
     };
     match text.parse::<u32>() {
         Ok(0) if allow_zero => Ok(0),
-        Ok(n @ 1..=65535) => Ok(u16::try_from(n).expect("range checked")),
+        Ok(n @ 1..=65535) => {
+            u16::try_from(n).map_err(|_| FieldError::new(path, "port out of range"))
+        }
         Err(_) if text.chars().any(|c| c.is_ascii_alphabetic()) => Err(FieldError::new(
             path,
             format!("{text:?} is not a port number (1-65535); named ports are not supported yet"),
