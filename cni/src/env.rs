@@ -276,10 +276,11 @@ mod tests {
         assert_eq!(err.code(), 4);
         assert!(err.to_string().contains("at most 128"), "{err}");
         assert!(err.to_string().len() < 300, "the id is not echoed");
-        use std::os::unix::ffi::OsStringExt;
         let err = CniEnv::from_os_lookup(|k| match k {
             "CNI_COMMAND" => Some("DEL".into()),
-            "CNI_CONTAINERID" => Some(std::ffi::OsString::from_vec(vec![b'a', 0xff])),
+            "CNI_CONTAINERID" => Some(
+                <std::ffi::OsString as std::os::unix::ffi::OsStringExt>::from_vec(vec![b'a', 0xff]),
+            ),
             "CNI_IFNAME" => Some("eth0".into()),
             _ => None,
         })

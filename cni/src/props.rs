@@ -15,11 +15,11 @@ const CODES: [u32; 5] = [1, 4, 6, 7, 11];
 proptest! {
     #[test]
     fn cni_args_never_panic_and_accepted_values_are_kept(raw in ".{0,200}") {
-        if let Ok(args) = parse_cni_args(&raw) {
-            if let Some(name) = args.pod_name {
-                let needle = format!("K8S_POD_NAME={name}");
-                prop_assert!(raw.contains(&needle));
-            }
+        if let Ok(args) = parse_cni_args(&raw)
+            && let Some(name) = args.pod_name
+        {
+            let needle = format!("K8S_POD_NAME={name}");
+            prop_assert!(raw.contains(&needle));
         }
     }
 

@@ -27,7 +27,7 @@ struct World {
     _dir: tempfile::TempDir,
 }
 
-async fn world() -> World {
+fn world() -> World {
     let net = Arc::new(FakeHostNet::default());
     let dp = Arc::new(FakeDatapath::default());
     let cidr = crate::node::select(
@@ -170,6 +170,7 @@ fn policy(text: &str) -> Vec<u8> {
     serde_json::to_vec(&serde_json::json!({"file": "p.yaml", "content": text})).unwrap()
 }
 
+#[expect(clippy::too_many_lines, reason = "one table, one line per case")]
 fn cases(ready: &weft_api::Endpoint) -> Vec<Case> {
     let id = ready.id;
     let ep_path = format!("/v1/endpoints/{id}/ready");
@@ -334,7 +335,7 @@ fn cases(ready: &weft_api::Endpoint) -> Vec<Case> {
                             key: format!("k{i}"),
                             value: "v".into(),
                         })
-                        .collect()
+                        .collect();
                 }),
             ),
             400,
@@ -636,7 +637,7 @@ fn cases(ready: &weft_api::Endpoint) -> Vec<Case> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_api_requests_get_their_exact_error_and_change_nothing() {
-    let w = world().await;
+    let w = world();
     // One ready endpoint to attack.
     let ep =
         w.m.allocate(&AllocateRequest {

@@ -178,7 +178,7 @@ mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    async fn server(limits: Limits) -> (tempfile::TempDir, std::path::PathBuf) {
+    fn server(limits: Limits) -> (tempfile::TempDir, std::path::PathBuf) {
         let d = tempfile::tempdir().unwrap();
         let path = d.path().join("api.sock");
         let listener = UnixListener::bind(&path).unwrap();
@@ -253,7 +253,7 @@ mod tests {
             per_process: 8,
             header_timeout: Duration::from_millis(300),
         };
-        let (_d, path) = server(limits).await;
+        let (_d, path) = server(limits);
         // This process floods with partial headers and idle connections: 8 are kept a while,
         // the rest closed at once.
         let mut held = Vec::new();

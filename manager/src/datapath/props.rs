@@ -1,4 +1,4 @@
-//! Properties of the map key encodings (stable counterparts of fuzz/fuzz_targets/map_keys.rs):
+//! Properties of the map key encodings (stable counterparts of `fuzz/fuzz_targets/map_keys.rs`):
 //! what the manager writes decodes back to what it meant, for any input.
 
 use super::encode::port_blocks;

@@ -115,6 +115,8 @@ pub fn register(req: &RegisterRequest) -> Result<(), ManagerError> {
 mod tests {
     use super::*;
 
+    type Mutate = Box<dyn Fn(&mut AllocateRequest)>;
+
     fn req() -> AllocateRequest {
         AllocateRequest {
             container_id: "c1".into(),
@@ -132,7 +134,7 @@ mod tests {
     #[test]
     fn good_requests_pass_and_each_bad_field_is_named() {
         allocate(&req()).unwrap();
-        let cases: Vec<(Box<dyn Fn(&mut AllocateRequest)>, &str)> = vec![
+        let cases: Vec<(Mutate, &str)> = vec![
             (Box::new(|r| r.ifname = "../../x".into()), "ifname"),
             (
                 Box::new(|r| r.netns = "/etc".into()),
