@@ -297,7 +297,7 @@ mod tests {
     fn world_writable_without_sticky_is_refused_with_sticky_accepted() {
         let d = tmp("ww");
         std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o777)).unwrap();
-        let err = check_dir_chain(&d.join("x").parent().unwrap().to_path_buf(), own_uid());
+        let err = check_dir_chain(d.join("x").parent().unwrap(), own_uid());
         assert!(matches!(err, Err(TrustError::Writable { .. })), "{err:?}");
         std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o1777)).unwrap();
         check_dir_chain(&d, own_uid()).unwrap();

@@ -15,8 +15,6 @@ use crate::node::{self, ChosenCidr, NodeError, NodeManifest};
 use crate::policy_state::{PolicyState, PolicyStateError};
 use crate::service::{Manager, from_api_labels};
 use crate::store::{Store, StoreError};
-use ipnet::IpNet;
-use weft_policy::mapstate::reserved;
 
 /// Persisted node record (the `AnnotateNode` write-back).
 const NODE_KEY: &str = "node";
@@ -231,9 +229,6 @@ pub async fn start(config: &Config) -> Result<(Arc<Manager>, UnixListener), Star
     let cidrs = node_cidrs(config, &manifest, &store, &hostnet.node_view().await?)?;
     let routers: Vec<_> = cidrs.iter().map(|c| (c.router_ip(), c.cidr)).collect();
     hostnet.ensure_host_device(&routers).await?;
-    for (router, _) in &routers {
-        datapath.upsert_ipcache(IpNet::from(*router), reserved::HOST)?;
-    }
     phases.mark("node");
 
     let pools = cidrs.iter().map(|c| Pool::new(c.cidr)).collect();
@@ -268,6 +263,7 @@ pub async fn start(config: &Config) -> Result<(Arc<Manager>, UnixListener), Star
     phases.mark("regenerate");
     let drained = crate::restore::drain_delete_queue(&manager, &queue).await;
     phases.mark("delete-queue");
+    let orphan_links = manager.reap_orphan_links().await?;
 
     let listener = crate::guard::bind_socket(&config.socket)?;
     for (name, ms) in &phases.done {
@@ -282,6 +278,7 @@ pub async fn start(config: &Config) -> Result<(Arc<Manager>, UnixListener), Star
         stale_ipcache,
         regenerated,
         queued_deletes = drained,
+        orphan_links,
         phases = ?phases.done,
         elapsed_ms = phases.start.elapsed().as_secs_f64() * 1000.0,
         socket = %config.socket.display(),

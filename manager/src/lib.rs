@@ -14,6 +14,8 @@ pub mod endpoint;
 pub mod guard;
 pub mod hostnet;
 pub mod ipam;
+pub mod ipcache;
+pub mod link_reaper;
 pub mod listener;
 pub mod node;
 pub mod nodenet;

@@ -105,6 +105,26 @@ impl Maps {
         self.policy.map().fd().as_fd()
     }
 
+    /// Every policy block in the kernel, by endpoint id.
+    pub(crate) fn kernel_policy(&self) -> Result<HashMap<u32, Encoded>, DatapathError> {
+        let entries: Vec<(LpmKey, abi::PolicyValue)> = batch::lookup_all(self.policy_fd())
+            .map_err(|source| DatapathError::Syscall {
+                map: names::POLICY,
+                source,
+            })?;
+        let mut out: HashMap<u32, Encoded> = HashMap::new();
+        for (key, value) in entries {
+            let block = PolicyBlock {
+                key: key.data,
+                prefix_len: key.prefix_len,
+            };
+            out.entry(block.key.endpoint_id)
+                .or_default()
+                .insert(block, value.verdict);
+        }
+        Ok(out)
+    }
+
     /// Rebuilds the in-memory mirrors from the pinned maps (they may predate this process).
     pub(crate) fn read_back(&mut self) -> Result<(), DatapathError> {
         for item in &self.endpoints {
@@ -146,7 +166,7 @@ impl Maps {
                 Err(MapError::KeyNotFound) => {
                     let value = abi::IpcacheValue {
                         identity: reserved::WORLD,
-                        flags: 0,
+                        cidr_identity: 0,
                     };
                     self.ipcache
                         .insert(&key, value, 0)
@@ -330,15 +350,4 @@ pub(crate) fn endpoint_info(ep: &EndpointDatapath, flags: u32) -> abi::EndpointI
         }
     }
     info
-}
-
-pub(crate) fn endpoint_ips(info: &abi::EndpointInfo) -> Vec<IpAddr> {
-    let mut ips = Vec::new();
-    if info.flags & abi::EP_HAS_IPV4 != 0 {
-        ips.push(IpAddr::from(info.ipv4));
-    }
-    if info.flags & abi::EP_HAS_IPV6 != 0 {
-        ips.push(IpAddr::from(info.ipv6));
-    }
-    ips
 }
