@@ -63,10 +63,13 @@ weft_make_node() {
 
 # weft_start_manager [extra weft-manager flags...]
 weft_start_manager() {
+  # A manifest names its node: --node-name would have to match it, so it is left to the manifest.
+  local name=(--node-name "$WEFT_P") a
+  for a in "$@"; do [ "$a" = --node-manifest ] && name=(); done
   # nsenter directly, not the in_node function: `$!` of a backgrounded function is a subshell,
   # and killing that would leave the manager running.
   nsenter --net="/run/netns/$WEFT_NODE" "$WEFT_BIN/weft-manager" --state-dir "$WEFT_STATE" --socket "$WEFT_SOCK" \
-    --bpffs "$WEFT_BPFFS" --node-name "$WEFT_P" "$@" >>"$WEFT_TMP/manager.log" 2>&1 &
+    --bpffs "$WEFT_BPFFS" "${name[@]}" "$@" >>"$WEFT_TMP/manager.log" 2>&1 &
   WEFT_MANAGER_PID=$!
   weftctl status --wait 20 >/dev/null || die "weft-manager did not become ready (log: $WEFT_TMP/manager.log)"
 }

@@ -41,6 +41,24 @@ pub enum ClientError {
         /// The error body.
         body: ApiError,
     },
+    /// The request could not be built (e.g. a path too long for a URI); nothing was sent.
+    #[error("cannot build a request for {path:?}: {detail}")]
+    BadRequest {
+        /// The path (first 80 characters).
+        path: String,
+        /// Why.
+        detail: String,
+    },
+    /// The request body is larger than the manager accepts; nothing was sent.
+    #[error(
+        "the request is {size} bytes; weft-manager accepts at most {limit} bytes per request: split it (e.g. import the policy file in parts)"
+    )]
+    TooLarge {
+        /// Body size.
+        size: usize,
+        /// [`crate::MAX_REQUEST_BODY`].
+        limit: usize,
+    },
     /// The manager's answer could not be decoded.
     #[error("unexpected answer from weft-manager ({status}): {detail}")]
     Decode {
@@ -103,8 +121,8 @@ impl Client {
         path: &str,
         mut on_chunk: impl FnMut(&[u8]) -> bool,
     ) -> Result<(), ClientError> {
+        let req = build_request(Method::GET, path, Bytes::new())?;
         let mut sender = self.connect().await?;
-        let req = build_request(Method::GET, path, Bytes::new());
         let resp = sender
             .send_request(req)
             .await
@@ -160,9 +178,10 @@ impl Client {
         path: &str,
         payload: Bytes,
     ) -> Result<(u16, Bytes), ClientError> {
+        let req = build_request(method, path, payload)?;
         let mut sender = self.connect().await?;
         let resp = sender
-            .send_request(build_request(method, path, payload))
+            .send_request(req)
             .await
             .map_err(|e| self.transport(&e))?;
         let status = resp.status().as_u16();
@@ -203,7 +222,19 @@ impl Client {
     }
 }
 
-fn build_request(method: Method, path: &str, payload: Bytes) -> Request<Full<Bytes>> {
+/// A request for `path`; a path no URI can hold (too long, bad characters) is the caller's
+/// input error, reported rather than a panic.
+fn build_request(
+    method: Method,
+    path: &str,
+    payload: Bytes,
+) -> Result<Request<Full<Bytes>>, ClientError> {
+    if payload.len() > crate::MAX_REQUEST_BODY {
+        return Err(ClientError::TooLarge {
+            size: payload.len(),
+            limit: crate::MAX_REQUEST_BODY,
+        });
+    }
     let mut builder = Request::builder()
         .method(method)
         .uri(path)
@@ -213,7 +244,10 @@ fn build_request(method: Method, path: &str, payload: Bytes) -> Request<Full<Byt
     }
     builder
         .body(Full::new(payload))
-        .expect("static request parts are valid")
+        .map_err(|e| ClientError::BadRequest {
+            path: path.chars().take(80).collect(),
+            detail: e.to_string(),
+        })
 }
 
 fn api_error(status: StatusCode, bytes: &[u8]) -> ClientError {

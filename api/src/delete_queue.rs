@@ -5,14 +5,21 @@
 //! (container id, ifname), written to a temp name and renamed so a reader never sees half a
 //! request. Writers and the draining manager serialise on an `flock` of `.lock` in that dir.
 //! The queue is bounded: when full, the DEL fails with "try again later" so the runtime retries.
+//!
+//! A queued request deletes a pod, so the queue trusts nothing it did not make: the dir is
+//! created 0700 and must stay owned by the queue's user with no group/other bits, inside a
+//! chain of directories no other user can write (see [`crate::trust`]); files are created with
+//! `O_EXCL|O_NOFOLLOW` and read with `O_NOFOLLOW`, and a request not owned by that user is
+//! moved aside unread.
 
 use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use crate::naming;
+use crate::trust::{self, TrustError};
 
 /// Most requests the queue holds.
 pub const MAX_ENTRIES: usize = 1024;
@@ -35,6 +42,9 @@ pub enum QueueError {
         /// Queue dir.
         dir: PathBuf,
     },
+    /// The queue dir (or a dir above it) could be written by another user.
+    #[error("delete queue: {0}")]
+    Untrusted(#[from] TrustError),
     /// Filesystem failure.
     #[error("delete queue {path}: {source}")]
     Io {
@@ -56,6 +66,8 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> QueueError + '_ {
 #[derive(Debug, Clone)]
 pub struct DeleteQueue {
     dir: PathBuf,
+    /// Who must own the dir and every request in it.
+    owner: u32,
 }
 
 impl DeleteQueue {
@@ -65,7 +77,21 @@ impl DeleteQueue {
         let run_dir = socket.parent().unwrap_or_else(|| Path::new("/run/weft"));
         Self {
             dir: run_dir.join("delete-queue"),
+            owner: trust::own_uid(),
         }
+    }
+
+    /// The same queue, trusting files owned by `uid` only (tests use it to play another user).
+    #[must_use]
+    pub fn owned_by(mut self, uid: u32) -> Self {
+        self.owner = uid;
+        self
+    }
+
+    /// Creates the dir (0700) or checks an existing one: owned by the queue's user, private,
+    /// and inside directories no other user can write. The manager refuses to start otherwise.
+    pub fn ensure_trusted(&self) -> Result<(), QueueError> {
+        Ok(trust::ensure_private_dir(&self.dir, self.owner)?)
     }
 
     /// The queue directory.
@@ -75,14 +101,12 @@ impl DeleteQueue {
     }
 
     fn lock(&self) -> Result<Flock<File>, QueueError> {
-        fs::create_dir_all(&self.dir).map_err(io(&self.dir))?;
+        if let Some(run_dir) = self.dir.parent() {
+            fs::create_dir_all(run_dir).map_err(io(run_dir))?;
+        }
+        self.ensure_trusted()?;
         let path = self.dir.join(".lock");
-        let file = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .map_err(io(&path))?;
+        let file = trust::open_lock_file(&path)?;
         Flock::lock(file, FlockArg::LockExclusive).map_err(|(_, errno)| QueueError::Io {
             path,
             source: std::io::Error::from(errno),
@@ -114,9 +138,16 @@ impl DeleteQueue {
             });
         }
         let tmp = self.dir.join(format!(".{name}.tmp"));
-        let mut f = File::create(&tmp).map_err(io(&tmp))?;
-        f.write_all(&serde_json::to_vec(req).expect("requests serialize"))
-            .map_err(io(&tmp))?;
+        // A leftover from a crash: unlink never follows a symlink, and the O_EXCL create below
+        // refuses anything that reappears.
+        match fs::remove_file(&tmp) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io(&tmp)(e)),
+        }
+        let mut f = trust::create_new_private(&tmp)?;
+        let bytes = serde_json::to_vec(req).map_err(|e| io(&tmp)(std::io::Error::other(e)))?;
+        f.write_all(&bytes).map_err(io(&tmp))?;
         // The DEL reports success only once the request is on disk.
         f.sync_all().map_err(io(&tmp))?;
         fs::rename(&tmp, &path).map_err(io(&path))?;
@@ -151,9 +182,7 @@ impl DeleteQueue {
         let _lock = self.lock()?;
         let mut report = DrainReport::default();
         for path in self.entries()? {
-            let parsed = fs::read(&path)
-                .ok()
-                .and_then(|b| serde_json::from_slice::<DeleteRequest>(&b).ok());
+            let parsed = self.read_request(&path);
             let Some(req) = parsed else {
                 let bad = path.with_extension("bad");
                 fs::rename(&path, &bad).map_err(io(&path))?;
@@ -168,6 +197,17 @@ impl DeleteQueue {
             }
         }
         Ok(report)
+    }
+
+    /// A request written by the queue's user, or None (a symlink, another user's file, or not
+    /// a request): never followed, never trusted.
+    fn read_request(&self, path: &Path) -> Option<DeleteRequest> {
+        use std::io::Read;
+        let mut file = trust::open_owned_regular(path, self.owner).ok()?;
+        let mut bytes = Vec::new();
+        // Requests are ~100 bytes; a large file is not one.
+        (&mut file).take(64 * 1024).read_to_end(&mut bytes).ok()?;
+        serde_json::from_slice(&bytes).ok()
     }
 
     /// Requests waiting.
@@ -216,6 +256,12 @@ mod tests {
                 ));
                 let _ = std::fs::remove_dir_all(&p);
                 std::fs::create_dir_all(&p).unwrap();
+                // Whatever the umask, the run dir must not be writable by others.
+                std::fs::set_permissions(
+                    &p,
+                    <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o755),
+                )
+                .unwrap();
                 Self(p)
             }
         }
@@ -277,10 +323,61 @@ mod tests {
     #[test]
     fn a_full_queue_refuses_new_requests() {
         let (_d, q) = queue();
-        std::fs::create_dir_all(q.dir()).unwrap();
+        q.ensure_trusted().unwrap();
         for i in 0..MAX_ENTRIES {
             std::fs::write(q.dir().join(format!("f{i}.json")), b"{}").unwrap();
         }
         assert!(matches!(q.push(&req("x")), Err(QueueError::Full { .. })));
+    }
+
+    #[test]
+    fn a_planted_tmp_symlink_is_not_followed() {
+        let (d, q) = queue();
+        q.ensure_trusted().unwrap();
+        let victim = d.0.join("victim");
+        std::fs::write(&victim, b"root only").unwrap();
+        let name = naming::host_ifname("a", "eth0");
+        std::os::unix::fs::symlink(&victim, q.dir().join(format!(".{name}.json.tmp"))).unwrap();
+        q.push(&req("a")).unwrap();
+        assert_eq!(std::fs::read(&victim).unwrap(), b"root only");
+        assert_eq!(q.len().unwrap(), 1);
+    }
+
+    #[test]
+    fn requests_of_another_owner_or_symlinks_are_moved_aside_unread() {
+        let (d, q) = queue();
+        q.push(&req("a")).unwrap();
+        let forged_target = d.0.join("forged");
+        std::fs::write(&forged_target, serde_json::to_vec(&req("b")).unwrap()).unwrap();
+        std::os::unix::fs::symlink(&forged_target, q.dir().join("zz-link.json")).unwrap();
+        // Played as another user: our own files now look foreign.
+        let foreign = q.clone().owned_by(trust::own_uid() + 1);
+        // The dir itself is not that user's: refused outright.
+        assert!(matches!(
+            foreign.drain(|_| true),
+            Err(QueueError::Untrusted(TrustError::Owner { .. }))
+        ));
+        let r = q.drain(|_| true).unwrap();
+        assert_eq!(
+            r.done,
+            vec![req("a")],
+            "the symlinked request is never handled"
+        );
+        assert_eq!(r.corrupt.len(), 1);
+    }
+
+    #[test]
+    fn a_queue_dir_open_to_others_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let (d, q) = queue();
+        q.ensure_trusted().unwrap();
+        std::fs::set_permissions(q.dir(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        let err = q.push(&req("a")).unwrap_err().to_string();
+        assert!(err.contains("must be private"), "{err}");
+        std::fs::set_permissions(q.dir(), std::fs::Permissions::from_mode(0o700)).unwrap();
+        std::fs::set_permissions(&d.0, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let err = q.push(&req("a")).unwrap_err().to_string();
+        assert!(err.contains("writable by other users"), "{err}");
+        assert!(q.is_empty().unwrap());
     }
 }

@@ -3,15 +3,31 @@
 //! Shared by the CNI plugin, the manager and weftctl so the three can never disagree on a field.
 //! Nothing here does I/O except the optional [`client`] module.
 #![warn(missing_docs)]
+// Input reaches these crates from the API, policy files and the CNI: no path may panic on it.
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::indexing_slicing,
+        clippy::panic
+    )
+)]
 
 #[cfg(feature = "client")]
 pub mod client;
 #[cfg(feature = "client")]
 pub mod delete_queue;
 pub mod naming;
+#[cfg(feature = "client")]
+pub mod trust;
 
 use serde::{Deserialize, Serialize};
 use std::net::IpAddr;
+
+/// Largest request body the manager reads (413 `too_large` beyond it). The client refuses to
+/// send more, so the caller sees the limit instead of a broken connection.
+pub const MAX_REQUEST_BODY: usize = 2 << 20;
 
 /// A label as CNI CONVENTIONS pass it in `args.cni.labels`, and as endpoints carry it.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]

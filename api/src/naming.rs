@@ -7,6 +7,44 @@ pub const HOST_IFNAME_PREFIX: &str = "weft";
 /// Linux `IFNAMSIZ - 1`.
 pub const MAX_IFNAME_LEN: usize = 15;
 
+/// Longest `CNI_CONTAINERID` accepted. Runtimes use 64 hex digits; the bound leaves room for
+/// other schemes while keeping ids usable in URLs, file names and logs.
+pub const MAX_CONTAINER_ID_LEN: usize = 128;
+
+/// Why `id` is not a valid container id (CNI SPEC: an alphanumeric, then `[a-zA-Z0-9_.-]`, at
+/// most [`MAX_CONTAINER_ID_LEN`] bytes), or None.
+#[must_use]
+pub fn container_id_problem(id: &str) -> Option<String> {
+    if id.len() > MAX_CONTAINER_ID_LEN {
+        return Some(format!(
+            "container id is {} bytes long; at most {MAX_CONTAINER_ID_LEN} are accepted (runtimes use 64 hex digits)",
+            id.len()
+        ));
+    }
+    let mut chars = id.chars();
+    let ok = chars.next().is_some_and(|c| c.is_ascii_alphanumeric())
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'));
+    (!ok).then(|| format!("container id {id:?} is empty or has characters outside [a-zA-Z0-9_.-]"))
+}
+
+/// Why `name` is not a valid interface name (Linux `dev_valid_name`: 1-15 bytes, no `/`, `:`
+/// or whitespace, not `.` or `..`; Weft also refuses control characters), or None.
+#[must_use]
+pub fn ifname_problem(name: &str) -> Option<String> {
+    let bad = name.is_empty()
+        || name.len() > MAX_IFNAME_LEN
+        || name == "."
+        || name == ".."
+        || name
+            .chars()
+            .any(|c| c == '/' || c == ':' || c.is_whitespace() || c.is_control());
+    bad.then(|| {
+        format!(
+            "interface name {name:?} is not valid (1-15 bytes, no '/', ':', whitespace or control characters, not '.' or '..')"
+        )
+    })
+}
+
 fn fnv1a64(parts: &[&str]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for (i, p) in parts.iter().enumerate() {
@@ -61,6 +99,33 @@ pub fn format_mac(mac: &[u8; 6]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn container_ids_and_ifnames_are_bounded() {
+        assert_eq!(container_id_problem(&"a".repeat(64)), None);
+        assert_eq!(
+            container_id_problem(&"a".repeat(MAX_CONTAINER_ID_LEN)),
+            None
+        );
+        assert!(container_id_problem(&"a".repeat(MAX_CONTAINER_ID_LEN + 1)).is_some());
+        assert!(container_id_problem(&"a".repeat(100_000)).is_some_and(|m| m.len() < 200));
+        for bad in ["", "-a", "a/b", "a b", "a\0", "a%2F"] {
+            assert!(container_id_problem(bad).is_some(), "{bad:?}");
+        }
+        assert_eq!(ifname_problem("eth0"), None);
+        for bad in [
+            "",
+            ".",
+            "..",
+            "../../x",
+            "a:b",
+            "a b",
+            "a\n",
+            "0123456789abcdef",
+        ] {
+            assert!(ifname_problem(bad).is_some(), "{bad:?}");
+        }
+    }
 
     #[test]
     fn host_ifname_fits_and_is_stable() {

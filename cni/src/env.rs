@@ -83,35 +83,20 @@ pub fn parse_cni_args(raw: &str) -> Result<CniArgs, CniError> {
     Ok(args)
 }
 
-/// CNI SPEC: a container id starts with an alphanumeric and continues with `[a-zA-Z0-9_.-]`.
+/// CNI SPEC: a container id starts with an alphanumeric and continues with `[a-zA-Z0-9_.-]`;
+/// Weft bounds it to `weft_api::naming::MAX_CONTAINER_ID_LEN` bytes.
 pub fn validate_container_id(id: &str) -> Result<(), CniError> {
-    let mut chars = id.chars();
-    let ok = chars.next().is_some_and(|c| c.is_ascii_alphanumeric())
-        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'));
-    if ok {
-        Ok(())
-    } else {
-        Err(CniError::InvalidEnv(format!(
-            "CNI_CONTAINERID {id:?} is empty or has characters outside [a-zA-Z0-9_.-]"
-        )))
+    match weft_api::naming::container_id_problem(id) {
+        None => Ok(()),
+        Some(why) => Err(CniError::InvalidEnv(format!("CNI_CONTAINERID: {why}"))),
     }
 }
 
 /// Linux `dev_valid_name`: 1–15 bytes, no `/`, `:` or whitespace, not `.` or `..`.
 pub fn validate_ifname(name: &str) -> Result<(), CniError> {
-    let bad = name.is_empty()
-        || name.len() > weft_api::naming::MAX_IFNAME_LEN
-        || name == "."
-        || name == ".."
-        || name
-            .chars()
-            .any(|c| c == '/' || c == ':' || c.is_whitespace());
-    if bad {
-        Err(CniError::InvalidEnv(format!(
-            "CNI_IFNAME {name:?} is not a valid interface name (1-15 bytes, no '/', ':' or whitespace)"
-        )))
-    } else {
-        Ok(())
+    match weft_api::naming::ifname_problem(name) {
+        None => Ok(()),
+        Some(why) => Err(CniError::InvalidEnv(format!("CNI_IFNAME: {why}"))),
     }
 }
 
@@ -132,7 +117,43 @@ pub struct CniEnv {
     pub path: Option<String>,
 }
 
+/// Every variable the plugin reads.
+const VARS: [&str; 6] = [
+    "CNI_COMMAND",
+    "CNI_CONTAINERID",
+    "CNI_NETNS",
+    "CNI_IFNAME",
+    "CNI_ARGS",
+    "CNI_PATH",
+];
+
+/// Longest value accepted for any `CNI_*` variable: far above real use (a path, an id, a few
+/// `K=V` pairs), far below what could exhaust memory or logs.
+pub const MAX_VAR_LEN: usize = 64 * 1024;
+
 impl CniEnv {
+    /// Reads the process environment: a variable that is not UTF-8 or is over [`MAX_VAR_LEN`]
+    /// is refused by name (code 4), rather than treated as unset.
+    pub fn from_os_lookup(
+        get: impl Fn(&str) -> Option<std::ffi::OsString>,
+    ) -> Result<Self, CniError> {
+        let mut vals = std::collections::HashMap::new();
+        for k in VARS {
+            let Some(v) = get(k) else { continue };
+            let v = v.into_string().map_err(|_| {
+                CniError::InvalidEnv(format!("{k} is not valid UTF-8; pass it as UTF-8 text"))
+            })?;
+            if v.len() > MAX_VAR_LEN {
+                return Err(CniError::InvalidEnv(format!(
+                    "{k} is {} bytes long; at most {MAX_VAR_LEN} are accepted",
+                    v.len()
+                )));
+            }
+            vals.insert(k, v);
+        }
+        Self::from_lookup(|k| vals.get(k).cloned())
+    }
+
     /// Reads the variables through `get` (the process environment in `main`, a map in tests).
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, CniError> {
         let command = Command::parse(
@@ -241,6 +262,35 @@ mod tests {
             let err = env(&with(over)).unwrap_err();
             assert_eq!(err.code(), 4, "{over:?}: {err}");
         }
+    }
+
+    #[test]
+    fn a_huge_container_id_and_non_utf8_are_code_4_naming_the_variable() {
+        let long = "a".repeat(100_000);
+        let err = env(&[
+            ("CNI_COMMAND", "DEL"),
+            ("CNI_CONTAINERID", long.as_str()),
+            ("CNI_IFNAME", "eth0"),
+        ])
+        .unwrap_err();
+        assert_eq!(err.code(), 4);
+        assert!(err.to_string().contains("at most 128"), "{err}");
+        assert!(err.to_string().len() < 300, "the id is not echoed");
+        let err = CniEnv::from_os_lookup(|k| match k {
+            "CNI_COMMAND" => Some("DEL".into()),
+            "CNI_CONTAINERID" => Some(
+                <std::ffi::OsString as std::os::unix::ffi::OsStringExt>::from_vec(vec![b'a', 0xff]),
+            ),
+            "CNI_IFNAME" => Some("eth0".into()),
+            _ => None,
+        })
+        .unwrap_err();
+        assert_eq!(err.code(), 4);
+        assert!(
+            err.to_string()
+                .contains("CNI_CONTAINERID is not valid UTF-8"),
+            "{err}"
+        );
     }
 
     #[test]

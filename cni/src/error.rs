@@ -177,6 +177,10 @@ impl From<ClientError> for CniError {
                 _ => Self::Manager(format!("{} ({})", body.message, body.kind)),
             },
             ClientError::Decode { .. } => Self::Manager(e.to_string()),
+            // Permanent: retrying the same input cannot succeed.
+            ClientError::TooLarge { .. } | ClientError::BadRequest { .. } => {
+                Self::InvalidConfig(e.to_string())
+            }
         }
     }
 }

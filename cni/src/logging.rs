@@ -1,8 +1,8 @@
 //! tracing setup: `logFile` (append) or stderr. Never stdout: stdout carries the CNI result.
 
 use crate::netconf::NetConf;
-use std::fs::OpenOptions;
 use std::sync::Mutex;
+use weft_api::trust;
 
 /// Installs the global subscriber for this process.
 pub fn init(conf: &NetConf) {
@@ -14,11 +14,13 @@ pub fn init(conf: &NetConf) {
         builder.with_writer(std::io::stderr).init();
         return;
     };
-    match OpenOptions::new().create(true).append(true).open(path) {
+    // The plugin runs as root: a planted symlink or another user's file at `logFile` would make
+    // root append to whatever it names. Neither is followed nor used; stderr gets the logs.
+    match trust::open_append_owned(path, trust::own_uid()) {
         Ok(file) => builder.with_writer(Mutex::new(file)).init(),
         Err(e) => {
             builder.with_writer(std::io::stderr).init();
-            tracing::warn!(log_file = %path.display(), error = %e, "cannot open logFile; logging to stderr");
+            tracing::warn!(log_file = %path.display(), error = %e, "refusing or unable to open logFile (it must be a regular file owned by root, not a symlink); logging to stderr");
         }
     }
 }

@@ -10,6 +10,8 @@ mod manager;
 mod netconf;
 mod netlink;
 mod netns;
+#[cfg(test)]
+mod props;
 mod result;
 mod revert;
 mod version;
@@ -50,7 +52,7 @@ fn print_json(v: &serde_json::Value) {
 }
 
 fn run(stdin: &[u8]) -> Result<Option<serde_json::Value>, CniError> {
-    let env = CniEnv::from_lookup(|k| std::env::var(k).ok())?;
+    let env = CniEnv::from_os_lookup(|k| std::env::var_os(k))?;
     if env.command == Command::Version {
         return Ok(Some(version::version_info(
             netconf::sniff_version(stdin).as_deref(),

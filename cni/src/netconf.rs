@@ -125,6 +125,36 @@ pub fn sniff_version(stdin: &[u8]) -> Option<String> {
     v.get("cniVersion")?.as_str().map(str::to_owned)
 }
 
+/// Most labels accepted in `args.cni.labels` (the manager's limit too).
+pub const MAX_LABELS: usize = 256;
+
+/// The manager's label rules, checked here too so a bad netconf is code 7 before anything is
+/// reserved: no whitespace or control characters (they would inject lines into logs and
+/// weftctl output), no ',' and no '=' in keys, keys ≤ 317 bytes, values ≤ 1024 bytes.
+fn check_labels(labels: &[Label]) -> Result<(), CniError> {
+    if labels.len() > MAX_LABELS {
+        return Err(invalid(format!(
+            "args.cni.labels has {} labels; at most {MAX_LABELS} are accepted",
+            labels.len()
+        )));
+    }
+    let bad = |c: char| c.is_whitespace() || c.is_control() || c == ',';
+    for l in labels {
+        let shown: String = l.key.chars().take(80).collect();
+        if l.key.len() > 317 || l.key.chars().any(|c| bad(c) || c == '=') {
+            return Err(invalid(format!(
+                "args.cni.labels key {shown:?} is longer than 317 bytes or holds whitespace, control characters, ',' or '='"
+            )));
+        }
+        if l.value.len() > 1024 || l.value.chars().any(bad) {
+            return Err(invalid(format!(
+                "args.cni.labels value of {shown:?} is longer than 1024 bytes or holds whitespace, control characters or ','"
+            )));
+        }
+    }
+    Ok(())
+}
+
 impl NetConf {
     /// Decodes (code 6 if stdin is not a JSON object) then validates (code 7 for a bad field,
     /// code 1 for an unsupported version).
@@ -186,6 +216,7 @@ impl NetConf {
                 l.value
             )));
         }
+        check_labels(&labels)?;
         let pod_annotations = raw
             .runtime_config
             .and_then(|r| r.pod_annotations)
@@ -194,6 +225,7 @@ impl NetConf {
         let egress_bandwidth = pod_annotations
             .get(crate::annotations::EGRESS_BANDWIDTH)
             .cloned();
+        check_labels(&annotation_labels)?;
         Ok(Self {
             cni_version,
             version,

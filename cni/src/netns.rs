@@ -8,7 +8,60 @@ use crate::error::CniError;
 use nix::sched::{CloneFlags, setns};
 use std::fs::File;
 use std::marker::PhantomData;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd};
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+/// `NSFS_MAGIC` from include/uapi/linux/magic.h: what a netns handle lies on.
+const NSFS_MAGIC: i64 = 0x6e73_6673;
+
+/// `CLONE_NEWNET`, as `NS_GET_NSTYPE` reports a network namespace.
+const CLONE_NEWNET: i32 = 0x4000_0000;
+
+// `NS_GET_NSTYPE` = _IO(0xb7, 0x3), include/uapi/linux/nsfs.h.
+nix::ioctl_none!(ns_get_nstype, 0xb7, 0x3);
+
+/// Opens `CNI_NETNS` and checks it is a network namespace other than the plugin's own. A
+/// regular file or directory (not a netns) and the node's own netns (by device and inode:
+/// `/proc/self/ns/net`, `/proc/1/ns/net`, a bind mount of either) are refused with code 4,
+/// before anything is touched: configuring the node as a pod would put `eth0`, the pod IP and
+/// a default route on the node itself.
+pub fn open_pod_netns(path: &Path) -> Result<File, CniError> {
+    let shown = path.display();
+    let file = File::open(path)
+        .map_err(|e| CniError::InvalidEnv(format!("cannot open CNI_NETNS {shown}: {e}")))?;
+    let fs = nix::sys::statfs::fstatfs(&file)
+        .map_err(|e| CniError::InvalidEnv(format!("cannot inspect CNI_NETNS {shown}: {e}")))?;
+    #[expect(
+        clippy::useless_conversion,
+        reason = "f_type is i64 on x86_64 but not everywhere"
+    )]
+    let magic = i64::from(fs.filesystem_type().0);
+    if magic != NSFS_MAGIC {
+        return Err(CniError::InvalidEnv(format!(
+            "CNI_NETNS {shown} is not a network namespace (a netns is /proc/PID/ns/net or a bind mount of one, e.g. /run/netns/NAME)"
+        )));
+    }
+    // nsfs holds every namespace type: a UTS or mount namespace is not a pod's netns.
+    // SAFETY: NS_GET_NSTYPE takes no argument and only reads the fd, which `file` keeps open.
+    let nstype = unsafe { ns_get_nstype(file.as_raw_fd()) };
+    if nstype != Ok(CLONE_NEWNET) {
+        return Err(CniError::InvalidEnv(format!(
+            "CNI_NETNS {shown} is a namespace but not a network namespace"
+        )));
+    }
+    let own = std::fs::metadata("/proc/thread-self/ns/net")
+        .map_err(|e| CniError::netlink("inspecting /proc/thread-self/ns/net", e))?;
+    let target = file
+        .metadata()
+        .map_err(|e| CniError::InvalidEnv(format!("cannot inspect CNI_NETNS {shown}: {e}")))?;
+    if (target.dev(), target.ino()) == (own.dev(), own.ino()) {
+        return Err(CniError::InvalidEnv(format!(
+            "CNI_NETNS {shown} is the plugin's own network namespace (the node's): refusing to configure the node as a pod"
+        )));
+    }
+    Ok(file)
+}
 
 /// While alive, the current thread is in another netns; Drop puts it back.
 pub struct NetnsGuard {
@@ -74,4 +127,28 @@ where
     // The thread has sent its result and is ending; joining only reaps it.
     let _ = spawned.join();
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_plugins_own_netns_is_refused() {
+        for p in ["/proc/self/ns/net", "/proc/thread-self/ns/net"] {
+            let err = open_pod_netns(Path::new(p)).unwrap_err();
+            assert_eq!(err.code(), 4, "{p}: {err}");
+            assert!(err.to_string().contains("own network namespace"), "{err}");
+        }
+    }
+
+    #[test]
+    fn files_and_directories_are_not_netns() {
+        for p in ["/etc", "/etc/hostname", "/proc/self/ns/uts"] {
+            let err = open_pod_netns(Path::new(p)).unwrap_err();
+            assert_eq!(err.code(), 4, "{p}: {err}");
+        }
+        let err = open_pod_netns(Path::new("/etc")).unwrap_err().to_string();
+        assert!(err.contains("not a network namespace"), "{err}");
+    }
 }

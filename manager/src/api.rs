@@ -55,9 +55,9 @@ impl From<ManagerError> for HttpError {
             ManagerError::Endpoint(EndpointError::BeingDeleted(_)) => {
                 Self::new(StatusCode::SERVICE_UNAVAILABLE, "busy", msg)
             }
-            ManagerError::Endpoint(EndpointError::WrongOwner { .. }) => {
-                Self::new(StatusCode::CONFLICT, "conflict", msg)
-            }
+            ManagerError::Endpoint(
+                EndpointError::WrongOwner { .. } | EndpointError::AlreadyReady { .. },
+            ) => Self::new(StatusCode::CONFLICT, "conflict", msg),
             ManagerError::Endpoint(EndpointError::Invalid(_) | EndpointError::Ipam(_)) => {
                 Self::new(StatusCode::BAD_REQUEST, "invalid", msg)
             }
@@ -125,7 +125,49 @@ pub fn router(manager: Shared) -> Router {
                 "no such API path; see docs/API.md",
             )
         })
+        .layer(axum::extract::DefaultBodyLimit::max(
+            weft_api::MAX_REQUEST_BODY,
+        ))
+        .layer(axum::middleware::map_response(json_errors))
         .with_state(manager)
+}
+
+/// axum's own rejections (bad path or query, wrong method, body too large, not UTF-8) answer
+/// plain text or nothing; every error of this API is a `{kind, message}` body.
+async fn json_errors(resp: Response) -> Response {
+    let status = resp.status();
+    let is_json = resp
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return resp;
+    }
+    let text = axum::body::to_bytes(resp.into_body(), 4096)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_owned())
+        .unwrap_or_default();
+    let (kind, default) = match status {
+        StatusCode::METHOD_NOT_ALLOWED => (
+            "method_not_allowed",
+            "this path does not take that method; see docs/API.md",
+        ),
+        StatusCode::PAYLOAD_TOO_LARGE => ("too_large", ""),
+        StatusCode::NOT_FOUND => ("not_found", "no such API path; see docs/API.md"),
+        s if s.is_client_error() => ("invalid", "the request is malformed"),
+        _ => ("internal", "internal error"),
+    };
+    let message = if status == StatusCode::PAYLOAD_TOO_LARGE {
+        format!(
+            "the request body is larger than the {} bytes weft-manager accepts; split it",
+            weft_api::MAX_REQUEST_BODY
+        )
+    } else if text.is_empty() {
+        default.to_owned()
+    } else {
+        text
+    };
+    HttpError::new(status, kind, message).into_response()
 }
 
 async fn healthz(State(m): State<Shared>) -> Response {
@@ -152,7 +194,10 @@ struct OwnerQuery {
 
 async fn list_endpoints(State(m): State<Shared>, Query(q): Query<OwnerQuery>) -> Reply {
     match (q.container_id, q.ifname) {
-        (Some(c), Some(i)) => json(&m.find(&c, &i).into_iter().collect::<Vec<_>>()),
+        (Some(c), Some(i)) => {
+            crate::service::validate::owner(&c, &i)?;
+            json(&m.find(&c, &i).into_iter().collect::<Vec<_>>())
+        }
         (None, None) => json(&m.endpoints()),
         _ => Err(HttpError::new(
             StatusCode::BAD_REQUEST,

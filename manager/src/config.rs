@@ -120,6 +120,8 @@ pub struct Config {
     pub bpffs: PathBuf,
     /// Node name.
     pub node_name: String,
+    /// Whether `--node-name` (or `node_name` in the file) was given, not the hostname default.
+    pub node_name_given: bool,
     /// Node manifest, if any.
     pub node_manifest: Option<PathBuf>,
     /// Fallback pod CIDRs.
@@ -160,6 +162,7 @@ impl Config {
         } else {
             cli.pod_cidrs
         };
+        let node_name_given = cli.node_name.is_some() || file.node_name.is_some();
         let mut config = Self {
             state_dir: cli
                 .state_dir
@@ -174,6 +177,7 @@ impl Config {
                 .or(file.bpffs)
                 .unwrap_or_else(|| "/sys/fs/bpf/weft".into()),
             node_name: cli.node_name.or(file.node_name).unwrap_or_else(hostname),
+            node_name_given,
             node_manifest: cli.node_manifest.or(file.node_manifest),
             pod_cidrs,
             log_format: cli.log_format.or(file.log_format).unwrap_or_default(),

@@ -1,6 +1,5 @@
 //! Start-up in DESIGN §2 order, then serving the API until SIGTERM.
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
@@ -73,6 +72,12 @@ pub enum StartError {
     /// Kubernetes mode.
     #[error(transparent)]
     K8s(#[from] crate::k8s::K8sError),
+    /// A start-up guard refused (untrusted dir, busy pin dir, socket path in use).
+    #[error(transparent)]
+    Guard(#[from] crate::guard::GuardError),
+    /// The delete queue's directory is not trusted.
+    #[error(transparent)]
+    Queue(#[from] weft_api::delete_queue::QueueError),
     /// Filesystem work around the socket or state dir.
     #[error("{what} {path}: {source}")]
     Io {
@@ -85,28 +90,46 @@ pub enum StartError {
     },
 }
 
-fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> StartError {
-    let path = path.display().to_string();
-    move |source| StartError::Io { what, path, source }
+/// The node manifest and this node's name. A manifest names its node: an explicit
+/// `--node-name` that differs means the wrong manifest (another node's CIDRs would be used),
+/// refused before anything is touched; without `--node-name` the manifest's name is this node's.
+fn node_identity(config: &Config) -> Result<(NodeManifest, String), StartError> {
+    let Some(path) = &config.node_manifest else {
+        return Ok((NodeManifest::default(), config.node_name.clone()));
+    };
+    let manifest = NodeManifest::load(path)?;
+    let name = match manifest.metadata.name.clone() {
+        Some(m) if m != config.node_name && config.node_name_given => {
+            return Err(NodeError::OtherNode {
+                path: path.display().to_string(),
+                manifest_node: m,
+                node: config.node_name.clone(),
+            }
+            .into());
+        }
+        Some(m) => m,
+        None => config.node_name.clone(),
+    };
+    Ok((manifest, name))
 }
 
 /// Picks the node CIDRs and refuses a change that would orphan live endpoints.
-/// `from_api`: the Node as the API server returned it (Kubernetes mode), over any manifest.
 fn node_cidrs(
     config: &Config,
+    manifest: &NodeManifest,
     store: &Store,
-    from_api: Option<NodeManifest>,
+    view: &crate::nodenet::NodeView,
 ) -> Result<Vec<ChosenCidr>, StartError> {
-    let manifest = match (from_api, &config.node_manifest) {
-        (Some(node), _) => node,
-        (None, Some(path)) => NodeManifest::load(path)?,
-        (None, None) => NodeManifest::default(),
-    };
-    let selection = node::select(&manifest, &config.pod_cidrs)?;
+    let selection = node::select(manifest, &config.pod_cidrs)?;
     for w in &selection.warnings {
         tracing::warn!("{w}");
     }
     let chosen = selection.cidrs();
+    for c in &chosen {
+        if let Some(why) = crate::nodenet::conflict(c.cidr, view) {
+            return Err(NodeError::Conflict(format!("{} ({}): {why}", c.cidr, c.detail)).into());
+        }
+    }
     let previous: Vec<ChosenCidr> = store.get_meta(NODE_KEY)?.unwrap_or_default();
     let endpoints = store.load_endpoints()?;
     for old in &previous {
@@ -156,22 +179,6 @@ fn refuse_lost_state(
     Ok(())
 }
 
-/// Binds the API socket: parent created, stale socket replaced, mode 0600.
-fn bind_socket(path: &Path) -> Result<UnixListener, StartError> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(io("cannot create socket directory", dir))?;
-    }
-    match std::fs::remove_file(path) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(io("cannot remove stale socket", path)(e)),
-    }
-    let listener = UnixListener::bind(path).map_err(io("cannot bind socket", path))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-        .map_err(io("cannot chmod socket", path))?;
-    Ok(listener)
-}
-
 /// Times the phases of start-up for the log, `weftctl status` and the benchmark.
 struct Phases {
     start: Instant,
@@ -202,8 +209,15 @@ impl Phases {
 /// or removes an entry before its replacement exists.
 pub async fn start(config: &Config) -> Result<(Arc<Manager>, UnixListener), StartError> {
     let mut phases = Phases::new();
-    std::fs::create_dir_all(&config.state_dir)
-        .map_err(io("cannot create state directory", &config.state_dir))?;
+    let (manifest, node_name) = node_identity(config)?;
+    // Everything the manager creates (sled files, the queue) is for root only.
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
+    crate::guard::secure_state_dir(&config.state_dir)?;
+    crate::guard::check_socket(&config.socket)?;
+    let queue = DeleteQueue::for_socket(&config.socket);
+    queue.ensure_trusted()?;
+    crate::datapath::ensure_bpffs(&config.bpffs)?;
+    crate::guard::lock_pin_dir(&config.bpffs)?;
     let store = Store::open(&config.state_dir)?;
     phases.mark("store");
 
@@ -215,16 +229,14 @@ pub async fn start(config: &Config) -> Result<(Arc<Manager>, UnixListener), Star
 
     refuse_lost_state(config, &store, &*datapath)?;
     let k8s = match &config.k8s {
-        Some(settings) => Some(crate::k8s::connect(settings, &config.node_name).await?),
+        Some(settings) => Some(crate::k8s::connect(settings, &node_name).await?),
         None => None,
     };
-    let cidrs = node_cidrs(
-        config,
-        &store,
-        k8s.as_ref().map(|c| crate::k8s::manifest(&c.node)),
-    )?;
-    let chosen = cidrs.clone();
+    // Kubernetes mode: the Node as the API server returned it, over any manifest.
+    let manifest = k8s.as_ref().map_or(manifest, |c| crate::k8s::manifest(&c.node));
     let hostnet: Arc<dyn HostNet> = Arc::new(NetlinkHostNet::new()?);
+    let cidrs = node_cidrs(config, &manifest, &store, &hostnet.node_view().await?)?;
+    let chosen = cidrs.clone();
     let routers: Vec<_> = cidrs.iter().map(|c| (c.router_ip(), c.cidr)).collect();
     hostnet.ensure_host_device(&routers).await?;
     phases.mark("node");
@@ -238,10 +250,10 @@ pub async fn start(config: &Config) -> Result<(Arc<Manager>, UnixListener), Star
     let (policy, _) = PolicyState::restore(store, &label_sets)?;
     phases.mark("ipam+identities+policy");
 
-    let queue = DeleteQueue::for_socket(&config.socket);
+    let k8s_node = node_name.clone();
     let manager = Arc::new(
         Manager::new(
-            config.node_name.clone(),
+            node_name,
             cidrs,
             registry,
             policy,
@@ -264,11 +276,11 @@ pub async fn start(config: &Config) -> Result<(Arc<Manager>, UnixListener), Star
     phases.mark("delete-queue");
     let orphan_links = manager.reap_orphan_links().await?;
     if let Some(conn) = k8s {
-        crate::k8s::start(&manager, conn, &config.node_name, &chosen).await?;
+        crate::k8s::start(&manager, conn, &k8s_node, &chosen).await?;
         phases.mark("k8s-sync");
     }
 
-    let listener = bind_socket(&config.socket)?;
+    let listener = crate::guard::bind_socket(&config.socket)?;
     for (name, ms) in &phases.done {
         manager.record_phase(name, *ms);
     }
@@ -310,9 +322,47 @@ pub async fn serve(
         }
         tracing::info!("signal received; stopping (datapath stays in place)");
     };
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await?;
+    crate::listener::serve(listener, app, crate::listener::Limits::default(), shutdown).await?;
     let _ = std::fs::remove_file(socket);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn config(args: &[&str]) -> Config {
+        let mut all = vec!["weft-manager"];
+        all.extend_from_slice(args);
+        Config::resolve(crate::config::Cli::parse_from(all)).unwrap()
+    }
+
+    #[test]
+    fn a_manifest_for_another_node_is_refused_when_the_name_is_given() {
+        let m = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../testdata/nodes/podcidr-only.yaml"
+        );
+        let err = node_identity(&config(&["--node-manifest", m, "--node-name", "other"]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("\"node-podcidr\"") && err.contains("\"other\""),
+            "{err}"
+        );
+        let (_, name) = node_identity(&config(&["--node-manifest", m])).unwrap();
+        assert_eq!(
+            name, "node-podcidr",
+            "without --node-name the manifest names the node"
+        );
+        let (_, name) = node_identity(&config(&[
+            "--node-manifest",
+            m,
+            "--node-name",
+            "node-podcidr",
+        ]))
+        .unwrap();
+        assert_eq!(name, "node-podcidr");
+    }
 }

@@ -39,6 +39,22 @@ pub enum EndpointError {
     /// The request is malformed.
     #[error("invalid request: {0}")]
     Invalid(String),
+    /// A register for a ready endpoint that names another link or other MACs.
+    #[error(
+        "endpoint {id} is already ready on {host_ifname} (ifindex {ifindex}, host MAC {host_mac}, pod MAC {pod_mac}); a ready endpoint cannot be moved: DEL and ADD the pod again"
+    )]
+    AlreadyReady {
+        /// Endpoint id.
+        id: u32,
+        /// Its host veth.
+        host_ifname: String,
+        /// Registered ifindex.
+        ifindex: u32,
+        /// Registered host MAC.
+        host_mac: String,
+        /// Registered pod MAC.
+        pod_mac: String,
+    },
 }
 
 type Owner = (String, String);
@@ -200,6 +216,20 @@ impl Registry {
                 "host_ifname {} does not match the endpoint's {}",
                 reg.host_ifname, ep.host_ifname
             )));
+        }
+        if ep.state == EndpointState::Ready
+            && (ep.host_ifindex != Some(reg.host_ifindex)
+                || ep.host_mac.as_deref() != Some(reg.host_mac.as_str())
+                || ep.pod_mac.as_deref() != Some(reg.pod_mac.as_str()))
+        {
+            // Re-pointing a live endpoint at another link or MAC would redirect its traffic.
+            return Err(EndpointError::AlreadyReady {
+                id,
+                host_ifname: ep.host_ifname.clone(),
+                ifindex: ep.host_ifindex.unwrap_or_default(),
+                host_mac: ep.host_mac.clone().unwrap_or_default(),
+                pod_mac: ep.pod_mac.clone().unwrap_or_default(),
+            });
         }
         let mut ep = ep.clone();
         ep.host_ifindex = Some(reg.host_ifindex);
@@ -371,6 +401,29 @@ mod tests {
         let ready = r.prepare_ready(a.id, &register(&a)).unwrap();
         r.update(ready).unwrap();
         assert_eq!(r.get(a.id).unwrap().state, EndpointState::Ready);
+    }
+
+    #[test]
+    fn a_ready_endpoint_cannot_be_moved_to_another_link_or_mac() {
+        let mut r = reg();
+        let a = r.allocate_test(&req("c1")).unwrap();
+        let ready = r.prepare_ready(a.id, &register(&a)).unwrap();
+        r.update(ready.clone()).unwrap();
+        // The same registration again is a harmless retry.
+        assert_eq!(r.prepare_ready(a.id, &register(&a)).unwrap(), ready);
+        for change in [
+            |x: &mut RegisterRequest| x.host_mac = "02:00:00:00:00:99".into(),
+            |x: &mut RegisterRequest| x.pod_mac = "02:00:00:00:00:98".into(),
+            |x: &mut RegisterRequest| x.host_ifindex = 99,
+        ] {
+            let mut moved = register(&a);
+            change(&mut moved);
+            assert!(matches!(
+                r.prepare_ready(a.id, &moved),
+                Err(EndpointError::AlreadyReady { .. })
+            ));
+        }
+        assert_eq!(r.get(a.id).unwrap(), &ready);
     }
 
     #[test]

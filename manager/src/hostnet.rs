@@ -48,6 +48,9 @@ pub trait HostNet: Send + Sync {
     fn link_index<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<u32>, HostNetError>>;
     /// Deletes `name`; a missing link is success (cleanup is idempotent).
     fn delete_link<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<(), HostNetError>>;
+    /// The node netns's addresses and main-table routes, to refuse a pod CIDR that would take
+    /// over one of them.
+    fn node_view(&self) -> BoxFuture<'_, Result<crate::nodenet::NodeView, HostNetError>>;
     /// Sets `name` down, which makes the kernel drop every route through it; `false` when
     /// there is no such link.
     fn set_link_down<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<bool, HostNetError>>;
@@ -152,14 +155,14 @@ impl NetlinkHostNet {
                 })?
                 .output_interface(index)
                 .build();
-            self.handle
-                .route()
-                .add(route)
-                .replace()
-                .execute()
-                .await
-                .map_err(nl(format!("route {cidr} dev {HOST_DEVICE}")))?;
+            // Never `replace`: a route Weft does not own must stay as it is.
+            match self.handle.route().add(route).execute().await {
+                Ok(()) => {}
+                Err(e) if is_errno(&e, libc::EEXIST) => self.owns_route(*cidr, index).await?,
+                Err(e) => return Err(nl(format!("route {cidr} dev {HOST_DEVICE}"))(e)),
+            }
         }
+        self.remove_stale(index, routers).await?;
         // /proc/sys/net is per network namespace: this enables forwarding only where the
         // manager runs (the node's namespace).
         for path in [
@@ -170,6 +173,75 @@ impl NetlinkHostNet {
                 path: path.into(),
                 source,
             })?;
+        }
+        Ok(())
+    }
+
+    /// An existing route for `cidr` is accepted only when it already points at `weft_host`.
+    async fn owns_route(&self, cidr: IpNet, index: u32) -> Result<(), HostNetError> {
+        let routes = crate::nodenet::main_routes(&self.handle).await?;
+        if routes
+            .iter()
+            .any(|(dest, oif, _)| *dest == cidr && *oif == Some(index))
+        {
+            return Ok(());
+        }
+        Err(HostNetError::Netlink {
+            op: format!("route {cidr} dev {HOST_DEVICE}"),
+            detail: format!(
+                "a route for {cidr} through another device exists; Weft does not replace routes it does not own: remove it or choose another pod CIDR"
+            ),
+        })
+    }
+
+    /// After a CIDR change, the old router IPs and pod-CIDR routes leave `weft_host`.
+    /// IPv6 link-local addresses and routes are the kernel's and stay.
+    async fn remove_stale(
+        &self,
+        index: u32,
+        routers: &[(IpAddr, IpNet)],
+    ) -> Result<(), HostNetError> {
+        let is_link_local =
+            |ip: IpAddr| matches!(ip, IpAddr::V6(v6) if v6.segments()[0] & 0xffc0 == 0xfe80);
+        let addrs: Vec<_> = self
+            .handle
+            .address()
+            .get()
+            .set_link_index_filter(index)
+            .execute()
+            .try_collect()
+            .await
+            .map_err(nl(format!("list addresses of {HOST_DEVICE}")))?;
+        for m in addrs {
+            let ip = m.attributes.iter().find_map(|a| match a {
+                AddressAttribute::Address(ip) => Some(*ip),
+                _ => None,
+            });
+            let Some(ip) = ip else { continue };
+            if is_link_local(ip) || routers.iter().any(|(r, _)| *r == ip) {
+                continue;
+            }
+            tracing::info!(address = %ip, "removing a stale router IP from {HOST_DEVICE}");
+            self.handle
+                .address()
+                .del(m)
+                .execute()
+                .await
+                .map_err(nl(format!("remove {ip} from {HOST_DEVICE}")))?;
+        }
+        for (dest, oif, msg) in crate::nodenet::main_routes(&self.handle).await? {
+            if oif != Some(index)
+                || is_link_local(dest.network())
+                || routers.iter().any(|(_, c)| *c == dest)
+            {
+                continue;
+            }
+            tracing::info!(route = %dest, "removing a stale pod-CIDR route from {HOST_DEVICE}");
+            match self.handle.route().del(msg).execute().await {
+                Ok(()) => {}
+                Err(e) if is_errno(&e, libc::ESRCH) => {}
+                Err(e) => return Err(nl(format!("remove route {dest}"))(e)),
+            }
         }
         Ok(())
     }
@@ -234,6 +306,10 @@ impl HostNet for NetlinkHostNet {
         Box::pin(self.delete(name))
     }
 
+    fn node_view(&self) -> BoxFuture<'_, Result<crate::nodenet::NodeView, HostNetError>> {
+        Box::pin(crate::nodenet::read(&self.handle))
+    }
+
     fn set_link_down<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<bool, HostNetError>> {
         Box::pin(self.down(name))
     }
@@ -253,6 +329,8 @@ pub struct FakeHostNet {
     pub links: std::sync::Mutex<std::collections::BTreeMap<String, u32>>,
     /// Router IPs ensured.
     pub routers: std::sync::Mutex<Vec<(IpAddr, IpNet)>>,
+    /// What `node_view` reports.
+    pub view: std::sync::Mutex<crate::nodenet::NodeView>,
     /// Links set down.
     pub down: std::sync::Mutex<std::collections::BTreeSet<String>>,
 }
@@ -278,6 +356,11 @@ impl HostNet for FakeHostNet {
         self.links.lock().expect("lock").remove(name);
         self.down.lock().expect("lock").remove(name);
         Box::pin(async { Ok(()) })
+    }
+
+    fn node_view(&self) -> BoxFuture<'_, Result<crate::nodenet::NodeView, HostNetError>> {
+        let view = self.view.lock().expect("lock").clone();
+        Box::pin(async move { Ok(view) })
     }
 
     fn set_link_down<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<bool, HostNetError>> {

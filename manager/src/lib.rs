@@ -12,13 +12,19 @@ pub mod ctl;
 pub mod daemon;
 pub mod datapath;
 pub mod endpoint;
+pub mod guard;
 pub mod hostnet;
 pub mod ipam;
 pub mod ipcache;
 pub mod link_reaper;
 pub mod k8s;
+pub mod listener;
 pub mod node;
+pub mod nodenet;
 pub mod policy_state;
 pub mod restore;
 pub mod service;
 pub mod store;
+
+#[cfg(test)]
+mod hostile_tests;

@@ -43,9 +43,48 @@ pub enum NodeError {
     },
     /// No source gave a usable CIDR for any family.
     #[error(
-        "no usable pod CIDR for this node: set spec.podCIDRs or spec.podCIDR in the node manifest (--node-manifest), or the annotation network.weft.io/ipv4-pod-cidr (or ipv6), or pass --pod-cidr CIDR / pod_cidrs in --config"
+        "no usable pod CIDR for this node{}: set spec.podCIDRs or spec.podCIDR in the node manifest (--node-manifest), or the annotation network.weft.io/ipv4-pod-cidr (or ipv6), or pass --pod-cidr CIDR / pod_cidrs in --config",
+        skipped_list(.skipped)
     )]
-    NoCidr,
+    NoCidr {
+        /// Why each candidate was skipped.
+        skipped: Vec<String>,
+    },
+    /// Two `--pod-cidr`s of one family: only one can be the pool.
+    #[error(
+        "--pod-cidr {first} and --pod-cidr {second} are both {family}: a node has one pod CIDR per family; pass one"
+    )]
+    DuplicateFamily {
+        /// The first.
+        first: String,
+        /// The second.
+        second: String,
+        /// "IPv4" or "IPv6".
+        family: &'static str,
+    },
+    /// The manifest describes another node.
+    #[error(
+        "node manifest {path} is for node {manifest_node:?}, but this is node {node:?}: pass this node's manifest, or --node-name {manifest_node} if this really is that node"
+    )]
+    OtherNode {
+        /// Path.
+        path: String,
+        /// `metadata.name` in the manifest.
+        manifest_node: String,
+        /// This node's name.
+        node: String,
+    },
+    /// The chosen CIDR would take over an address or route of the node.
+    #[error("{0}")]
+    Conflict(String),
+}
+
+fn skipped_list(skipped: &[String]) -> String {
+    if skipped.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", skipped.join("; "))
+    }
 }
 
 /// A minimal Kubernetes Node: only the fields Weft reads.
@@ -158,6 +197,11 @@ impl Selection {
 /// Smallest pools accepted: IPv4 needs network + broadcast + router + one pod.
 const MAX_PREFIX_V4: u8 = 30;
 const MAX_PREFIX_V6: u8 = 126;
+/// Largest pools accepted (docs/OPERATIONS.md): a node CIDR wider than /8 (IPv4) or /48 (IPv6)
+/// is a typo or a cluster CIDR, and routing it to `weft_host` would capture the node's traffic.
+pub const MIN_PREFIX_V4: u8 = 8;
+/// See [`MIN_PREFIX_V4`].
+pub const MIN_PREFIX_V6: u8 = 48;
 
 fn parse_cidr(raw: &str, origin: &str, warnings: &mut Vec<String>) -> Option<IpNet> {
     let Ok(net) = raw.trim().parse::<IpNet>() else {
@@ -168,6 +212,22 @@ fn parse_cidr(raw: &str, origin: &str, warnings: &mut Vec<String>) -> Option<IpN
         IpNet::V4(n) => n.prefix_len() > MAX_PREFIX_V4,
         IpNet::V6(n) => n.prefix_len() > MAX_PREFIX_V6,
     };
+    if net.prefix_len() == 0 {
+        warnings.push(format!(
+            "{origin}: {raw} is a default route, not a pod CIDR (it would take over all of the node's traffic); ignored"
+        ));
+        return None;
+    }
+    let too_wide = match net {
+        IpNet::V4(n) => n.prefix_len() < MIN_PREFIX_V4,
+        IpNet::V6(n) => n.prefix_len() < MIN_PREFIX_V6,
+    };
+    if too_wide {
+        warnings.push(format!(
+            "{origin}: {raw} is too wide for one node's pods (at least /{MIN_PREFIX_V4} for IPv4, /{MIN_PREFIX_V6} for IPv6); ignored"
+        ));
+        return None;
+    }
     if too_small {
         warnings.push(format!(
             "{origin}: {raw} is too small for a pod pool (at most /{MAX_PREFIX_V4} for IPv4, /{MAX_PREFIX_V6} for IPv6); ignored"
@@ -264,6 +324,23 @@ fn candidates(
 
 /// Chooses each family's CIDR: the first valid candidate in priority order wins.
 pub fn select(node: &NodeManifest, config_cidrs: &[String]) -> Result<Selection, NodeError> {
+    let mut first: [Option<&String>; 2] = [None, None];
+    for raw in config_cidrs {
+        let Ok(net) = raw.trim().parse::<IpNet>() else {
+            continue;
+        };
+        let fam = usize::from(net.network().is_ipv6());
+        if let Some(prev) = first.get_mut(fam) {
+            if let Some(p) = prev {
+                return Err(NodeError::DuplicateFamily {
+                    first: (*p).clone(),
+                    second: raw.clone(),
+                    family: if fam == 0 { "IPv4" } else { "IPv6" },
+                });
+            }
+            *prev = Some(raw);
+        }
+    }
     let mut sel = Selection::default();
     for c in candidates(node, config_cidrs, &mut sel.warnings) {
         let slot = match c.net {
@@ -279,7 +356,9 @@ pub fn select(node: &NodeManifest, config_cidrs: &[String]) -> Result<Selection,
         }
     }
     if sel.v4.is_none() && sel.v6.is_none() {
-        return Err(NodeError::NoCidr);
+        return Err(NodeError::NoCidr {
+            skipped: sel.warnings,
+        });
     }
     Ok(sel)
 }
@@ -387,6 +466,34 @@ mod tests {
     }
 
     #[test]
+    fn default_routes_and_too_wide_cidrs_are_refused_by_value() {
+        for (raw, why) in [
+            ("0.0.0.0/0", "default route"),
+            ("::/0", "default route"),
+            ("10.0.0.0/7", "too wide"),
+            ("fd00::/47", "too wide"),
+        ] {
+            let err = select(&NodeManifest::default(), &[raw.into()])
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(raw) && err.contains(why), "{raw}: {err}");
+        }
+        assert!(select(&NodeManifest::default(), &["10.0.0.0/8".into()]).is_ok());
+        assert!(select(&NodeManifest::default(), &["fd00::/48".into()]).is_ok());
+    }
+
+    #[test]
+    fn two_pod_cidrs_of_one_family_are_refused() {
+        let err = select(
+            &NodeManifest::default(),
+            &["10.1.0.0/24".into(), "10.1.0.0/16".into()],
+        )
+        .unwrap_err();
+        assert!(matches!(err, NodeError::DuplicateFamily { .. }), "{err}");
+        assert!(err.to_string().contains("10.1.0.0/16"));
+    }
+
+    #[test]
     fn yaml_manifest_parses() {
         let n = NodeManifest::parse(
             "apiVersion: v1\nkind: Node\nmetadata:\n  name: n1\nspec:\n  podCIDR: 10.0.4.0/24\n",
@@ -471,6 +578,9 @@ mod testdata {
                 s("io.cilium.network.ipv4-pod-cidr")
             )]
         );
-        assert!(matches!(pick("no-cidr.json"), Err(NodeError::NoCidr)));
+        assert!(matches!(
+            pick("no-cidr.json"),
+            Err(NodeError::NoCidr { .. })
+        ));
     }
 }

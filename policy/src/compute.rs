@@ -112,15 +112,16 @@ pub struct EnforcementCounts {
 impl EnforcementCounts {
     /// Counts `rule` `n` times (negative to take it out).
     pub fn add(&mut self, rule: &Rule, n: i64) {
-        for (i, dir) in [Direction::Ingress, Direction::Egress]
+        for ((dir, applies), default_deny) in [Direction::Ingress, Direction::Egress]
             .into_iter()
-            .enumerate()
+            .zip(self.applies.iter_mut())
+            .zip(self.default_deny.iter_mut())
         {
             if rule.applies(dir) {
-                self.applies[i] += n;
+                *applies += n;
             }
             if rule.applies(dir) && rule.default_deny(dir) {
-                self.default_deny[i] += n;
+                *default_deny += n;
             }
         }
     }
@@ -128,7 +129,8 @@ impl EnforcementCounts {
     /// Per direction (ingress, egress): enforced, and in default deny.
     #[must_use]
     pub fn shape(&self) -> [(bool, bool); 2] {
-        [0, 1].map(|i| (self.applies[i] > 0, self.default_deny[i] > 0))
+        let ([ai, ae], [di, de]) = (self.applies, self.default_deny);
+        [(ai > 0, di > 0), (ae > 0, de > 0)]
     }
 }
 

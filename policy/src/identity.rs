@@ -171,7 +171,10 @@ impl IdentityAllocator {
         key: &IdentityKey,
     ) -> Result<Acquired, IdentityError> {
         if let Some(&id) = self.by_key.get(key) {
-            let slot = self.by_id.get_mut(&id).expect("by_key and by_id agree");
+            let slot = self
+                .by_id
+                .get_mut(&id)
+                .ok_or(IdentityError::NotAllocated(id))?;
             slot.refs += 1;
             // A restored, unreferenced id becomes "new" for nobody: it was already known.
             return Ok(Acquired { id, new: false });
@@ -221,8 +224,9 @@ impl IdentityAllocator {
             return Ok(false);
         }
         store.remove(id)?;
-        let slot = self.by_id.remove(&id).expect("checked above");
-        self.by_key.remove(&slot.key);
+        if let Some(slot) = self.by_id.remove(&id) {
+            self.by_key.remove(&slot.key);
+        }
         Ok(true)
     }
 
@@ -239,8 +243,9 @@ impl IdentityAllocator {
             .collect();
         for id in &unused {
             store.remove(*id)?;
-            let slot = self.by_id.remove(id).expect("listed above");
-            self.by_key.remove(&slot.key);
+            if let Some(slot) = self.by_id.remove(id) {
+                self.by_key.remove(&slot.key);
+            }
         }
         Ok(unused)
     }

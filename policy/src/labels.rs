@@ -43,9 +43,62 @@ pub enum LabelError {
     /// Empty source before the `:`.
     #[error("label {0:?} has an empty source before ':'")]
     EmptySource(String),
+    /// A key or value with a character labels cannot hold, or too long.
+    #[error("label {0:?}: {1}")]
+    BadChar(String, &'static str),
     /// A key the manager owns (the namespace labels) cannot be changed by users.
     #[error("label key {0:?} is set by Weft from the pod's namespace and cannot be changed")]
     Managed(String),
+}
+
+/// Longest label key accepted: a Kubernetes key is a 253-byte DNS prefix, `/`, a 63-byte name.
+pub const MAX_KEY_LEN: usize = 317;
+/// Longest label value accepted (Kubernetes allows 63; CNI labels may carry a bit more).
+pub const MAX_VALUE_LEN: usize = 1024;
+
+fn bad_char(c: char) -> bool {
+    // Whitespace and control characters (NUL, newline, escape) would let a label inject lines
+    // into weftctl's output and logs; ',' and '=' are the separators of `k=v,k=v` lists.
+    c.is_whitespace() || c.is_control() || matches!(c, ',' | '=')
+}
+
+/// Checks a label key (with or without its `source:`): non-empty, at most [`MAX_KEY_LEN`]
+/// bytes, no whitespace, control characters, ',' or '='.
+pub fn check_key(key: &str) -> Result<(), LabelError> {
+    if key.is_empty() {
+        return Err(LabelError::EmptyKey(key.into()));
+    }
+    if key.len() > MAX_KEY_LEN {
+        return Err(LabelError::BadChar(
+            key.chars().take(40).collect(),
+            "key longer than 317 bytes",
+        ));
+    }
+    if key.chars().any(bad_char) {
+        return Err(LabelError::BadChar(
+            key.into(),
+            "keys cannot hold whitespace, control characters, ',' or '='",
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a label value: at most [`MAX_VALUE_LEN`] bytes, no whitespace, control characters
+/// or ','.
+pub fn check_value(value: &str) -> Result<(), LabelError> {
+    if value.len() > MAX_VALUE_LEN {
+        return Err(LabelError::BadChar(
+            value.chars().take(40).collect(),
+            "value longer than 1024 bytes",
+        ));
+    }
+    if value.chars().any(|c| c != '=' && bad_char(c)) {
+        return Err(LabelError::BadChar(
+            value.into(),
+            "values cannot hold whitespace, control characters or ','",
+        ));
+    }
+    Ok(())
 }
 
 /// One label. Endpoint labels always carry a concrete source; `any` appears only in filters.
@@ -83,6 +136,9 @@ impl Label {
         if key.is_empty() {
             return Err(LabelError::EmptyKey(s.into()));
         }
+        check_key(source)?;
+        check_key(key)?;
+        check_value(value)?;
         Ok(Self::new(source, key, value))
     }
 
@@ -161,24 +217,34 @@ impl LabelSet {
     /// Applies a user's label change (`weftctl endpoint labels --add k=v --remove k`) to a
     /// pod's security labels. User labels have source `k8s`, like pod labels; the namespace
     /// labels cannot be added or removed this way.
-    pub fn with_user_changes(
+    pub fn with_user_changes<'a>(
         &self,
-        add: &[(&str, &str)],
-        remove: &[&str],
+        add: &[(&'a str, &'a str)],
+        remove: &[&'a str],
     ) -> Result<Self, LabelError> {
         let ns_name_key = format!("{}{}", keys::NAMESPACE_LABELS_PREFIX, keys::NAMESPACE_NAME);
         let managed = |k: &str| k == keys::POD_NAMESPACE || k == ns_name_key;
-        if let Some(k) = add
+        // Users may name a key with its `k8s:` source; any other source, or a ':' left in the
+        // key, would create a label no selector can name (or dodge the managed-key check).
+        let bare = |k: &'a str| -> Result<&'a str, LabelError> {
+            let key = k.strip_prefix("k8s:").unwrap_or(k);
+            check_key(key)?;
+            if key.contains(':') {
+                return Err(LabelError::BadChar(
+                    k.chars().take(80).collect(),
+                    "only k8s labels can be changed: use key or k8s:key, with no other ':'",
+                ));
+            }
+            if managed(key) {
+                return Err(LabelError::Managed(k.to_owned()));
+            }
+            Ok(key)
+        };
+        let add: Vec<(&str, &str)> = add
             .iter()
-            .map(|(k, _)| *k)
-            .chain(remove.iter().copied())
-            .find(|k| managed(k))
-        {
-            return Err(LabelError::Managed(k.to_owned()));
-        }
-        if let Some((k, _)) = add.iter().find(|(k, _)| k.is_empty()) {
-            return Err(LabelError::EmptyKey((*k).to_owned()));
-        }
+            .map(|(k, v)| check_value(v).and_then(|()| Ok((bare(k)?, *v))))
+            .collect::<Result<_, _>>()?;
+        let remove: Vec<&str> = remove.iter().map(|k| bare(k)).collect::<Result<_, _>>()?;
         let mut out = self.clone();
         for k in remove {
             out.remove_key(source::K8S, k);
@@ -359,5 +425,47 @@ mod tests {
         assert!(s.contains_all(&[Label::parse_filter("k8s:app=web").unwrap()]));
         assert!(!s.contains_all(&[Label::parse_filter("unspec:app=web").unwrap()]));
         assert!(!s.contains_all(&[Label::parse_filter("app=db").unwrap()]));
+    }
+
+    #[test]
+    fn hostile_characters_are_refused_in_keys_and_values() {
+        for bad in [
+            "a b=c",
+            "a\0=b",
+            "a=b\nINJECTED",
+            "a\n=b",
+            "k=v,w",
+            "a\x1b[2J=b",
+            "",
+        ] {
+            assert!(Label::parse_with_source(bad, "k8s").is_err(), "{bad:?}");
+        }
+        assert!(Label::parse_with_source(&"k".repeat(318), "k8s").is_err());
+        assert!(Label::parse_with_source("app.kubernetes.io/name=a=b", "k8s").is_ok());
+        let set = LabelSet::new();
+        assert!(set.with_user_changes(&[("\0", "x")], &[]).is_err());
+        assert!(set.with_user_changes(&[("a", "two words")], &[]).is_err());
+        assert!(set.with_user_changes(&[("a", "ok")], &["bad key"]).is_err());
+        // The managed namespace label cannot be reached through its source prefix either.
+        let pod = LabelSet::for_pod("ns1", [("app", "web")]);
+        for k in [
+            "k8s:io.kubernetes.pod.namespace",
+            "io.kubernetes.pod.namespace",
+        ] {
+            assert!(matches!(
+                pod.with_user_changes(&[(k, "kube-system")], &[]),
+                Err(LabelError::Managed(_))
+            ));
+            assert!(pod.with_user_changes(&[], &[k]).is_err());
+        }
+        assert!(
+            pod.with_user_changes(&[("reserved:host", "")], &[])
+                .is_err()
+        );
+        let changed = pod.with_user_changes(&[("k8s:tier", "db")], &[]).unwrap();
+        assert_eq!(
+            changed,
+            pod.with_user_changes(&[("tier", "db")], &[]).unwrap()
+        );
     }
 }

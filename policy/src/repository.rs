@@ -87,7 +87,11 @@ impl<'a> ReplaceIndex<'a> {
         }
         let mut by_label: HashMap<(&str, &str), Vec<&[Label]>> = HashMap::new();
         for k in keys {
-            if let Some(rarest) = k.iter().map(kv).min_by_key(|x| freq[x]) {
+            if let Some(rarest) = k
+                .iter()
+                .map(kv)
+                .min_by_key(|x| freq.get(x).copied().unwrap_or(0))
+            {
                 by_label.entry(rarest).or_default().push(k);
             }
         }
@@ -145,7 +149,7 @@ impl Repository {
         let index = ReplaceIndex::new(&keys);
         let old = std::mem::take(&mut self.rules);
         let replaced: Vec<usize> = (0..old.len())
-            .filter(|&i| index.replaces(&old[i].labels))
+            .filter(|&i| old.get(i).is_some_and(|r| index.replaces(&r.labels)))
             .collect();
         self.revision += 1;
         // Pair each new rule with an identical replaced one, which then stays where it is (so
@@ -156,13 +160,15 @@ impl Repository {
         let mut hint = 0;
         let mut added = Vec::new();
         for r in rules {
-            let same = |slot: &Option<usize>| slot.is_some_and(|i| old[i] == r);
+            let same = |slot: &Option<usize>| slot.is_some_and(|i| old.get(i) == Some(&r));
             match (hint..unpaired.len())
                 .chain(0..hint)
-                .find(|&k| same(&unpaired[k]))
+                .find(|&k| unpaired.get(k).is_some_and(same))
             {
                 Some(k) => {
-                    unpaired[k] = None;
+                    if let Some(slot) = unpaired.get_mut(k) {
+                        *slot = None;
+                    }
                     hint = k + 1;
                 }
                 None => added.push(r),

@@ -150,7 +150,9 @@ impl SelectorCache {
             .collect();
         self.universe.insert(id, known);
         for p in &changed {
-            self.entries.get_mut(p).expect("listed above").insert(id);
+            if let Some(entry) = self.entries.get_mut(p) {
+                entry.insert(id);
+            }
         }
         // A selector that lost and regained the id did not change.
         for p in changed {

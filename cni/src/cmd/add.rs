@@ -7,7 +7,6 @@ use crate::netlink::{self, veth};
 use crate::result::{CniResult, Plumbed};
 use crate::revert::{self, RevertStack, Undo};
 use crate::{annotations, manager, netns};
-use std::fs::File;
 use std::os::fd::AsFd;
 use weft_api::client::Client;
 use weft_api::naming::{format_mac, host_ifname, veth_macs};
@@ -32,8 +31,7 @@ pub async fn run(env: &CniEnv, conf: &NetConf) -> Result<CniResult, CniError> {
     let labels = pod_labels(conf)?;
     let netns_path = super::netns_path(env)?;
     let netns_str = netns_path.to_string_lossy().into_owned();
-    let netns = File::open(netns_path)
-        .map_err(|e| CniError::InvalidEnv(format!("cannot open CNI_NETNS {netns_str}: {e}")))?;
+    let netns = netns::open_pod_netns(netns_path)?;
     let client = Client::new(&conf.socket);
     let host_name = host_ifname(&env.container_id, &env.ifname);
     let (host_mac, pod_mac) = veth_macs(&env.container_id, &env.ifname);

@@ -11,7 +11,6 @@ use futures::TryStreamExt;
 use netlink_packet_route::address::AddressAttribute;
 use netlink_packet_route::route::{RouteAddress, RouteAttribute};
 use rtnetlink::{Handle, RouteMessageBuilder};
-use std::fs::File;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use weft_api::EndpointState;
 use weft_api::client::Client;
@@ -71,12 +70,7 @@ pub async fn run(env: &CniEnv, conf: &NetConf) -> Result<(), CniError> {
         serde_json::from_value(prev).map_err(|e| CniError::Decode(format!("prevResult: {e}")))?;
     let want = expected(env, &prev)?;
     let netns_path = super::netns_path(env)?;
-    let netns = File::open(netns_path).map_err(|e| {
-        CniError::InvalidEnv(format!(
-            "cannot open CNI_NETNS {}: {e}",
-            netns_path.display()
-        ))
-    })?;
+    let netns = netns::open_pod_netns(netns_path)?;
 
     let client = Client::new(&conf.socket);
     let eps = manager::find(&client, &env.container_id, &env.ifname).await?;

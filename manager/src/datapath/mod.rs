@@ -14,10 +14,13 @@ mod encode;
 mod error;
 mod events;
 mod fake;
+#[cfg(test)]
+mod props;
 mod state;
 mod types;
 
 pub use bpf::BpfDatapath;
+pub(crate) use bpffs::ensure as ensure_bpffs;
 pub use encode::Encoded;
 pub use encode::{PolicyBlock, encode_policy, lookup_encoded};
 pub use error::DatapathError;

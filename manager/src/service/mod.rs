@@ -9,6 +9,7 @@
 mod labels;
 pub mod policy_api;
 mod regen;
+pub mod validate;
 mod verify;
 
 pub use labels::{from_api_labels, to_api_labels};
@@ -445,6 +446,7 @@ impl Manager {
         req: &AllocateRequest,
         pod_labels: Option<weft_policy::labels::LabelSet>,
     ) -> Result<Endpoint, ManagerError> {
+        validate::allocate(req)?;
         // A DEL for this pair queued while the manager was unreachable came before this ADD:
         // apply it first, or a later drain would remove what this ADD creates. Taken before
         // the state lock: the drain holds the queue lock while it takes the state lock.
@@ -503,6 +505,7 @@ impl Manager {
     /// Registers the plumbed veth: attaches the datapath, installs the endpoint's policy, and
     /// only then persists it `ready` (Cilium's `SyncBuildEndpoint`: ADD returns enforcing).
     pub fn register(&self, id: u32, req: &RegisterRequest) -> Result<Endpoint, ManagerError> {
+        validate::register(req)?;
         let mut st = self.state();
         let mut ep = st.reg.prepare_ready(id, req)?;
         let view = datapath_view(&ep).ok_or_else(|| {
@@ -565,6 +568,7 @@ impl Manager {
         container_id: &str,
         ifname: &str,
     ) -> Result<DeleteResponse, ManagerError> {
+        validate::owner(container_id, ifname)?;
         let host_ifname = weft_api::naming::host_ifname(container_id, ifname);
         let begun = self.state().reg.begin_delete(container_id, ifname)?;
         let Some(ep) = begun else {

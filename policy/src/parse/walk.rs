@@ -215,6 +215,8 @@ pub fn selector(v: &Value, path: &str) -> Res<Selector> {
             let val = scalar_string(val)
                 .ok_or_else(|| FieldError::new(join(&p, k), "expected a string value"))?;
             check_key(k, &join(&p, k))?;
+            crate::labels::check_value(&val)
+                .map_err(|e| FieldError::new(join(&p, k), e.to_string()))?;
             sel.add_match(k, &val);
         }
     }
@@ -229,7 +231,7 @@ fn check_key(k: &str, path: &str) -> Res<()> {
     if k.is_empty() || k.ends_with(':') {
         return Err(FieldError::new(path, "empty label key"));
     }
-    Ok(())
+    crate::labels::check_key(k).map_err(|e| FieldError::new(path, e.to_string()))
 }
 
 /// YAML turns `role: 1` or `on: yes` into numbers and booleans; label values are strings.
@@ -329,7 +331,9 @@ pub fn port_number(v: &Value, path: &str, allow_zero: bool) -> Res<u16> {
     };
     match text.parse::<u32>() {
         Ok(0) if allow_zero => Ok(0),
-        Ok(n @ 1..=65535) => Ok(u16::try_from(n).expect("range checked")),
+        Ok(n @ 1..=65535) => {
+            u16::try_from(n).map_err(|_| FieldError::new(path, "port out of range"))
+        }
         Err(_) if text.chars().any(|c| c.is_ascii_alphabetic()) => Err(FieldError::new(
             path,
             format!("{text:?} is not a port number (1-65535); named ports are not supported yet"),
