@@ -63,6 +63,11 @@ impl From<ManagerError> for HttpError {
             }
             ManagerError::Invalid(_) => Self::new(StatusCode::BAD_REQUEST, "invalid", msg),
             ManagerError::NotReady => Self::new(StatusCode::SERVICE_UNAVAILABLE, "not_ready", msg),
+            // "busy": the CNI answers code 11 (try again later).
+            ManagerError::KvstoreUnavailable(_)
+            | ManagerError::Policy(crate::policy_state::PolicyStateError::NeedsCluster(_)) => {
+                Self::new(StatusCode::SERVICE_UNAVAILABLE, "busy", msg)
+            }
             ManagerError::Endpoint(EndpointError::Store(_))
             | ManagerError::HostNet(_)
             | ManagerError::Datapath(_)
@@ -113,6 +118,8 @@ pub fn router(manager: Shared) -> Router {
         )
         .route("/v1/policy/trace", post(trace))
         .route("/v1/identities", get(identities))
+        .route("/v1/nodes", get(nodes))
+        .route("/v1/kvstore", get(kvstore))
         .route("/v1/maps", get(maps))
         .route("/v1/maps/{name}", get(map_dump))
         .route("/v1/monitor", get(monitor))
@@ -240,6 +247,14 @@ async fn trace(State(m): State<Shared>, bytes: Bytes) -> Reply {
 
 async fn identities(State(m): State<Shared>) -> Reply {
     json(&m.identities())
+}
+
+async fn nodes(State(m): State<Shared>) -> Reply {
+    json(&m.nodes())
+}
+
+async fn kvstore(State(m): State<Shared>) -> Reply {
+    json(&m.kvstore_status())
 }
 
 #[derive(Deserialize)]

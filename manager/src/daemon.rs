@@ -72,6 +72,9 @@ pub enum StartError {
         /// Endpoints in the datapath.
         endpoints: usize,
     },
+    /// Kvstore mode could not be set up.
+    #[error("kvstore: {0}")]
+    Kvstore(String),
     /// Filesystem work around the socket or state dir.
     #[error("{what} {path}: {source}")]
     Io {
@@ -147,6 +150,48 @@ fn refuse_lost_state(
         });
     }
     Ok(())
+}
+
+/// Kvstore mode: the agent for this node (nothing connects yet; etcd may be down).
+fn cluster_link(
+    config: &Config,
+    kv: &crate::config::KvstoreConfig,
+    cidrs: &[ChosenCidr],
+) -> Result<crate::service::ClusterLink, StartError> {
+    use crate::cluster::{Cluster, ClusterConfig, nodeip, routes::NetlinkRoutes};
+    use crate::kvstore::{etcd::EtcdKv, keys};
+    keys::check_node_name(&config.node_name).map_err(StartError::Kvstore)?;
+    let node_ip = match config.node_ip {
+        Some(ip) => ip,
+        None => nodeip::detect().map_err(StartError::Kvstore)?,
+    };
+    let store = EtcdKv::new(
+        kv.endpoints.clone(),
+        &kv.tls,
+        std::time::Duration::from_secs(2),
+    )
+    .map_err(|e| StartError::Kvstore(e.to_string()))?;
+    let node = keys::NodeRecord {
+        name: config.node_name.clone(),
+        node_ip,
+        pod_cidrs: cidrs.iter().map(|c| c.cidr).collect(),
+        router_ips: cidrs.iter().map(ChosenCidr::router_ip).collect(),
+    };
+    tracing::info!(node = %node.name, %node_ip, endpoints = ?kv.endpoints, "kvstore mode");
+    let cluster = Cluster::new(
+        Arc::new(store),
+        ClusterConfig {
+            node,
+            lease_ttl_s: i64::try_from(kv.lease_ttl_s).unwrap_or(15),
+            gc_interval: std::time::Duration::from_secs(30),
+        },
+    );
+    Ok(crate::service::ClusterLink {
+        cluster: Arc::new(cluster),
+        routes: Arc::new(NetlinkRoutes::new()?),
+        runtime: tokio::runtime::Handle::current(),
+        endpoints: kv.endpoints.clone(),
+    })
 }
 
 /// Binds the API socket: parent created, stale socket replaced, mode 0600.
@@ -225,21 +270,42 @@ pub async fn start(config: &Config) -> Result<(Arc<Manager>, UnixListener), Star
     let (policy, _) = PolicyState::restore(store, &label_sets)?;
     phases.mark("ipam+identities+policy");
 
+    let link = match &config.kvstore {
+        Some(kv) => Some(cluster_link(config, kv, &cidrs)?),
+        None => None,
+    };
     let queue = DeleteQueue::for_socket(&config.socket);
-    let manager = Arc::new(
-        Manager::new(
-            config.node_name.clone(),
-            cidrs,
-            registry,
-            policy,
-            hostnet.clone(),
-            datapath,
-        )
-        .with_delete_queue(queue.clone()),
-    );
+    let mut manager = Manager::new(
+        config.node_name.clone(),
+        cidrs,
+        registry,
+        policy,
+        hostnet.clone(),
+        datapath,
+    )
+    .with_delete_queue(queue.clone());
+    if let Some(link) = link {
+        manager = manager.with_cluster(link);
+    }
+    let manager = Arc::new(manager);
     let (kept, removed) =
         crate::restore::restore_endpoints(&manager, &*hostnet, crate::clock::now_ms()).await?;
     phases.mark("validate");
+    if let Some(cluster) = manager.cluster().cloned() {
+        crate::cluster::watch::spawn(cluster.clone(), manager.clone());
+        crate::cluster::session::spawn(cluster.clone(), manager.clone());
+        // Remote identities and addresses before the regeneration and the ipcache
+        // reconciliation below, so a restart does not flap them; bounded: etcd may be down.
+        let synced = tokio::task::spawn_blocking(move || {
+            cluster.wait_first_sync(std::time::Duration::from_secs(3))
+        })
+        .await
+        .unwrap_or(false);
+        if !synced {
+            tracing::warn!("kvstore not reachable at start: running on what this node knows");
+        }
+        phases.mark("kvstore");
+    }
     manager.readopt()?;
     phases.mark("re-adopt");
     let stale = manager.reconcile_datapath()?;

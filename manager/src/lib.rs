@@ -6,6 +6,7 @@
 
 pub mod api;
 pub mod clock;
+pub mod cluster;
 pub mod config;
 pub mod ctl;
 pub mod daemon;
@@ -13,6 +14,7 @@ pub mod datapath;
 pub mod endpoint;
 pub mod hostnet;
 pub mod ipam;
+pub mod kvstore;
 pub mod node;
 pub mod policy_state;
 pub mod restore;

@@ -6,10 +6,12 @@
 //! wrong. Operations under it are map writes and sled flushes (tens of µs); the slow netlink
 //! deletes of host veths happen outside it.
 
+mod cluster;
 mod labels;
 pub mod policy_api;
 mod regen;
 
+pub use cluster::{ClusterLink, KvstoreStatus, NodeInfo};
 pub use labels::{from_api_labels, to_api_labels};
 pub use policy_api::{ImportResult, TraceRequest, TraceResult};
 
@@ -54,6 +56,9 @@ pub enum ManagerError {
     /// Not ready to serve yet.
     #[error("weft-manager is starting; retry shortly")]
     NotReady,
+    /// Kvstore mode: the operation needs etcd and etcd cannot be reached (retryable).
+    #[error("{0}")]
+    KvstoreUnavailable(String),
 }
 
 /// Everything behind the lock.
@@ -81,6 +86,8 @@ pub struct Manager {
     delete_queue: Option<DeleteQueue>,
     /// A regeneration failed half-way: housekeeping recomputes every endpoint.
     needs_regeneration: AtomicBool,
+    /// Kvstore mode: the cluster agent.
+    cluster: Option<ClusterLink>,
 }
 
 /// The datapath's view of a registered endpoint (`None` before registration).
@@ -160,6 +167,7 @@ impl Manager {
             regenerations: AtomicU64::new(0),
             delete_queue: None,
             needs_regeneration: AtomicBool::new(false),
+            cluster: None,
         }
     }
 
@@ -298,6 +306,18 @@ impl Manager {
         // A DEL for this pair queued while the manager was unreachable came before this ADD:
         // apply it first, or a later drain would remove what this ADD creates. Taken before
         // the state lock: the drain holds the queue lock while it takes the state lock.
+        let labels = weft_policy::labels::LabelSet::for_pod(
+            req.pod_namespace.as_deref().unwrap_or("default"),
+            req.labels
+                .iter()
+                .map(|l| (l.key.as_str(), l.value.as_str())),
+        );
+        // Before the state lock: a new label set may wait on the kvstore.
+        let cluster_id = if self.find(&req.container_id, &req.ifname).is_some() {
+            None
+        } else {
+            self.cluster_identity(&labels)?
+        };
         let queued = self
             .delete_queue
             .as_ref()
@@ -321,13 +341,10 @@ impl Manager {
             }
             return Ok(ep.clone());
         }
-        let labels = weft_policy::labels::LabelSet::for_pod(
-            req.pod_namespace.as_deref().unwrap_or("default"),
-            req.labels
-                .iter()
-                .map(|l| (l.key.as_str(), l.value.as_str())),
-        );
-        let (identity, effects) = st.pol.acquire(&labels)?;
+        let (identity, effects) = match cluster_id {
+            Some(id) => st.pol.acquire_as(&labels, Some(id))?,
+            None => st.pol.acquire(&labels)?,
+        };
         let ep = match st.reg.allocate(req, to_api_labels(&labels), identity) {
             Ok(ep) => ep,
             Err(e) => {
@@ -337,6 +354,7 @@ impl Manager {
             }
         };
         self.regenerate_users(&mut st, &effects)?;
+        self.poke_cluster();
         tracing::info!(
             endpoint_id = ep.id,
             container_id = %ep.container_id,
@@ -379,6 +397,7 @@ impl Manager {
         };
         let datapath_us = t0.elapsed().as_micros();
         st.installed.insert(ep.id, fingerprint(&policy));
+        self.poke_cluster();
         tracing::info!(
             endpoint_id = ep.id,
             host_ifname = %ep.host_ifname,
@@ -430,6 +449,7 @@ impl Manager {
             let effects = st.pol.release(gone.identity)?;
             self.regenerate_users(st, &effects)?;
         }
+        self.poke_cluster();
         Ok(deleted)
     }
 

@@ -75,6 +75,14 @@ pub struct IdentityInfo {
     pub labels: Vec<String>,
     /// Endpoints or rules holding it.
     pub references: u64,
+    /// `local` (allocated on this node: CIDR and reserved identities, and every identity in
+    /// single-node mode), or `kvstore` (numbered by the cluster).
+    #[serde(default = "local_source")]
+    pub source: String,
+}
+
+fn local_source() -> String {
+    "local".into()
 }
 
 fn split_kv(s: &str) -> Result<(&str, &str), ManagerError> {
@@ -196,28 +204,39 @@ impl Manager {
     /// Every identity in use.
     pub fn identities(&self) -> Vec<IdentityInfo> {
         let st = self.state();
-        let mut out = vec![
-            IdentityInfo {
-                id: reserved::HOST,
-                labels: vec!["reserved:host".into()],
-                references: 0,
-            },
-            IdentityInfo {
-                id: reserved::WORLD,
-                labels: vec!["reserved:world".into()],
-                references: 0,
-            },
-        ];
-        out.extend(st.pol.identities().map(|(id, key, refs)| IdentityInfo {
+        let clustered = self.cluster.is_some();
+        let reserved_entry = |id, label: &str| IdentityInfo {
             id,
-            labels: match key {
-                weft_policy::identity::IdentityKey::Labels(l) => {
-                    l.iter().map(ToString::to_string).collect()
-                }
-                weft_policy::identity::IdentityKey::Cidr(p) => vec![format!("cidr:{p}")],
-            },
-            references: refs,
+            labels: vec![label.into()],
+            references: 0,
+            source: local_source(),
+        };
+        let mut out = vec![
+            reserved_entry(reserved::HOST, "reserved:host"),
+            reserved_entry(reserved::WORLD, "reserved:world"),
+        ];
+        out.extend(st.pol.identities().map(|(id, key, refs)| {
+            let (labels, source) = match key {
+                weft_policy::identity::IdentityKey::Labels(l) => (
+                    l.iter().map(ToString::to_string).collect(),
+                    if clustered { "kvstore" } else { "local" },
+                ),
+                weft_policy::identity::IdentityKey::Cidr(p) => (vec![format!("cidr:{p}")], "local"),
+            };
+            IdentityInfo {
+                id,
+                labels,
+                references: refs,
+                source: source.into(),
+            }
         }));
+        out.extend(st.pol.remote_only().map(|(id, l)| IdentityInfo {
+            id,
+            labels: l.iter().map(ToString::to_string).collect(),
+            references: 0,
+            source: "kvstore".into(),
+        }));
+        out.sort_by_key(|i| i.id);
         out
     }
 
@@ -231,6 +250,17 @@ impl Manager {
     ) -> Result<Endpoint, ManagerError> {
         let add: Vec<(&str, &str)> = add.iter().map(|s| split_kv(s)).collect::<Result<_, _>>()?;
         let remove: Vec<&str> = remove.iter().map(String::as_str).collect();
+        // A label set new to this node may need a number from the kvstore: asked before the
+        // state lock, used below only if the labels are still the same.
+        let peeked = self.endpoint(id).and_then(|ep| {
+            from_api_labels(&ep.labels)
+                .with_user_changes(&add, &remove)
+                .ok()
+        });
+        let cluster_id = match &peeked {
+            Some(labels) => self.cluster_identity(labels)?,
+            None => None,
+        };
         let mut st = self.state();
         let mut ep = st
             .reg
@@ -248,7 +278,12 @@ impl Manager {
             return Ok(ep);
         }
         let old_id = ep.identity;
-        let (new_id, gained) = st.pol.acquire(&new_labels)?;
+        let (new_id, gained) = match cluster_id {
+            Some(cid) if peeked.as_ref() == Some(&new_labels) => {
+                st.pol.acquire_as(&new_labels, Some(cid))?
+            }
+            _ => st.pol.acquire(&new_labels)?,
+        };
         ep.labels = to_api_labels(&new_labels);
         ep.identity = new_id;
         // Peers first, then the endpoint's own entry and ipcache addresses, then its record: a
@@ -277,6 +312,7 @@ impl Manager {
             self.mark_needs_regeneration();
             return Err(e);
         }
+        self.poke_cluster();
         tracing::info!(
             endpoint_id = id,
             old_identity = old_id,

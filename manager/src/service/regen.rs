@@ -190,6 +190,14 @@ impl Manager {
                 wanted.insert(prefix.to_string());
             }
         }
+        let mut keep_unknown_hosts = false;
+        if let Some(cluster) = self.cluster() {
+            for ip in cluster.remote_ips().keys() {
+                wanted.insert(ipnet::IpNet::from(*ip).to_string());
+            }
+            // Before the first listing, an unknown host entry may be a remote pod's.
+            keep_unknown_hosts = !cluster.synced();
+        }
         let mut removed = 0;
         for entry in self.datapath.map_dump("ipcache")? {
             let Some(prefix) = entry["prefix"].as_str() else {
@@ -199,6 +207,9 @@ impl Manager {
                 continue;
             }
             if let Ok(net) = prefix.parse::<ipnet::IpNet>() {
+                if keep_unknown_hosts && net.prefix_len() == net.max_prefix_len() {
+                    continue;
+                }
                 self.datapath.remove_ipcache(net)?;
                 tracing::warn!(prefix, "removed stale ipcache entry");
                 removed += 1;
