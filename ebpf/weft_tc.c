@@ -103,16 +103,26 @@ static __always_inline void count(__u32 endpoint_id, __u8 dir, __u8 reason, __u3
 	bpf_map_update_elem(&metrics, &k, &init, BPF_NOEXIST);
 }
 
-static __always_inline __u32 peer_identity(const struct flow *f, const __u8 *addr)
+struct peer {
+	__u32 identity;
+	__u32 cidr_identity;
+};
+
+static __always_inline struct peer peer_identity(const struct flow *f, const __u8 *addr)
 {
 	struct ipcache_key k = { .family = f->family };
+	struct peer p = { .identity = 2 };
 
 	__builtin_memcpy(k.addr, addr, 16);
 	k.prefixlen = WEFT_IPCACHE_FIXED_PREFIX + (f->family == WEFT_FAMILY_V4 ? 32 : 128);
 	struct ipcache_value *v = bpf_map_lookup_elem(&ipcache, &k);
 
 	/* The manager installs 0.0.0.0/0 and ::/0 -> world; a miss means the same. */
-	return v ? v->identity : 2;
+	if (v) {
+		p.identity = v->identity;
+		p.cidr_identity = v->cidr_identity;
+	}
+	return p;
 }
 
 static __always_inline __u8 policy_verdict(__u32 endpoint_id, __u32 identity, __u8 dir,
@@ -339,8 +349,15 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 	__u8 reason = WEFT_REASON_ALLOW_NOT_ENFORCED;
 
 	if (enforced) {
-		__u32 peer = peer_identity(&f, dir == WEFT_DIR_INGRESS ? f.saddr : f.daddr);
+		struct peer p = peer_identity(&f, dir == WEFT_DIR_INGRESS ? f.saddr : f.daddr);
+		__u32 peer = p.identity;
 		__u8 verdict = policy_verdict(endpoint_id, peer, dir, &f);
+
+		/* A pod's address inside a Kubernetes ipBlock: only when its own identity decided
+		 * nothing (a deny for it, or for any peer, still wins). */
+		if (!verdict && p.cidr_identity)
+			verdict = policy_verdict(endpoint_id, p.cidr_identity | WEFT_IDENTITY_BY_IP,
+						 dir, &f);
 
 		if (verdict != WEFT_VERDICT_ALLOW) {
 			reason = verdict == WEFT_VERDICT_DENY ? WEFT_REASON_DROP_POLICY_DENY

@@ -48,10 +48,20 @@ struct ipcache_key {
 };
 #define WEFT_IPCACHE_FIXED_PREFIX 32
 
+/*
+ * cidr_identity: for an endpoint's address (local or remote), the identity of the longest
+ * CIDR-rule prefix containing it, else 0. Kubernetes ipBlock peers match pods by IP: their
+ * policy entries are keyed by that CIDR identity with WEFT_IDENTITY_BY_IP set, and are looked
+ * up only when the peer's own identity decided nothing (docs/POLICY.md, "ipBlock and pod IPs").
+ */
 struct ipcache_value {
 	__u32 identity;
-	__u32 flags;
+	__u32 cidr_identity;
 };
+
+/* Policy-key identity bit of the by-IP twin of a CIDR identity (above every real identity:
+ * label identities < 2^24, CIDR identities 2^24 + n). */
+#define WEFT_IDENTITY_BY_IP (1u << 30)
 
 /*
  * policy: one global LPM_TRIE for every endpoint (see docs/DATAPATH.md). endpoint_id, identity

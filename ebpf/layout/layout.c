@@ -24,6 +24,7 @@ int main(void)
 	CONST(u8, WEFT_FAMILY_V4);
 	CONST(u8, WEFT_FAMILY_V6);
 	CONST(u32, WEFT_IPCACHE_FIXED_PREFIX);
+	CONST(u32, WEFT_IDENTITY_BY_IP);
 	CONST(u32, WEFT_POLICY_FIXED_PREFIX);
 	CONST(u32, WEFT_POLICY_PROTO_PREFIX);
 	CONST(u32, WEFT_POLICY_FULL_PREFIX);
@@ -56,7 +57,7 @@ int main(void)
 	FIELD(ipcache_key, addr);
 	SIZE(ipcache_value);
 	FIELD(ipcache_value, identity);
-	FIELD(ipcache_value, flags);
+	FIELD(ipcache_value, cidr_identity);
 	SIZE(policy_key);
 	FIELD(policy_key, endpoint_id);
 	FIELD(policy_key, identity);

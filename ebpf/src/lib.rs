@@ -7,6 +7,10 @@
 
 #![warn(missing_docs)]
 
+#[allow(
+    clippy::unreadable_literal,
+    reason = "generated from weft_maps.h by layout.c; the C header is the readable source"
+)]
 mod layout {
     include!(concat!(env!("OUT_DIR"), "/layout.rs"));
 }
@@ -93,8 +97,9 @@ pub struct IpcacheKey {
 pub struct IpcacheValue {
     /// Security identity of the prefix.
     pub identity: u32,
-    /// Reserved (zero).
-    pub flags: u32,
+    /// For an endpoint's address: identity of the longest CIDR-rule prefix containing it, else 0
+    /// (Kubernetes ipBlock matching by pod IP).
+    pub cidr_identity: u32,
 }
 
 /// Data part of the `policy` LPM key (aya adds the `prefixlen` word in front).

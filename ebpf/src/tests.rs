@@ -57,7 +57,7 @@ fn rust_layout_matches_c() {
         "ipcache_value",
         IpcacheValue,
         lpm_shift = 0,
-        [identity, flags]
+        [identity, cidr_identity]
     );
     check!(
         c,

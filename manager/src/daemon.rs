@@ -16,8 +16,6 @@ use crate::node::{self, ChosenCidr, NodeError, NodeManifest};
 use crate::policy_state::{PolicyState, PolicyStateError};
 use crate::service::{Manager, from_api_labels};
 use crate::store::{Store, StoreError};
-use ipnet::IpNet;
-use weft_policy::mapstate::reserved;
 
 /// Persisted node record (the `AnnotateNode` write-back).
 const NODE_KEY: &str = "node";
@@ -256,9 +254,6 @@ pub async fn start(config: &Config) -> Result<(Arc<Manager>, UnixListener), Star
     let hostnet: Arc<dyn HostNet> = Arc::new(NetlinkHostNet::new()?);
     let routers: Vec<_> = cidrs.iter().map(|c| (c.router_ip(), c.cidr)).collect();
     hostnet.ensure_host_device(&routers).await?;
-    for (router, _) in &routers {
-        datapath.upsert_ipcache(IpNet::from(*router), reserved::HOST)?;
-    }
     phases.mark("node");
 
     let pools = cidrs.iter().map(|c| Pool::new(c.cidr)).collect();

@@ -14,6 +14,7 @@ pub mod datapath;
 pub mod endpoint;
 pub mod hostnet;
 pub mod ipam;
+pub mod ipcache;
 pub mod kvstore;
 pub mod node;
 pub mod policy_state;

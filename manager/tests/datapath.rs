@@ -9,7 +9,9 @@ mod lifecycle;
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
-use support::checks::{assert_endpoint_gone, ips, open_and_attach, policy, prog_id, wait_event};
+use support::checks::{
+    assert_endpoint_gone, identity, ips, open_and_attach, policy, prog_id, wait_event,
+};
 use support::traffic::{echo_servers, ping_ok, tcp_ok, udp_big_ok, udp_ok, udp_refused};
 use support::{World, in_ns};
 use weft_manager::datapath::{BpfDatapath, Datapath};
@@ -172,7 +174,7 @@ fn peer_identities_come_from_the_ipcache_world_by_default() {
     assert!(!ping_ok(&w.node, b4), "world is not allowed");
     let ev = wait_event(&mut rx, |e| e.dst_ip == b4);
     assert_eq!((ev.src_identity, ev.dst_identity), (2, 1001));
-    dp.upsert_ipcache("169.254.1.1/32".parse().unwrap(), 1)
+    dp.upsert_ipcache("169.254.1.1/32".parse().unwrap(), identity(1))
         .unwrap();
     assert!(ping_ok(&w.node, b4), "host identity is allowed");
     assert!(!ping_ok(&w.pods[A].ns, b4), "pod A (identity 1000) is not");

@@ -78,7 +78,8 @@ impl CidrReferences {
             if new {
                 out.changed
                     .extend(cache.identity_added(id, &IdentityKey::Cidr(p)));
-                out.identities.insert(id);
+                out.identities
+                    .extend([id, crate::mapstate::reserved::by_ip(id)]);
             }
             self.held.insert(p, id);
             out.added.push((p, id));
@@ -94,7 +95,8 @@ impl CidrReferences {
             self.held.remove(&p);
             if freed {
                 out.changed.extend(cache.identity_removed(id));
-                out.identities.insert(id);
+                out.identities
+                    .extend([id, crate::mapstate::reserved::by_ip(id)]);
                 out.released.push((p, id));
             }
         }
@@ -123,6 +125,7 @@ mod tests {
         let cidr = PeerSelector::Cidr(CidrSelector {
             cidr: "10.0.0.0/8".parse().unwrap(),
             except: vec![],
+            match_pods: false,
         });
         let mut repo = crate::repository::Repository::new();
         let mut rule = crate::rule::Rule::new(

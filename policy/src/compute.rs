@@ -13,7 +13,7 @@
 use crate::labels::LabelSet;
 use crate::mapstate::{Direction, EndpointPolicy, Identity, PolicyEntry, Verdict, reserved};
 use crate::repository::Repository;
-use crate::rule::{PeerRule, PortProto, Rule};
+use crate::rule::{PeerRule, PeerSelector, PortProto, Rule};
 use crate::selectorcache::SelectorCache;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -185,13 +185,27 @@ fn expand(
     };
     for peer in &pr.peers {
         let ids = cache.identities(peer);
-        let mut add = |id: Identity| out.extend(ports.iter().map(|&pp| entry(dir, id, pp)));
+        let by_ip = matches!(peer, PeerSelector::Cidr(c) if c.match_pods);
+        let mut add = |id: Identity| {
+            out.extend(ports.iter().map(|&pp| entry(dir, id, pp)));
+            // A Kubernetes ipBlock also matches pods by IP: the by-IP twin of each of its CIDR
+            // identities (the datapath looks it up with the pod's `cidr_identity`).
+            if by_ip && id >= reserved::FIRST_CIDR {
+                let twin = reserved::by_ip(id);
+                if only.is_none_or(|o| o.contains(&twin)) {
+                    out.extend(ports.iter().map(|&pp| entry(dir, twin, pp)));
+                }
+            }
+        };
         match only {
             None => ids.iter().for_each(|&id| add(id)),
             Some(only) => std::iter::once(&reserved::ANY)
                 .chain(only)
+                .map(|&id| id & !reserved::BY_IP)
+                .collect::<BTreeSet<_>>()
+                .into_iter()
                 .filter(|id| ids.contains(id))
-                .for_each(|&id| add(id)),
+                .for_each(add),
         }
     }
 }

@@ -24,6 +24,16 @@ pub mod reserved {
     pub const FIRST_ALLOCATED: Identity = 256;
     /// First identity allocated for CIDR selectors (Cilium's local-scope bit).
     pub const FIRST_CIDR: Identity = 1 << 24;
+    /// Set on a CIDR identity in a policy entry: the entry matches a managed pod whose address
+    /// lies in that identity's prefix (Kubernetes `ipBlock` semantics), looked up with the
+    /// ipcache's `cidr_identity` of the pod. Equals `WEFT_IDENTITY_BY_IP` in `weft_maps.h`.
+    pub const BY_IP: Identity = 1 << 30;
+
+    /// The by-IP twin of a CIDR identity.
+    #[must_use]
+    pub const fn by_ip(cidr_identity: Identity) -> Identity {
+        cidr_identity | BY_IP
+    }
 }
 
 /// Traffic direction from the endpoint's point of view.

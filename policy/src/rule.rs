@@ -63,6 +63,10 @@ pub struct CidrSelector {
     pub cidr: IpNet,
     /// Sub-prefixes that are not part of the peer (sorted, deduplicated).
     pub except: Vec<IpNet>,
+    /// Kubernetes `ipBlock` semantics: also matches managed pods whose address lies in the
+    /// block (by IP, not by identity). Cilium's CIDR rules never match managed pods (`false`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub match_pods: bool,
 }
 
 impl CidrSelector {
@@ -90,10 +94,14 @@ impl fmt::Display for PeerSelector {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Endpoints(s) => write!(f, "endpoints({s})"),
-            Self::Cidr(c) if c.except.is_empty() => write!(f, "cidr({})", c.cidr),
             Self::Cidr(c) => {
-                let ex: Vec<String> = c.except.iter().map(ToString::to_string).collect();
-                write!(f, "cidr({} except {})", c.cidr, ex.join(","))
+                let kind = if c.match_pods { "ipblock" } else { "cidr" };
+                if c.except.is_empty() {
+                    write!(f, "{kind}({})", c.cidr)
+                } else {
+                    let ex: Vec<String> = c.except.iter().map(ToString::to_string).collect();
+                    write!(f, "{kind}({} except {})", c.cidr, ex.join(","))
+                }
             }
             Self::Entity(e) => write!(f, "entity({e})"),
         }

@@ -242,6 +242,7 @@ mod tests {
         let cidr = PeerSelector::Cidr(CidrSelector {
             cidr: "10.0.0.0/8".parse().unwrap(),
             except: vec!["10.1.0.0/16".parse().unwrap()],
+            match_pods: false,
         });
         let world = PeerSelector::Entity(Entity::World);
         let cluster = PeerSelector::Entity(Entity::Cluster);

@@ -4,7 +4,7 @@ use crate::compute::ComputeOptions;
 use crate::labels::LabelSet;
 use crate::mapstate::{Direction, Identity, Verdict, reserved};
 use crate::repository::Repository;
-use crate::rule::{PeerRule, Rule};
+use crate::rule::{PeerRule, PeerSelector, Rule};
 use crate::selectorcache::SelectorCache;
 use std::fmt;
 
@@ -16,6 +16,9 @@ pub struct TracePeer<'a> {
     /// Its security labels when it is a local endpoint subject to policy; `None` for host,
     /// world or CIDR peers, whose own policy is not Weft's business.
     pub labels: Option<&'a LabelSet>,
+    /// For an endpoint's address: the CIDR identity of the longest CIDR-rule prefix containing
+    /// it (the ipcache's `cidr_identity`), which Kubernetes ipBlock peers match; else 0.
+    pub cidr_identity: Identity,
 }
 
 /// Why a direction decided what it did.
@@ -33,6 +36,8 @@ pub enum Decision {
     DefaultDenyDisabled,
     /// Ingress from the host, always allowed ([`ComputeOptions::allow_from_host`]).
     HostAlwaysAllowed,
+    /// Allowed by a Kubernetes ipBlock of the rule with these labels matching the pod's IP.
+    AllowedByIpBlock(LabelSet),
 }
 
 impl fmt::Display for Decision {
@@ -46,6 +51,7 @@ impl fmt::Display for Decision {
                 f.write_str("allowed (selecting rules disable default deny)")
             }
             Self::HostAlwaysAllowed => f.write_str("allowed (ingress from host is always allowed)"),
+            Self::AllowedByIpBlock(l) => write!(f, "allowed by an ipBlock of rule [{l}] (pod IP)"),
         }
     }
 }
@@ -87,7 +93,7 @@ pub fn trace(
             cache,
             l,
             Direction::Egress,
-            dst.identity,
+            (dst.identity, dst.cidr_identity),
             proto,
             port,
             *opts,
@@ -99,7 +105,7 @@ pub fn trace(
             cache,
             l,
             Direction::Ingress,
-            src.identity,
+            (src.identity, src.cidr_identity),
             proto,
             port,
             *opts,
@@ -125,6 +131,23 @@ fn hits(pr: &PeerRule, cache: &SelectorCache, peer: Identity, proto: u8, port: u
     ports && pr.peers.iter().any(|s| cache.peer_matches(s, peer))
 }
 
+/// A Kubernetes ipBlock of `pr` contains the pod address whose CIDR identity is `cidr_identity`.
+fn hits_by_ip(
+    pr: &PeerRule,
+    cache: &SelectorCache,
+    cidr_identity: Identity,
+    proto: u8,
+    port: u16,
+) -> bool {
+    let ports = pr.ports.is_empty() || pr.ports.iter().any(|p| p.matches(proto, port));
+    ports
+        && cidr_identity != 0
+        && pr.peers.iter().any(|s| {
+            matches!(s, PeerSelector::Cidr(c) if c.match_pods)
+                && cache.peer_matches(s, cidr_identity)
+        })
+}
+
 #[expect(
     clippy::too_many_arguments,
     reason = "one flow's worth of plain inputs"
@@ -134,7 +157,7 @@ fn decide(
     cache: &SelectorCache,
     labels: &LabelSet,
     dir: Direction,
-    peer: Identity,
+    (peer, peer_cidr): (Identity, Identity),
     proto: u8,
     port: u16,
     opts: ComputeOptions,
@@ -167,6 +190,16 @@ fn decide(
     }
     if !rules.iter().any(|r| r.default_deny(dir)) {
         return done(Verdict::Allow, Decision::DefaultDenyDisabled);
+    }
+    // The datapath tries the by-IP entries only when the peer's identity decided nothing.
+    for r in &rules {
+        if r.sections(dir)
+            .0
+            .iter()
+            .any(|pr| hits_by_ip(pr, cache, peer_cidr, proto, port))
+        {
+            return done(Verdict::Allow, Decision::AllowedByIpBlock(r.labels.clone()));
+        }
     }
     done(Verdict::Deny, Decision::DefaultDeny)
 }

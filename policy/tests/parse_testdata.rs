@@ -226,7 +226,7 @@ fn k8s_ipblock_and_port_range() {
     let r = &ok("k8s-ipblock-egress.yaml")[0];
     assert_eq!(
         r.ingress[0].peers[0].to_string(),
-        "cidr(172.17.0.0/16 except 172.17.1.0/24)"
+        "ipblock(172.17.0.0/16 except 172.17.1.0/24)"
     );
     assert_eq!(
         r.egress[0].ports,

@@ -30,6 +30,9 @@ pub trait Remote: Send + Sync {
     fn node_put(&self, record: &NodeRecord);
     /// It left (its lease expired or it was removed).
     fn node_deleted(&self, record: &NodeRecord);
+    /// A full listing was applied: whatever was kept only until the store could say is
+    /// settled now.
+    fn listed(&self);
 }
 
 impl Cluster {
@@ -68,8 +71,13 @@ impl Cluster {
                         }
                         return Ok(());
                     }
-                    ips.insert(ip, record.clone());
+                    let old = ips.insert(ip, record.clone());
                     drop(ips);
+                    // The address moved to another node (its pod was recreated there before
+                    // the old node's record went): the old owner lets go first.
+                    if let Some(old) = old.filter(|o| o.node != record.node) {
+                        remote.ip_deleted(&old);
+                    }
                     remote.ip_put(&record);
                 }
                 None => {
@@ -134,6 +142,7 @@ impl Cluster {
         *known = now;
         self.set_connected(true);
         self.mark_synced();
+        remote.listed();
         Ok(revision)
     }
 }
@@ -220,6 +229,9 @@ mod tests {
         fn node_deleted(&self, r: &NodeRecord) {
             self.0.lock().unwrap().push(format!("node- {}", r.name));
         }
+        fn listed(&self) {
+            self.0.lock().unwrap().push("listed".into());
+        }
     }
 
     #[test]
@@ -249,7 +261,8 @@ mod tests {
             [
                 format!("id+ {id} {web}"),
                 format!("ip+ 10.1.0.5 {id} a"),
-                "node+ a".into()
+                "node+ a".into(),
+                "listed".into()
             ]
         );
         assert_eq!(b.nodes().len(), 1);

@@ -2,9 +2,10 @@
 
 use super::error::DatapathError;
 use super::events::EventReader;
-use super::state::{Maps, endpoint_info, endpoint_ips, ignore_missing, ipcache_key};
+use super::state::{Maps, endpoint_info, ignore_missing, ipcache_key};
 use super::types::{DatapathConfig, DropEvent, EndpointDatapath, MapSummary};
 use super::{Datapath, attach, bpffs, dump};
+use crate::ipcache::Value as IpcacheValue;
 use aya::maps::{MapData, MapError, RingBuf};
 use aya::programs::{SchedClassifier, TcAttachType};
 use aya::{Ebpf, EbpfLoader};
@@ -114,15 +115,6 @@ impl Datapath for BpfDatapath {
             .map_err(DatapathError::map(names::ENDPOINTS))?;
         maps.by_id.insert(ep.endpoint_id, ifindex);
         maps.enforcement.insert(ep.endpoint_id, flags);
-        for ip in &ep.ips {
-            let value = abi::IpcacheValue {
-                identity: ep.identity,
-                flags: 0,
-            };
-            maps.ipcache
-                .insert(&ipcache_key(ipnet::IpNet::from(*ip)), value, 0)
-                .map_err(DatapathError::map(names::IPCACHE))?;
-        }
         attach::ensure_clsact(&ep.host_ifname)?;
         attach::attach(
             &mut maps.ebpf,
@@ -145,10 +137,6 @@ impl Datapath for BpfDatapath {
         let to = attach::detach(abi::PROG_TO_POD, &ep.host_ifname, TcAttachType::Egress);
         let mut maps = self.lock();
         maps.remove_endpoint_entry(ep.host_ifindex, ep.endpoint_id)?;
-        for ip in &ep.ips {
-            ignore_missing(maps.ipcache.remove(&ipcache_key(ipnet::IpNet::from(*ip))))
-                .map_err(DatapathError::map(names::IPCACHE))?;
-        }
         maps.purge(&BTreeSet::from([ep.endpoint_id]))?;
         from.and(to)
     }
@@ -167,8 +155,11 @@ impl Datapath for BpfDatapath {
             .apply_identities(endpoint_id, identities, entries)
     }
 
-    fn upsert_ipcache(&self, prefix: ipnet::IpNet, identity: u32) -> Result<(), DatapathError> {
-        let value = abi::IpcacheValue { identity, flags: 0 };
+    fn upsert_ipcache(&self, prefix: ipnet::IpNet, v: IpcacheValue) -> Result<(), DatapathError> {
+        let value = abi::IpcacheValue {
+            identity: v.identity,
+            cidr_identity: v.cidr_identity,
+        };
         self.lock()
             .ipcache
             .insert(&ipcache_key(prefix), value, 0)
@@ -178,6 +169,24 @@ impl Datapath for BpfDatapath {
     fn remove_ipcache(&self, prefix: ipnet::IpNet) -> Result<(), DatapathError> {
         ignore_missing(self.lock().ipcache.remove(&ipcache_key(prefix)))
             .map_err(DatapathError::map(names::IPCACHE))
+    }
+
+    fn ipcache_entries(&self) -> Result<BTreeMap<ipnet::IpNet, IpcacheValue>, DatapathError> {
+        let maps = self.lock();
+        let mut out = BTreeMap::new();
+        for item in &maps.ipcache {
+            let (k, v) = item.map_err(DatapathError::map(names::IPCACHE))?;
+            if let Some(prefix) = dump::ipcache_prefix(&k) {
+                out.insert(
+                    prefix,
+                    IpcacheValue {
+                        identity: v.identity,
+                        cidr_identity: v.cidr_identity,
+                    },
+                );
+            }
+        }
+        Ok(out)
     }
 
     fn endpoint_ids(&self) -> Result<BTreeSet<u32>, DatapathError> {
@@ -210,10 +219,6 @@ impl Datapath for BpfDatapath {
                 attach::detach(abi::PROG_TO_POD, &name, TcAttachType::Egress)?;
             }
             maps.remove_endpoint_entry(ifindex, info.endpoint_id)?;
-            for ip in endpoint_ips(&info) {
-                ignore_missing(maps.ipcache.remove(&ipcache_key(ipnet::IpNet::from(ip))))
-                    .map_err(DatapathError::map(names::IPCACHE))?;
-            }
         }
         maps.purge(&stale)?;
         Ok(stale)

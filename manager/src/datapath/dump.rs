@@ -4,6 +4,7 @@ use super::error::DatapathError;
 use super::state::Maps;
 use super::types::{MapSummary, addr_from, direction_name, drop_reason_name};
 use aya::maps::MapInfo;
+use aya::maps::lpm_trie::Key;
 use serde_json::{Value, json};
 use std::net::IpAddr;
 use std::path::Path;
@@ -69,16 +70,28 @@ fn endpoints(maps: &Maps) -> Result<Vec<Value>, DatapathError> {
     Ok(out)
 }
 
+/// The prefix an ipcache key stands for (`None` for a key no manager writes).
+pub(crate) fn ipcache_prefix(k: &Key<abi::IpcacheKey>) -> Option<ipnet::IpNet> {
+    let data = k.data();
+    let len = k.prefix_len().checked_sub(abi::IPCACHE_FIXED_PREFIX)?;
+    let len = u8::try_from(len).ok()?;
+    ipnet::IpNet::new(addr_from(data.family, &data.addr), len).ok()
+}
+
 fn ipcache(maps: &Maps) -> Result<Vec<Value>, DatapathError> {
     let mut out = Vec::new();
     for item in &maps.ipcache {
         let (k, v) = item.map_err(DatapathError::map(names::IPCACHE))?;
         let data = k.data();
         let len = k.prefix_len().saturating_sub(abi::IPCACHE_FIXED_PREFIX);
-        out.push(json!({
+        let mut e = json!({
             "prefix": format!("{}/{len}", addr_from(data.family, &data.addr)),
             "identity": v.identity,
-        }));
+        });
+        if v.cidr_identity != 0 {
+            e["cidr_identity"] = json!(v.cidr_identity);
+        }
+        out.push(e);
     }
     Ok(out)
 }

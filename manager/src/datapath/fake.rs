@@ -32,7 +32,7 @@ struct State {
     calls: Vec<FakeCall>,
     endpoints: BTreeMap<u32, EndpointDatapath>,
     policies: BTreeMap<u32, EndpointPolicy>,
-    ipcache: BTreeMap<ipnet::IpNet, u32>,
+    ipcache: BTreeMap<ipnet::IpNet, crate::ipcache::Value>,
     fail_attach: bool,
 }
 
@@ -79,7 +79,11 @@ impl FakeDatapath {
     /// The ipcache contents.
     #[must_use]
     pub fn ipcache(&self) -> BTreeMap<ipnet::IpNet, u32> {
-        self.state().ipcache.clone()
+        self.state()
+            .ipcache
+            .iter()
+            .map(|(p, v)| (*p, v.identity))
+            .collect()
     }
 
     /// Makes the next `attach_endpoint` calls fail (to test undo paths).
@@ -103,9 +107,6 @@ impl Datapath for FakeDatapath {
                 ep.host_ifname
             )));
         }
-        for ip in &ep.ips {
-            s.ipcache.insert(ipnet::IpNet::from(*ip), ep.identity);
-        }
         s.endpoints.insert(ep.endpoint_id, ep.clone());
         Ok(())
     }
@@ -115,9 +116,6 @@ impl Datapath for FakeDatapath {
         s.calls.push(FakeCall::Detach(ep.endpoint_id));
         s.endpoints.remove(&ep.endpoint_id);
         s.policies.remove(&ep.endpoint_id);
-        for ip in &ep.ips {
-            s.ipcache.remove(&ipnet::IpNet::from(*ip));
-        }
         Ok(())
     }
 
@@ -147,11 +145,22 @@ impl Datapath for FakeDatapath {
         Ok(())
     }
 
-    fn upsert_ipcache(&self, prefix: ipnet::IpNet, identity: u32) -> Result<(), DatapathError> {
+    fn upsert_ipcache(
+        &self,
+        prefix: ipnet::IpNet,
+        value: crate::ipcache::Value,
+    ) -> Result<(), DatapathError> {
         let mut s = self.state();
-        s.calls.push(FakeCall::UpsertIpcache(prefix, identity));
-        s.ipcache.insert(prefix, identity);
+        s.calls
+            .push(FakeCall::UpsertIpcache(prefix, value.identity));
+        s.ipcache.insert(prefix, value);
         Ok(())
+    }
+
+    fn ipcache_entries(
+        &self,
+    ) -> Result<BTreeMap<ipnet::IpNet, crate::ipcache::Value>, DatapathError> {
+        Ok(self.state().ipcache.clone())
     }
 
     fn remove_ipcache(&self, prefix: ipnet::IpNet) -> Result<(), DatapathError> {
@@ -208,7 +217,13 @@ impl Datapath for FakeDatapath {
             "ipcache" => Ok(s
                 .ipcache
                 .iter()
-                .map(|(p, id)| serde_json::json!({"prefix": p.to_string(), "identity": id}))
+                .map(|(p, v)| {
+                    serde_json::json!({
+                        "prefix": p.to_string(),
+                        "identity": v.identity,
+                        "cidr_identity": v.cidr_identity,
+                    })
+                })
                 .collect()),
             "policy" => Ok(s
                 .policies
@@ -247,7 +262,6 @@ mod tests {
         fake.attach_endpoint(&ep(1)).unwrap();
         fake.attach_endpoint(&ep(2)).unwrap();
         fake.apply_policy(2, &EndpointPolicy::default()).unwrap();
-        assert_eq!(fake.ipcache().len(), 1);
         let removed = fake.reconcile(&BTreeSet::from([1])).unwrap();
         assert_eq!(removed, BTreeSet::from([2]));
         assert_eq!(fake.endpoint_ids().unwrap(), BTreeSet::from([1]));

@@ -29,7 +29,8 @@ use weft_policy::mapstate::{EndpointPolicy, PolicyEntry, Verdict};
 /// Everything the manager asks of the datapath. Implementations are internally synchronised.
 pub trait Datapath: Send + Sync {
     /// Attaches both programs to the endpoint's host veth (the attachment outlives the manager)
-    /// and writes its `endpoints` and ipcache (`ip/32`, `ip/128` → identity) entries. Calling it
+    /// and writes its `endpoints` entry. Its ipcache entries are the manager's business
+    /// (`crate::ipcache`: an address can have several owners). Calling it
     /// again for an attached endpoint atomically replaces the programs with the loaded ones and
     /// rewrites the entries: this is how a restarted manager re-adopts its endpoints. Enforcement
     /// flags already installed for the endpoint are kept. On error, entries already written stay:
@@ -37,7 +38,7 @@ pub trait Datapath: Send + Sync {
     fn attach_endpoint(&self, ep: &EndpointDatapath) -> Result<(), DatapathError>;
 
     /// Detaches the programs (a missing veth counts as detached) and removes every map entry that
-    /// refers to the endpoint: endpoints, its ipcache host entries, policy, ct and metrics.
+    /// refers to the endpoint by id: endpoints, policy, ct and metrics.
     fn detach_endpoint(&self, ep: &EndpointDatapath) -> Result<(), DatapathError>;
 
     /// Installs `policy` for the endpoint by diff against what is installed: new and changed
@@ -56,7 +57,16 @@ pub trait Datapath: Send + Sync {
     ) -> Result<(), DatapathError>;
 
     /// Maps a prefix to an identity in the ipcache.
-    fn upsert_ipcache(&self, prefix: ipnet::IpNet, identity: u32) -> Result<(), DatapathError>;
+    fn upsert_ipcache(
+        &self,
+        prefix: ipnet::IpNet,
+        value: crate::ipcache::Value,
+    ) -> Result<(), DatapathError>;
+
+    /// Everything the ipcache map holds (restart read-back).
+    fn ipcache_entries(
+        &self,
+    ) -> Result<BTreeMap<ipnet::IpNet, crate::ipcache::Value>, DatapathError>;
 
     /// Removes an ipcache prefix (missing is fine).
     fn remove_ipcache(&self, prefix: ipnet::IpNet) -> Result<(), DatapathError>;
@@ -65,7 +75,7 @@ pub trait Datapath: Send + Sync {
     fn endpoint_ids(&self) -> Result<BTreeSet<u32>, DatapathError>;
 
     /// Removes every entry of endpoints not in `keep` from endpoints, policy, ct and metrics
-    /// (restart reconciliation). Returns the endpoint ids that were removed.
+    /// (restart reconciliation; the manager reconciles the ipcache itself). Returns the endpoint ids that were removed.
     fn reconcile(&self, keep: &BTreeSet<u32>) -> Result<BTreeSet<u32>, DatapathError>;
 
     /// One line per map: name, type, entries, max entries.

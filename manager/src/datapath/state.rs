@@ -146,7 +146,7 @@ impl Maps {
                 Err(MapError::KeyNotFound) => {
                     let value = abi::IpcacheValue {
                         identity: reserved::WORLD,
-                        flags: 0,
+                        cidr_identity: 0,
                     };
                     self.ipcache
                         .insert(&key, value, 0)
@@ -330,15 +330,4 @@ pub(crate) fn endpoint_info(ep: &EndpointDatapath, flags: u32) -> abi::EndpointI
         }
     }
     info
-}
-
-pub(crate) fn endpoint_ips(info: &abi::EndpointInfo) -> Vec<IpAddr> {
-    let mut ips = Vec::new();
-    if info.flags & abi::EP_HAS_IPV4 != 0 {
-        ips.push(IpAddr::from(info.ipv4));
-    }
-    if info.flags & abi::EP_HAS_IPV6 != 0 {
-        ips.push(IpAddr::from(info.ipv6));
-    }
-    ips
 }

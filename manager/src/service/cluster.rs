@@ -4,6 +4,7 @@
 
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 use weft_api::EndpointState;
@@ -154,30 +155,6 @@ impl Manager {
             },
         }
     }
-
-    fn is_local_ip(&self, ip: IpAddr) -> bool {
-        self.state()
-            .reg
-            .list()
-            .any(|ep| ep.ips.iter().any(|i| i.address == ip))
-    }
-
-    /// Installs another node's endpoint address. A local endpoint's entry always wins.
-    // Switch-over point to the ipcache-with-owners API once it lands on main.
-    fn set_remote_ipcache(&self, ip: IpAddr, identity: Identity) -> Result<(), ManagerError> {
-        if self.is_local_ip(ip) {
-            tracing::warn!(%ip, "a remote node publishes an address of a local endpoint; the local entry stays");
-            return Ok(());
-        }
-        Ok(self.datapath.upsert_ipcache(IpNet::from(ip), identity)?)
-    }
-
-    fn clear_remote_ipcache(&self, ip: IpAddr) -> Result<(), ManagerError> {
-        if self.is_local_ip(ip) {
-            return Ok(());
-        }
-        Ok(self.datapath.remove_ipcache(IpNet::from(ip))?)
-    }
 }
 
 impl Local for Manager {
@@ -232,13 +209,14 @@ impl Remote for Manager {
     }
 
     fn ip_put(&self, r: &IpRecord) {
-        if let Err(e) = self.set_remote_ipcache(r.ip, r.identity) {
+        // The ipcache's owner precedence keeps a local endpoint's entry over a remote one.
+        if let Err(e) = self.upsert_remote_endpoint(&r.node, IpNet::from(r.ip), r.identity) {
             tracing::error!(ip = %r.ip, node = %r.node, "remote ipcache entry: {e}");
         }
     }
 
     fn ip_deleted(&self, r: &IpRecord) {
-        if let Err(e) = self.clear_remote_ipcache(r.ip) {
+        if let Err(e) = self.remove_remote_endpoint(&r.node, IpNet::from(r.ip)) {
             tracing::error!(ip = %r.ip, node = %r.node, "removing a remote ipcache entry: {e}");
         }
     }
@@ -259,8 +237,21 @@ impl Remote for Manager {
         }
     }
 
+    fn listed(&self) {
+        // Host entries kept from before a restart until the store could say whose they are.
+        let restored = crate::ipcache::RESTORED_REMOTE;
+        if let Err(e) = self.sync_remote_endpoints(restored, &BTreeMap::new()) {
+            tracing::error!("dropping host entries kept over the restart: {e}");
+        }
+    }
+
     fn node_deleted(&self, r: &NodeRecord) {
         let Some(link) = &self.cluster else { return };
+        // Its addresses leave with their own delete events (same lease); this also drops any
+        // the watch missed.
+        if let Err(e) = self.sync_remote_endpoints(&r.name, &BTreeMap::new()) {
+            tracing::error!(node = %r.name, "removing a departed node's ipcache entries: {e}");
+        }
         for cidr in &r.pod_cidrs {
             match link.runtime.block_on(link.routes.remove(*cidr)) {
                 Ok(()) => tracing::info!(node = %r.name, %cidr, "route to departed node removed"),

@@ -27,6 +27,7 @@ use weft_policy::mapstate::EndpointPolicy;
 use crate::datapath::{Datapath, DatapathError, EndpointDatapath};
 use crate::endpoint::{EndpointError, Registry};
 use crate::hostnet::{HostNet, HostNetError};
+use crate::ipcache::{Ipcache, Source, Write};
 use crate::node::ChosenCidr;
 use crate::policy_state::{PolicyState, PolicyStateError};
 use weft_api::delete_queue::DeleteQueue;
@@ -69,6 +70,8 @@ pub(crate) struct State {
     /// would not change. Only a hash: the datapath keeps the entries themselves (it diffs
     /// against them), and a second full copy per endpoint would double the manager's memory.
     pub(crate) installed: BTreeMap<u32, u64>,
+    /// Who wants which ipcache prefix; the kernel map shows the winners.
+    pub(crate) ipcache: Ipcache,
 }
 
 /// The running manager.
@@ -102,6 +105,43 @@ pub(crate) fn datapath_view(ep: &Endpoint) -> Option<EndpointDatapath> {
         ips: ep.ips.iter().map(|i| i.address).collect(),
         pod_mac,
     })
+}
+
+/// The ipcache owners restored state implies: the node's router IPs and world defaults, every
+/// registered endpoint's addresses, the repository's CIDR identities. Nothing is written yet:
+/// [`Manager::reconcile_ipcache`] diffs it against what the kernel holds.
+fn initial_ipcache(reg: &Registry, pol: &PolicyState) -> Ipcache {
+    use weft_policy::mapstate::reserved;
+    let mut c = Ipcache::new();
+    for world in ["0.0.0.0/0", "::/0"] {
+        c.set(
+            world.parse().expect("valid prefix"),
+            Source::Node,
+            reserved::WORLD,
+        );
+    }
+    for pool in reg.pools() {
+        c.set(
+            ipnet::IpNet::from(pool.router()),
+            Source::Node,
+            reserved::HOST,
+        );
+    }
+    for ep in reg.list() {
+        if ep.state == EndpointState::Ready || ep.state == EndpointState::Deleting {
+            for ip in &ep.ips {
+                c.set(
+                    ipnet::IpNet::from(ip.address),
+                    Source::LocalEndpoint(ep.id),
+                    ep.identity,
+                );
+            }
+        }
+    }
+    for (prefix, id) in pol.cidr_identities() {
+        c.set(prefix, Source::Cidr, id);
+    }
+    c
 }
 
 /// A 64-bit digest of a computed policy, to notice when a regeneration would change nothing.
@@ -156,6 +196,7 @@ impl Manager {
             node_name,
             cidrs,
             state: Mutex::new(State {
+                ipcache: initial_ipcache(&reg, &pol),
                 reg,
                 pol,
                 installed: BTreeMap::new(),
@@ -299,6 +340,64 @@ impl Manager {
         out
     }
 
+    /// Writes what the ipcache owners changed to the kernel map: upserts first, removals last.
+    /// On failure the kernel's state is unknown, so the next flush rewrites everything wanted.
+    pub(crate) fn flush_ipcache(&self, st: &mut State) -> Result<(), ManagerError> {
+        for w in st.ipcache.pending() {
+            let done = match w {
+                Write::Upsert(prefix, value) => self.datapath.upsert_ipcache(prefix, value),
+                Write::Remove(prefix) => self.datapath.remove_ipcache(prefix),
+            };
+            if let Err(e) = done {
+                st.ipcache.forget_written();
+                self.mark_needs_regeneration();
+                return Err(e.into());
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes the ipcache entries of remote node `node`'s endpoints exactly `entries` (address
+    /// prefix → identity): a cluster-store (re)list or the node's lease expiring (empty map).
+    /// A remote entry never hides a local endpoint's or the node's own. The caller makes the
+    /// identities known to the selector cache (and regenerates) before this, so an address
+    /// never resolves to an identity no policy knows yet.
+    pub fn sync_remote_endpoints(
+        &self,
+        node: &str,
+        entries: &BTreeMap<ipnet::IpNet, weft_policy::mapstate::Identity>,
+    ) -> Result<(), ManagerError> {
+        let mut st = self.state();
+        st.ipcache
+            .replace_source(&Source::RemoteEndpoint(node.to_owned()), entries);
+        self.flush_ipcache(&mut st)
+    }
+
+    /// One remote endpoint address appeared or changed identity (cluster-store watch event).
+    pub fn upsert_remote_endpoint(
+        &self,
+        node: &str,
+        prefix: ipnet::IpNet,
+        identity: weft_policy::mapstate::Identity,
+    ) -> Result<(), ManagerError> {
+        let mut st = self.state();
+        st.ipcache
+            .set(prefix, Source::RemoteEndpoint(node.to_owned()), identity);
+        self.flush_ipcache(&mut st)
+    }
+
+    /// One remote endpoint address went away (cluster-store watch event).
+    pub fn remove_remote_endpoint(
+        &self,
+        node: &str,
+        prefix: ipnet::IpNet,
+    ) -> Result<(), ManagerError> {
+        let mut st = self.state();
+        st.ipcache
+            .unset(prefix, &Source::RemoteEndpoint(node.to_owned()));
+        self.flush_ipcache(&mut st)
+    }
+
     /// Reserves an endpoint, its identity and its IPs (all persisted before returning). Peers
     /// whose selectors match a new identity are regenerated now, so they already allow the new
     /// pod when its IPs appear in the ipcache at registration.
@@ -379,16 +478,28 @@ impl Manager {
         let attach_us = t0.elapsed().as_micros();
         let policy = st.pol.compute(&from_api_labels(&ep.labels));
         ep.policy_revision = st.pol.repo().revision();
+        let owner = Source::LocalEndpoint(ep.id);
+        for ip in &view.ips {
+            st.ipcache
+                .set(ipnet::IpNet::from(*ip), owner.clone(), view.identity);
+        }
         let done = self
             .datapath
             .apply_policy(ep.id, &policy)
             .map_err(ManagerError::from)
+            .and_then(|()| self.flush_ipcache(&mut st))
             .and_then(|()| Ok(st.reg.update(ep)?));
         let ep = match done {
             Ok(ep) => ep,
             Err(e) => {
                 // The record stays `allocated` without an ifindex, so nothing else would ever
                 // detach what was just attached.
+                for ip in &view.ips {
+                    st.ipcache.unset(ipnet::IpNet::from(*ip), &owner);
+                }
+                if let Err(d) = self.flush_ipcache(&mut st) {
+                    tracing::error!(endpoint_id = id, "undoing a failed register: {d}");
+                }
                 if let Err(d) = self.datapath.detach_endpoint(&view) {
                     tracing::error!(endpoint_id = id, "undoing a failed register: {d}");
                 }
@@ -441,6 +552,11 @@ impl Manager {
         if let Some(view) = datapath_view(&ep) {
             self.datapath.detach_endpoint(&view)?;
         }
+        for ip in &ep.ips {
+            st.ipcache
+                .unset(ipnet::IpNet::from(ip.address), &Source::LocalEndpoint(id));
+        }
+        self.flush_ipcache(st)?;
         st.installed.remove(&id);
         let deleted = st.reg.forget(id)?;
         if let Some(gone) = &deleted

@@ -8,6 +8,7 @@ use weft_policy::mapstate::{Identity, Verdict, proto, reserved};
 use weft_policy::trace::{TracePeer, trace};
 
 use super::{Manager, ManagerError, State, datapath_view, from_api_labels, to_api_labels};
+use crate::ipcache::Source;
 use crate::policy_state::Effects;
 
 /// Answer to an import or delete.
@@ -108,16 +109,17 @@ fn parse_protocol(p: &str) -> Result<u8, ManagerError> {
 }
 
 impl Manager {
-    fn apply_effects_after(&self, effects: &Effects) -> Result<(), ManagerError> {
+    fn apply_effects_after(&self, st: &mut State, effects: &Effects) -> Result<(), ManagerError> {
         // New CIDR identities enter the ipcache only once every endpoint's policy knows them;
-        // released ones leave after no policy refers to them any more.
+        // released ones leave after no policy refers to them any more. A prefix that another
+        // source (an endpoint's address) also wants keeps that source's entry.
         for (prefix, id) in &effects.ipcache_add {
-            self.datapath.upsert_ipcache(*prefix, *id)?;
+            st.ipcache.set(*prefix, Source::Cidr, *id);
         }
         for prefix in &effects.ipcache_remove {
-            self.datapath.remove_ipcache(*prefix)?;
+            st.ipcache.unset(*prefix, &Source::Cidr);
         }
-        Ok(())
+        self.flush_ipcache(st)
     }
 
     /// Imports a policy file (Cilium JSON/YAML or Kubernetes `NetworkPolicy`). All or nothing: a
@@ -157,7 +159,7 @@ impl Manager {
     ) -> Result<ImportResult, ManagerError> {
         let regenerated = self
             .regenerate_for_change(&mut st, change, effects)
-            .and_then(|n| self.apply_effects_after(effects).map(|()| n))
+            .and_then(|n| self.apply_effects_after(&mut st, effects).map(|()| n))
             .inspect_err(|_| self.mark_needs_regeneration())?;
         let result = ImportResult {
             revision: st.pol.repo().revision(),
@@ -288,13 +290,27 @@ impl Manager {
         ep.identity = new_id;
         // Peers first, then the endpoint's own entry and ipcache addresses, then its record: a
         // failure before the record is written leaves the old identity in force everywhere.
-        let programmed = self.regenerate_users(&mut st, &gained).and_then(|_| {
-            match (ep.state, datapath_view(&ep)) {
-                (EndpointState::Ready, Some(view)) => Ok(self.datapath.attach_endpoint(&view)?),
-                _ => Ok(()),
+        let set_addresses = |st: &mut State, identity: Identity| {
+            for ip in &ep.ips {
+                st.ipcache.set(
+                    ipnet::IpNet::from(ip.address),
+                    Source::LocalEndpoint(ep.id),
+                    identity,
+                );
             }
-        });
+        };
+        let mut programmed = self.regenerate_users(&mut st, &gained).map(|_| ());
+        if programmed.is_ok()
+            && let (EndpointState::Ready, Some(view)) = (ep.state, datapath_view(&ep))
+        {
+            programmed = self.datapath.attach_endpoint(&view).map_err(Into::into);
+            if programmed.is_ok() {
+                set_addresses(&mut st, new_id);
+                programmed = self.flush_ipcache(&mut st);
+            }
+        }
         if let Err(e) = programmed {
+            set_addresses(&mut st, old_id);
             st.pol.release(new_id)?;
             self.mark_needs_regeneration();
             return Err(e);
@@ -326,7 +342,7 @@ impl Manager {
         st: &'a State,
         peer: &TracePeerRequest,
         side: &str,
-    ) -> Result<(Identity, Option<LabelSet>), ManagerError> {
+    ) -> Result<(Identity, Option<LabelSet>, Identity), ManagerError> {
         let set = [
             peer.endpoint.is_some(),
             !peer.labels.is_empty(),
@@ -340,7 +356,17 @@ impl Manager {
                 "{side}: give exactly one of an endpoint id, labels or an IP"
             )));
         }
-        let local = |ep: &'a Endpoint| (ep.identity, Some(from_api_labels(&ep.labels)));
+        // What the datapath sees for the endpoint's address: its identity and, for Kubernetes
+        // ipBlocks, the CIDR identity containing it.
+        let cidr_of = |ip: std::net::IpAddr| {
+            st.ipcache
+                .value(&ipnet::IpNet::from(ip))
+                .map_or(0, |v| v.cidr_identity)
+        };
+        let local = |ep: &'a Endpoint| {
+            let cidr = ep.ips.first().map_or(0, |i| cidr_of(i.address));
+            (ep.identity, Some(from_api_labels(&ep.labels)), cidr)
+        };
         if let Some(id) = peer.endpoint {
             let ep = st
                 .reg
@@ -352,17 +378,13 @@ impl Manager {
             if let Some(ep) = st.reg.owner_of(ip) {
                 return Ok(local(ep));
             }
-            if st.reg.pools().iter().any(|p| p.router() == ip) {
-                return Ok((reserved::HOST, None));
-            }
-            let cidr = st
-                .pol
-                .cidr_identities()
-                .into_iter()
-                .filter(|(p, _)| p.contains(&ip))
-                .max_by_key(|(p, _)| p.prefix_len())
-                .map(|(_, id)| id);
-            return Ok((cidr.unwrap_or(reserved::WORLD), None));
+            // Longest-prefix match over what the ipcache holds, as the datapath resolves it.
+            let v = st.ipcache.resolve(ip).map(|(_, v)| v);
+            return Ok((
+                v.map_or(reserved::WORLD, |v| v.identity),
+                None,
+                v.map_or(0, |v| v.cidr_identity),
+            ));
         }
         let wanted: Vec<Label> = peer
             .labels
@@ -394,18 +416,20 @@ impl Manager {
     pub fn trace(&self, req: &TraceRequest) -> Result<TraceResult, ManagerError> {
         let protocol = parse_protocol(&req.protocol)?;
         let st = self.state();
-        let (src_id, src_labels) = Self::resolve_peer(&st, &req.src, "source")?;
-        let (dst_id, dst_labels) = Self::resolve_peer(&st, &req.dst, "destination")?;
+        let (src_id, src_labels, src_cidr) = Self::resolve_peer(&st, &req.src, "source")?;
+        let (dst_id, dst_labels, dst_cidr) = Self::resolve_peer(&st, &req.dst, "destination")?;
         let t = trace(
             st.pol.repo(),
             st.pol.cache(),
             TracePeer {
                 identity: src_id,
                 labels: src_labels.as_ref(),
+                cidr_identity: src_cidr,
             },
             TracePeer {
                 identity: dst_id,
                 labels: dst_labels.as_ref(),
+                cidr_identity: dst_cidr,
             },
             protocol,
             req.port,

@@ -12,11 +12,12 @@ use weft_policy::compute::{
     EnforcementCounts, compute_identities, compute_restricted, has_wildcard_peer,
 };
 use weft_policy::labels::LabelSet;
-use weft_policy::mapstate::{EndpointPolicy, Identity, PolicyEntry, Verdict};
+use weft_policy::mapstate::{EndpointPolicy, Identity, PolicyEntry, Verdict, reserved};
 use weft_policy::repository::RepoChange;
 use weft_policy::rule::Rule;
 
 use super::{Manager, ManagerError, State, from_api_labels};
+use crate::ipcache::Source;
 use crate::policy_state::Effects;
 
 impl Manager {
@@ -158,64 +159,56 @@ impl Manager {
 
     /// Recomputes every ready endpoint (start-up): the datapath diffs against the pinned maps,
     /// so entries that stay are never touched and nothing is deleted before its replacement.
+    /// The repository's CIDR identities enter the ipcache after the policies that know them.
     pub fn regenerate_all(&self) -> Result<usize, ManagerError> {
         let n = {
             let mut st = self.state();
             let ids: Vec<u32> = st.reg.list().map(|ep| ep.id).collect();
             let n = self.regenerate(&mut st, &ids)?;
-            for (prefix, id) in st.pol.cidr_identities() {
-                self.datapath.upsert_ipcache(prefix, id)?;
-            }
+            let cidrs = st.pol.cidr_identities();
+            st.ipcache.replace_source(&Source::Cidr, &cidrs);
+            self.flush_ipcache(&mut st)?;
             n
         };
         super::release_freed_memory();
         Ok(n)
     }
 
-    /// Removes ipcache entries nothing owns any more: addresses of pods that died while the
-    /// manager was down, CIDR identities no rule references. Wanted entries are left alone.
+    /// Makes the kernel's ipcache exactly what its owners want: reads the map back, then
+    /// rewrites wrong entries in place and removes those nothing owns any more (addresses of
+    /// pods that died while the manager was down, CIDR identities no rule references).
+    /// Returns how many entries were written or removed.
     pub fn reconcile_ipcache(&self) -> Result<usize, ManagerError> {
-        let mut wanted: BTreeSet<String> = ["0.0.0.0/0", "::/0"].map(String::from).into();
-        {
-            let st = self.state();
-            for pool in st.reg.pools() {
-                wanted.insert(ipnet::IpNet::from(pool.router()).to_string());
+        let kernel = self.datapath.ipcache_entries()?;
+        let mut st = self.state();
+        // Kvstore mode before the first listing (etcd down at start): an address nothing here
+        // owns may be a remote pod's. It stays until the listing says (`Remote::listed`);
+        // checked under the lock the listing's callback takes, so it cannot slip in between.
+        if self.cluster().is_some_and(|c| !c.synced()) {
+            let unowned: BTreeMap<ipnet::IpNet, Identity> = kernel
+                .iter()
+                .filter(|(p, _)| p.prefix_len() == p.max_prefix_len())
+                .filter(|(p, _)| st.ipcache.winner(p).is_none())
+                .map(|(p, v)| (*p, v.identity))
+                .collect();
+            if !unowned.is_empty() {
+                tracing::info!(
+                    entries = unowned.len(),
+                    "kvstore not listed yet: keeping unowned host entries until it is"
+                );
             }
-            for ep in st.reg.list() {
-                for ip in &ep.ips {
-                    wanted.insert(ipnet::IpNet::from(ip.address).to_string());
-                }
-            }
-            for prefix in st.pol.cidr_identities().keys() {
-                wanted.insert(prefix.to_string());
+            st.ipcache
+                .replace_source(&Source::restored_remote(), &unowned);
+        }
+        st.ipcache.set_written(kernel);
+        let writes = st.ipcache.clone().pending();
+        for w in &writes {
+            if let crate::ipcache::Write::Remove(prefix) = w {
+                tracing::warn!(%prefix, "removing stale ipcache entry");
             }
         }
-        let mut keep_unknown_hosts = false;
-        if let Some(cluster) = self.cluster() {
-            for ip in cluster.remote_ips().keys() {
-                wanted.insert(ipnet::IpNet::from(*ip).to_string());
-            }
-            // Before the first listing, an unknown host entry may be a remote pod's.
-            keep_unknown_hosts = !cluster.synced();
-        }
-        let mut removed = 0;
-        for entry in self.datapath.map_dump("ipcache")? {
-            let Some(prefix) = entry["prefix"].as_str() else {
-                continue;
-            };
-            if wanted.contains(prefix) {
-                continue;
-            }
-            if let Ok(net) = prefix.parse::<ipnet::IpNet>() {
-                if keep_unknown_hosts && net.prefix_len() == net.max_prefix_len() {
-                    continue;
-                }
-                self.datapath.remove_ipcache(net)?;
-                tracing::warn!(prefix, "removed stale ipcache entry");
-                removed += 1;
-            }
-        }
-        Ok(removed)
+        self.flush_ipcache(&mut st)?;
+        Ok(writes.len())
     }
 
     /// Recomputes the policy of `ids` and installs what changed. Returns how many endpoints
@@ -340,7 +333,16 @@ fn change_work(
     let mut identities = effects.identities.clone();
     if sliceable {
         for p in changed.iter().flat_map(|r| r.peers()) {
-            identities.extend(st.pol.cache().identities(p).iter());
+            let ids = st.pol.cache().identities(p);
+            identities.extend(ids.iter());
+            // An ipBlock's by-IP twins (weft_policy::compute) change with it.
+            if matches!(p, weft_policy::rule::PeerSelector::Cidr(c) if c.match_pods) {
+                identities.extend(
+                    ids.iter()
+                        .filter(|&&id| id >= reserved::FIRST_CIDR)
+                        .map(|&id| reserved::by_ip(id)),
+                );
+            }
         }
     }
     let mut by_labels: HashMap<LabelSet, Option<Update>> = HashMap::new();

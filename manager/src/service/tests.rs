@@ -488,3 +488,50 @@ fn identity_changes_rewrite_only_their_entries_and_match_a_full_recompute() {
     assert!(w.dp.calls()[mark..].contains(&FakeCall::ApplyPolicy(third.id)));
     assert_installed_is_complete(&w, "enforcement changed");
 }
+
+#[test]
+fn a_pods_ipcache_entry_outlives_a_cidr_rule_for_its_address() {
+    // Issue #13: releasing a /32 CIDR identity equal to a pod's address erased the pod's entry.
+    let w = world();
+    let a = pod(&w, "a", "a");
+    let b = pod(&w, "b", "b");
+    let b_ip = ipnet::IpNet::from(b.ips[0].address);
+    let np = format!(
+        "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {{name: x, namespace: default}}\n\
+         spec:\n  podSelector: {{matchLabels: {{id: a}}}}\n  ingress:\n  - from:\n    - ipBlock: {{cidr: 10.0.1.0/24, except: [{b_ip}]}}\n"
+    );
+    w.m.import_policy("np.yaml", &np).unwrap();
+    assert_eq!(
+        w.dp.ipcache()[&b_ip],
+        b.identity,
+        "the endpoint wins over the /32"
+    );
+    w.m.delete_policy(&[], true).unwrap();
+    assert_eq!(
+        w.dp.ipcache()[&b_ip],
+        b.identity,
+        "and survives its release"
+    );
+    assert_eq!(
+        w.dp.ipcache()[&ipnet::IpNet::from(a.ips[0].address)],
+        a.identity
+    );
+}
+
+#[test]
+fn remote_entries_never_hide_local_ones_and_come_back_when_the_local_one_goes() {
+    let w = world();
+    let a = pod(&w, "a", "a");
+    let ip = ipnet::IpNet::from(a.ips[0].address);
+    let other: ipnet::IpNet = "10.0.9.7/32".parse().unwrap();
+    let remote = BTreeMap::from([(ip, 999), (other, 998)]);
+    w.m.sync_remote_endpoints("node-b", &remote).unwrap();
+    assert_eq!(w.dp.ipcache()[&ip], a.identity);
+    assert_eq!(w.dp.ipcache()[&other], 998);
+    w.m.delete("a", "eth0").unwrap();
+    assert_eq!(w.dp.ipcache()[&ip], 999, "the next owner's entry");
+    w.m.sync_remote_endpoints("node-b", &BTreeMap::new())
+        .unwrap();
+    assert!(!w.dp.ipcache().contains_key(&ip));
+    assert!(!w.dp.ipcache().contains_key(&other));
+}

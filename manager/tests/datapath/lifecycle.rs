@@ -117,7 +117,7 @@ fn maps_are_listed_and_decoded_and_reconcile_removes_stale_endpoints() {
             "{prefix}: {ipcache:#?}"
         );
     }
-    dp.upsert_ipcache("192.0.2.0/24".parse().unwrap(), 1 << 24)
+    dp.upsert_ipcache("192.0.2.0/24".parse().unwrap(), identity(1 << 24))
         .unwrap();
     assert!(
         dp.map_dump("ipcache")

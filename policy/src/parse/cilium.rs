@@ -150,6 +150,7 @@ fn peer_rule(v: &Value, path: &str, dir: Direction, deny: bool) -> Res<PeerRule>
             peers.push(PeerSelector::Cidr(CidrSelector {
                 cidr: walk::cidr(c, &p)?,
                 except: Vec::new(),
+                match_pods: false,
             }));
         }
     }
@@ -217,7 +218,11 @@ pub fn cidr_rule(v: &Value, path: &str) -> Res<CidrSelector> {
     o.finish(&["cidrGroupRef", "cidrGroupSelector"])?;
     except.sort();
     except.dedup();
-    Ok(CidrSelector { cidr, except })
+    Ok(CidrSelector {
+        cidr,
+        except,
+        match_pods: false,
+    })
 }
 
 fn port_rule(v: &Value, path: &str, deny: bool) -> Res<Vec<PortProto>> {

@@ -225,8 +225,12 @@ fn np_peer(v: &Value, path: &str, ns: &str) -> Res<PeerSelector> {
     Ok(PeerSelector::Endpoints(sel))
 }
 
+/// Kubernetes (and Calico) let an ipBlock match pod IPs; Cilium's CIDR rules do not.
 fn cidr_block(v: &Value, path: &str) -> Res<CidrSelector> {
-    cilium::cidr_rule(v, path)
+    Ok(CidrSelector {
+        match_pods: true,
+        ..cilium::cidr_rule(v, path)?
+    })
 }
 
 fn np_ports(list: Option<Vec<(String, &Value)>>) -> Res<Vec<PortProto>> {

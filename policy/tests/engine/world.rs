@@ -172,10 +172,12 @@ impl World {
         let me = TracePeer {
             identity: *eid,
             labels: Some(el),
+            cidr_identity: 0,
         };
         let other = TracePeer {
             identity: self.peer(peer).0,
             labels: None,
+            cidr_identity: 0,
         };
         match dir {
             Direction::Ingress => {
