@@ -94,6 +94,18 @@ pub struct Cli {
     /// default route's device, else of the first non-loopback device].
     #[arg(long)]
     pub node_ip: Option<std::net::IpAddr>,
+    /// Pods reaching addresses outside every node's pod CIDRs and the non-masquerade CIDRs
+    /// leave with the node's address (nftables table `inet weft`) [default: true].
+    #[arg(long, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+    pub masquerade: Option<bool>,
+    /// Destinations that keep the pod's source address besides the nodes' pod CIDRs,
+    /// comma-separated (e.g. a VPC range reachable without NAT).
+    #[arg(long, value_delimiter = ',')]
+    pub non_masquerade_cidrs: Vec<ipnet::IpNet>,
+    /// Removes what Weft installed in the node's network stack outside its pinned maps (the
+    /// masquerade table) and exits.
+    #[arg(long)]
+    pub uninstall: bool,
 }
 
 /// Cluster state backends.
@@ -134,6 +146,9 @@ struct FileConfig {
     kvstore_key: Option<PathBuf>,
     kvstore_lease_ttl: Option<u64>,
     node_ip: Option<std::net::IpAddr>,
+    masquerade: Option<bool>,
+    #[serde(default)]
+    non_masquerade_cidrs: Vec<ipnet::IpNet>,
 }
 
 /// The resolved settings.
@@ -157,6 +172,12 @@ pub struct Config {
     pub kvstore: Option<KvstoreConfig>,
     /// Underlay address given on the command line.
     pub node_ip: Option<std::net::IpAddr>,
+    /// Masquerade traffic leaving the cluster.
+    pub masquerade: bool,
+    /// Destinations exempt from masquerade besides the nodes' pod CIDRs.
+    pub non_masquerade_cidrs: Vec<ipnet::IpNet>,
+    /// `--uninstall`: remove and exit.
+    pub uninstall: bool,
 }
 
 fn hostname() -> String {
@@ -198,6 +219,13 @@ impl Config {
             log_format: cli.log_format.or(file.log_format).unwrap_or_default(),
             kvstore,
             node_ip: cli.node_ip.or(file.node_ip),
+            masquerade: cli.masquerade.or(file.masquerade).unwrap_or(true),
+            non_masquerade_cidrs: if cli.non_masquerade_cidrs.is_empty() {
+                file.non_masquerade_cidrs
+            } else {
+                cli.non_masquerade_cidrs
+            },
+            uninstall: cli.uninstall,
         };
         if config.node_name.is_empty() {
             return Err(ConfigError::Invalid("--node-name must not be empty".into()));
@@ -303,6 +331,30 @@ mod tests {
         assert_eq!(c.bpffs, PathBuf::from("/sys/fs/bpf/weft"));
         assert_eq!(c.pod_cidrs, vec!["10.1.0.0/24".to_string()]);
         assert_eq!(c.log_format, LogFormat::Json);
+    }
+
+    #[test]
+    fn masquerade_is_on_unless_turned_off() {
+        let c = Config::resolve(Cli::parse_from(["weft-manager"])).unwrap();
+        assert!(c.masquerade && c.non_masquerade_cidrs.is_empty());
+        for (args, on) in [
+            (vec!["--masquerade=false"], false),
+            (vec!["--masquerade", "false"], false),
+            (vec!["--masquerade"], true),
+        ] {
+            let cli = Cli::parse_from(std::iter::once("weft-manager").chain(args));
+            assert_eq!(Config::resolve(cli).unwrap().masquerade, on);
+        }
+        let c = Config::resolve(Cli::parse_from([
+            "weft-manager",
+            "--non-masquerade-cidrs",
+            "192.168.0.0/16,fd00::/8",
+        ]))
+        .unwrap();
+        assert_eq!(c.non_masquerade_cidrs.len(), 2);
+        assert!(
+            Cli::try_parse_from(["weft-manager", "--non-masquerade-cidrs", "10.0.0.0/33"]).is_err()
+        );
     }
 
     #[test]

@@ -73,6 +73,9 @@ pub enum StartError {
     /// Kvstore mode could not be set up.
     #[error("kvstore: {0}")]
     Kvstore(String),
+    /// The masquerade table could not be installed.
+    #[error(transparent)]
+    Masquerade(#[from] crate::masquerade::MasqueradeError),
     /// Filesystem work around the socket or state dir.
     #[error("{what} {path}: {source}")]
     Io {
@@ -269,6 +272,7 @@ pub async fn start(config: &Config) -> Result<(Arc<Manager>, UnixListener), Star
         Some(kv) => Some(cluster_link(config, kv, &cidrs)?),
         None => None,
     };
+    let own_cidrs: Vec<ipnet::IpNet> = cidrs.iter().map(|c| c.cidr).collect();
     let queue = DeleteQueue::for_socket(&config.socket);
     let mut manager = Manager::new(
         config.node_name.clone(),
@@ -282,6 +286,22 @@ pub async fn start(config: &Config) -> Result<(Arc<Manager>, UnixListener), Star
     if let Some(link) = link {
         manager = manager.with_cluster(link);
     }
+    if config.masquerade {
+        use crate::masquerade::{Masquerader, NftCommand};
+        let m = Masquerader::new(
+            Arc::new(NftCommand),
+            own_cidrs,
+            config.non_masquerade_cidrs.clone(),
+        );
+        // Before any pod can send: recreated idempotently on every start.
+        m.install()?;
+        manager = manager.with_masquerade(Arc::new(m));
+    } else if let Err(e) = crate::masquerade::uninstall(&crate::masquerade::NftCommand) {
+        // Turned off since the last run: nothing of it may stay behind. Without nft there
+        // is nothing of it either.
+        tracing::warn!("--masquerade=false: removing an earlier masquerade table: {e}");
+    }
+    phases.mark("masquerade");
     let manager = Arc::new(manager);
     let (kept, removed) =
         crate::restore::restore_endpoints(&manager, &*hostnet, crate::clock::now_ms()).await?;

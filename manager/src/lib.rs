@@ -16,6 +16,7 @@ pub mod hostnet;
 pub mod ipam;
 pub mod ipcache;
 pub mod kvstore;
+pub mod masquerade;
 pub mod node;
 pub mod policy_state;
 pub mod restore;

@@ -60,7 +60,13 @@ pub struct PolicyState {
     remote: BTreeMap<Identity, LabelSet>,
     /// Kvstore mode: label identities are numbered by the cluster, never locally.
     cluster_ids: bool,
+    /// Remote identities restored from disk that no kvstore listing has confirmed yet.
+    unconfirmed: BTreeSet<Identity>,
 }
+
+/// Store meta key of the remote identities (kvstore mode): a restart with etcd unreachable
+/// still selects remote pods by their labels.
+const REMOTE_IDENTITIES: &str = "remote_identities";
 
 /// Which store record holds each rule, so a change writes only the rules it adds or removes.
 /// Keyed by a 64-bit hash of the rule (identical rules may be several records); a collision
@@ -197,6 +203,7 @@ impl PolicyState {
                 records,
                 remote: BTreeMap::new(),
                 cluster_ids: false,
+                unconfirmed: BTreeSet::new(),
             },
             effects,
         ))
@@ -229,8 +236,46 @@ impl PolicyState {
 
     /// Switches to kvstore numbering: a label set this node does not know yet is acquired only
     /// with the number the cluster gave it ([`Self::acquire_as`]).
+    /// Turning it on brings back the remote identities of the last run (persisted as they
+    /// arrived), unconfirmed until the first kvstore listing ([`Self::drop_unconfirmed_remote`]).
     pub fn set_cluster_ids(&mut self, on: bool) {
         self.cluster_ids = on;
+        if !on {
+            return;
+        }
+        let saved: BTreeMap<Identity, LabelSet> = match self.store.get_meta(REMOTE_IDENTITIES) {
+            Ok(saved) => saved.unwrap_or_default(),
+            Err(e) => {
+                tracing::warn!("remote identities of the last run unreadable, ignored: {e}");
+                BTreeMap::new()
+            }
+        };
+        for (id, labels) in saved {
+            if self.remote.contains_key(&id) {
+                continue;
+            }
+            // The caller regenerates everything after this (start-up).
+            let _ = self.remote_identity_added(id, labels);
+            self.unconfirmed.insert(id);
+        }
+    }
+
+    /// The first kvstore listing is applied: restored remote identities it did not confirm
+    /// were freed while this node was away.
+    pub fn drop_unconfirmed_remote(&mut self) -> Effects {
+        let mut effects = Effects::default();
+        for id in std::mem::take(&mut self.unconfirmed) {
+            let e = self.remote_identity_removed(id);
+            effects.changed.extend(e.changed);
+            effects.identities.extend(e.identities);
+        }
+        effects
+    }
+
+    fn persist_remote(&self) {
+        if let Err(e) = self.store.put_meta(REMOTE_IDENTITIES, &self.remote) {
+            tracing::warn!("persisting remote identities: {e}");
+        }
     }
 
     /// The local number of `labels`, if this node holds it.
@@ -287,11 +332,13 @@ impl PolicyState {
     /// rules select remote pods by their labels.
     pub fn remote_identity_added(&mut self, id: Identity, labels: LabelSet) -> Effects {
         let mut effects = Effects::default();
+        self.unconfirmed.remove(&id);
         if self.remote.get(&id) == Some(&labels) {
             return effects;
         }
         let key = IdentityKey::Labels(labels.clone());
         self.remote.insert(id, labels);
+        self.persist_remote();
         if let Some(local) = self.alloc.key_of(id) {
             if *local != key {
                 tracing::error!(
@@ -309,7 +356,12 @@ impl PolicyState {
     /// A remote identity was freed in the cluster.
     pub fn remote_identity_removed(&mut self, id: Identity) -> Effects {
         let mut effects = Effects::default();
-        if self.remote.remove(&id).is_none() || self.alloc.key_of(id).is_some() {
+        self.unconfirmed.remove(&id);
+        if self.remote.remove(&id).is_none() {
+            return effects;
+        }
+        self.persist_remote();
+        if self.alloc.key_of(id).is_some() {
             return effects;
         }
         effects.changed = self.cache.identity_removed(id);
@@ -476,6 +528,41 @@ mod tests {
             "still used remotely"
         );
         assert!(!st.remote_identity_removed(300).changed.is_empty());
+    }
+
+    #[test]
+    fn remote_identities_survive_a_restart_until_a_listing_says_otherwise() {
+        let store = Store::temporary().unwrap();
+        let (mut st, _) = PolicyState::restore(store.clone(), []).unwrap();
+        st.set_cluster_ids(true);
+        st.remote_identity_added(300, labels("web"));
+        st.remote_identity_added(301, labels("db"));
+        drop(st);
+        let (mut st, _) = PolicyState::restore(store.clone(), []).unwrap();
+        assert!(!st.is_remote(300), "single-node mode ignores them");
+        st.set_cluster_ids(true);
+        assert!(st.is_remote(300) && st.is_remote(301));
+        let rules = weft_policy::parse::parse_policy_file(
+            "t.json",
+            r#"[{"labels":[{"key":"name","value":"r"}],"endpointSelector":{"matchLabels":{"app":"x"}},
+                "ingress":[{"fromEndpoints":[{"matchLabels":{"app":"db"}}]}]}]"#,
+        )
+        .unwrap();
+        st.add_rules(rules).unwrap();
+        // The listing has web again but db was freed meanwhile.
+        assert!(
+            st.remote_identity_added(300, labels("web"))
+                .changed
+                .is_empty()
+        );
+        let e = st.drop_unconfirmed_remote();
+        assert_eq!(e.identities, [301].into());
+        assert!(!e.changed.is_empty(), "the db selector lost it");
+        assert!(st.drop_unconfirmed_remote().identities.is_empty());
+        drop(st);
+        let (mut st, _) = PolicyState::restore(store, []).unwrap();
+        st.set_cluster_ids(true);
+        assert!(st.is_remote(300) && !st.is_remote(301));
     }
 
     #[test]

@@ -141,6 +141,24 @@ del_pod 1 a-tmp >/dev/null
 check "pod deleted on A: its IP leaves B's ipcache" until_ok 10 not_in_ipcache 2 "$A_TMP"
 check "its now unused identity leaves B" until_ok 10 eval '! ctl 2 -o json identity list | jq -e --argjson id "$TMP_ID" "any(.[]; .id == \$id)"'
 
+echo "== masquerade: leaving the cluster with the node's address"
+# An "outside" host on the underlay with no route to any pod CIDR: a pod's packet only gets an
+# answer if it left with its node's address.
+OUT_NS=${WEFT_P}-out
+ip netns add "$OUT_NS" && plug "$OUT_NS" 10.99.0.200 o || die "cannot plug the outside host"
+has_table() { local t; t=$(in_n "$1" nft list table inet weft 2>&1) && grep -q masquerade <<<"$t"; }
+check "every node has its table inet weft" eval 'has_table 1 && has_table 2 && has_table 3'
+exempt() { in_n "$1" nft get element inet weft exempt4 "{ $2 }" >/dev/null 2>&1; }
+check "pod CIDRs of every node are exempt on A" eval 'exempt 1 10.21.0.9 && exempt 1 10.22.0.9 && exempt 1 10.23.0.9 && ! exempt 1 10.99.0.200'
+check "a pod on A reaches the outside host" ping_from a-web 10.99.0.200
+ip netns exec "$OUT_NS" timeout 5 nc -n -v -l 8080 >"$WEFT_TMP/outside.log" 2>&1 &
+OUT_PID=$!
+until_ok 5 eval 'ip netns exec "$OUT_NS" ss -Hltn "sport = :8080" | grep -q .'
+in_pod a-web sh -c 'echo hi | timeout 3 nc -N 10.99.0.200 8080' >/dev/null 2>&1
+wait "$OUT_PID" 2>/dev/null
+check "it arrives from node A's address, not the pod's" grep -q "Connection received on 10.99.0.11 " "$WEFT_TMP/outside.log"
+check "a pod on another node still sees the pod's own address (B resolves a-web by it)" tcp_ok b-db a-web "$B_DB" 80
+
 echo "== etcd stopped"
 stop_etcd
 check "B's status says disconnected" until_ok 15 eval '! connected 2'
@@ -153,6 +171,11 @@ check "a pod needing a new identity fails ADD with CNI code 11" eval '[ "$rc" !=
 echo "$out" | jq -r .msg 2>/dev/null | sed 's/^/       /'
 WEFT_NODE=$(nodens 1) WEFT_SOCK=$(sock 1) weft_netconf | WEFT_NODE=$(nodens 1) weft_cni DEL "$WEFT_P-a-new" "/run/netns/${WEFT_P}-a-new" eth0 >/dev/null 2>&1
 ip netns del "${WEFT_P}-a-new" 2>/dev/null
+kill -9 "${MGR[2]}"; wait "${MGR[2]}" 2>/dev/null; MGR[2]=
+start_mgr 2 --node-ip 10.99.0.12 || die "manager 2 did not restart while etcd is down"
+check "B restarted while etcd is down keeps A's ipcache entries" in_ipcache 2 "$A_WEB" "$WEB_ID"
+check "and its policy still admits web pods of A (remote identity kept)" ping_from a-web "$B_DB"
+check_not "and still drops other pods" tcp_ok b-db c-other "$B_DB" 80
 
 echo "== etcd back"
 start_etcd || die "etcd did not restart"
@@ -178,5 +201,9 @@ kill -9 "${MGR[3]}"; wait "${MGR[3]}" 2>/dev/null; MGR[3]=
 check "its lease expires: A and B forget node 3" until_ok $((TTL + 10)) eval 'nodes_are 1 "$(nodens 1) $(nodens 2)" && nodes_are 2 "$(nodens 1) $(nodens 2)"'
 check "its pod IP leaves A's and B's ipcache" eval 'not_in_ipcache 1 "$C_WEB" && not_in_ipcache 2 "$C_WEB"'
 check "its route leaves A and B" eval '! in_n 1 ip route show 10.23.0.0/24 | grep -q . && ! in_n 2 ip route show 10.23.0.0/24 | grep -q .'
+check "its pod CIDR leaves A's masquerade exemptions" eval '! exempt 1 10.23.0.9 && exempt 1 10.22.0.9'
+
+echo "== uninstall"
+check "weft-manager --uninstall removes node 3's table" eval 'in_n 3 "$WEFT_BIN/weft-manager" --uninstall 2>/dev/null && ! has_table 3'
 
 weft_summary

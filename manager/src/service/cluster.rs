@@ -73,6 +73,13 @@ impl Manager {
         self
     }
 
+    /// Keeps the masquerade rules' pod CIDRs in step with the node registry.
+    #[must_use]
+    pub fn with_masquerade(mut self, m: Arc<crate::masquerade::Masquerader>) -> Self {
+        self.masquerade = Some(m);
+        self
+    }
+
     /// The cluster agent, in kvstore mode.
     #[must_use]
     pub fn cluster(&self) -> Option<&Arc<Cluster>> {
@@ -223,6 +230,12 @@ impl Remote for Manager {
 
     fn node_put(&self, r: &NodeRecord) {
         let Some(link) = &self.cluster else { return };
+        // Before the route: traffic to the new node's pods must keep its pod source.
+        if let Some(m) = &self.masquerade
+            && let Err(e) = m.node_put(&r.name, &r.pod_cidrs)
+        {
+            tracing::error!(node = %r.name, "masquerade exemption for the node's pods: {e}");
+        }
         for cidr in &r.pod_cidrs {
             if cidr.network().is_ipv4() != r.node_ip.is_ipv4() {
                 continue; // direct routing needs a gateway of the same family
@@ -238,7 +251,16 @@ impl Remote for Manager {
     }
 
     fn listed(&self) {
-        // Host entries kept from before a restart until the store could say whose they are.
+        // Remote identities and host entries kept from before a restart until the store
+        // could say which still exist.
+        {
+            let mut st = self.state();
+            let effects = st.pol.drop_unconfirmed_remote();
+            if let Err(e) = self.regenerate_users(&mut st, &effects) {
+                tracing::error!("regenerating after stale remote identities left: {e}");
+                self.mark_needs_regeneration();
+            }
+        }
         let restored = crate::ipcache::RESTORED_REMOTE;
         if let Err(e) = self.sync_remote_endpoints(restored, &BTreeMap::new()) {
             tracing::error!("dropping host entries kept over the restart: {e}");
@@ -257,6 +279,11 @@ impl Remote for Manager {
                 Ok(()) => tracing::info!(node = %r.name, %cidr, "route to departed node removed"),
                 Err(e) => tracing::error!(node = %r.name, %cidr, "removing route: {e}"),
             }
+        }
+        if let Some(m) = &self.masquerade
+            && let Err(e) = m.node_deleted(&r.name)
+        {
+            tracing::error!(node = %r.name, "masquerade after a node left: {e}");
         }
     }
 }

@@ -91,6 +91,8 @@ pub struct Manager {
     needs_regeneration: AtomicBool,
     /// Kvstore mode: the cluster agent.
     cluster: Option<ClusterLink>,
+    /// Masquerade rules, kept in step with the node registry.
+    masquerade: Option<Arc<crate::masquerade::Masquerader>>,
 }
 
 /// The datapath's view of a registered endpoint (`None` before registration).
@@ -209,6 +211,7 @@ impl Manager {
             delete_queue: None,
             needs_regeneration: AtomicBool::new(false),
             cluster: None,
+            masquerade: None,
         }
     }
 
