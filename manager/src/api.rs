@@ -51,8 +51,11 @@ impl From<ManagerError> for HttpError {
             ManagerError::Endpoint(EndpointError::NotFound(_)) => {
                 Self::new(StatusCode::NOT_FOUND, "not_found", msg)
             }
-            // Retryable: the CNI maps `busy` to "try again later" (code 11).
-            ManagerError::Endpoint(EndpointError::BeingDeleted(_)) => {
+            // Retryable: the CNI maps `busy` to "try again later" (code 11). The kvstore
+            // being unreachable for a new identity is the same: retry once etcd is back.
+            ManagerError::Endpoint(EndpointError::BeingDeleted(_))
+            | ManagerError::KvstoreUnavailable(_)
+            | ManagerError::Policy(crate::policy_state::PolicyStateError::NeedsCluster(_)) => {
                 Self::new(StatusCode::SERVICE_UNAVAILABLE, "busy", msg)
             }
             ManagerError::Endpoint(EndpointError::WrongOwner { .. }) => {
@@ -63,11 +66,6 @@ impl From<ManagerError> for HttpError {
             }
             ManagerError::Invalid(_) => Self::new(StatusCode::BAD_REQUEST, "invalid", msg),
             ManagerError::NotReady => Self::new(StatusCode::SERVICE_UNAVAILABLE, "not_ready", msg),
-            // "busy": the CNI answers code 11 (try again later).
-            ManagerError::KvstoreUnavailable(_)
-            | ManagerError::Policy(crate::policy_state::PolicyStateError::NeedsCluster(_)) => {
-                Self::new(StatusCode::SERVICE_UNAVAILABLE, "busy", msg)
-            }
             ManagerError::Endpoint(EndpointError::Store(_))
             | ManagerError::HostNet(_)
             | ManagerError::Datapath(_)

@@ -195,6 +195,30 @@ fn cluster_link(
     })
 }
 
+/// The masquerade table, installed before any pod can send and recreated idempotently on
+/// every start (`None` when turned off).
+fn masquerade(
+    config: &Config,
+    own_cidrs: Vec<ipnet::IpNet>,
+) -> Result<Option<Arc<crate::masquerade::Masquerader>>, StartError> {
+    use crate::masquerade::{Masquerader, NftCommand};
+    if !config.masquerade {
+        // Turned off since the last run: nothing of it may stay behind. Without nft there is
+        // nothing of it either.
+        if let Err(e) = crate::masquerade::uninstall(&NftCommand) {
+            tracing::warn!("--masquerade=false: removing an earlier masquerade table: {e}");
+        }
+        return Ok(None);
+    }
+    let m = Masquerader::new(
+        Arc::new(NftCommand),
+        own_cidrs,
+        config.non_masquerade_cidrs.clone(),
+    );
+    m.install()?;
+    Ok(Some(Arc::new(m)))
+}
+
 /// Binds the API socket: parent created, stale socket replaced, mode 0600.
 fn bind_socket(path: &Path) -> Result<UnixListener, StartError> {
     if let Some(dir) = path.parent() {
@@ -286,20 +310,8 @@ pub async fn start(config: &Config) -> Result<(Arc<Manager>, UnixListener), Star
     if let Some(link) = link {
         manager = manager.with_cluster(link);
     }
-    if config.masquerade {
-        use crate::masquerade::{Masquerader, NftCommand};
-        let m = Masquerader::new(
-            Arc::new(NftCommand),
-            own_cidrs,
-            config.non_masquerade_cidrs.clone(),
-        );
-        // Before any pod can send: recreated idempotently on every start.
-        m.install()?;
-        manager = manager.with_masquerade(Arc::new(m));
-    } else if let Err(e) = crate::masquerade::uninstall(&crate::masquerade::NftCommand) {
-        // Turned off since the last run: nothing of it may stay behind. Without nft there
-        // is nothing of it either.
-        tracing::warn!("--masquerade=false: removing an earlier masquerade table: {e}");
+    if let Some(m) = masquerade(config, own_cidrs)? {
+        manager = manager.with_masquerade(m);
     }
     phases.mark("masquerade");
     let manager = Arc::new(manager);

@@ -11,6 +11,7 @@
 
 use ipnet::IpNet;
 use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
 use std::io::Write as _;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -80,9 +81,12 @@ pub fn script(pod_cidrs: &[IpNet], exempt: &BTreeSet<IpNet>) -> String {
             .filter(|n| matches!(n, IpNet::V4(_)) == v4)
             .map(|n| n.trunc().to_string())
             .collect();
-        s += &format!("  set {set} {{\n    type {ty}\n    flags interval\n    auto-merge\n");
+        let _ = write!(
+            s,
+            "  set {set} {{\n    type {ty}\n    flags interval\n    auto-merge\n"
+        );
         if !elems.is_empty() {
-            s += &format!("    elements = {{ {} }}\n", elems.join(", "));
+            let _ = writeln!(s, "    elements = {{ {} }}", elems.join(", "));
         }
         s += "  }\n";
     }
@@ -92,8 +96,9 @@ pub fn script(pod_cidrs: &[IpNet], exempt: &BTreeSet<IpNet>) -> String {
             IpNet::V4(_) => ("ip", "exempt4"),
             IpNet::V6(_) => ("ip6", "exempt6"),
         };
-        s += &format!(
-            "    {fam} saddr {} {fam} daddr != @{set} masquerade\n",
+        let _ = writeln!(
+            s,
+            "    {fam} saddr {} {fam} daddr != @{set} masquerade",
             cidr.trunc()
         );
     }

@@ -18,13 +18,9 @@ pub const WEFT_PROTO: u8 = 196;
 /// The routing seam.
 pub trait RouteTable: Send + Sync {
     /// Routes `cidr` via `gateway`, unless a route Weft does not own holds the prefix.
-    fn replace<'a>(
-        &'a self,
-        cidr: IpNet,
-        gateway: IpAddr,
-    ) -> BoxFuture<'a, Result<(), HostNetError>>;
+    fn replace(&self, cidr: IpNet, gateway: IpAddr) -> BoxFuture<'_, Result<(), HostNetError>>;
     /// Removes Weft's route for `cidr` (missing is fine; another owner's is kept).
-    fn remove<'a>(&'a self, cidr: IpNet) -> BoxFuture<'a, Result<(), HostNetError>>;
+    fn remove(&self, cidr: IpNet) -> BoxFuture<'_, Result<(), HostNetError>>;
 }
 
 fn nl(op: String) -> impl FnOnce(rtnetlink::Error) -> HostNetError {
@@ -119,15 +115,11 @@ impl NetlinkRoutes {
 }
 
 impl RouteTable for NetlinkRoutes {
-    fn replace<'a>(
-        &'a self,
-        cidr: IpNet,
-        gateway: IpAddr,
-    ) -> BoxFuture<'a, Result<(), HostNetError>> {
+    fn replace(&self, cidr: IpNet, gateway: IpAddr) -> BoxFuture<'_, Result<(), HostNetError>> {
         Box::pin(self.do_replace(cidr, gateway))
     }
 
-    fn remove<'a>(&'a self, cidr: IpNet) -> BoxFuture<'a, Result<(), HostNetError>> {
+    fn remove(&self, cidr: IpNet) -> BoxFuture<'_, Result<(), HostNetError>> {
         Box::pin(self.do_remove(cidr))
     }
 }
@@ -140,11 +132,7 @@ pub struct FakeRoutes {
 }
 
 impl RouteTable for FakeRoutes {
-    fn replace<'a>(
-        &'a self,
-        cidr: IpNet,
-        gateway: IpAddr,
-    ) -> BoxFuture<'a, Result<(), HostNetError>> {
+    fn replace(&self, cidr: IpNet, gateway: IpAddr) -> BoxFuture<'_, Result<(), HostNetError>> {
         let mut t = self.table.lock().expect("lock");
         if t.get(&cidr).is_none_or(|(_, ours)| *ours) {
             t.insert(cidr, (gateway, true));
@@ -152,7 +140,7 @@ impl RouteTable for FakeRoutes {
         Box::pin(async { Ok(()) })
     }
 
-    fn remove<'a>(&'a self, cidr: IpNet) -> BoxFuture<'a, Result<(), HostNetError>> {
+    fn remove(&self, cidr: IpNet) -> BoxFuture<'_, Result<(), HostNetError>> {
         let mut t = self.table.lock().expect("lock");
         if t.get(&cidr).is_some_and(|(_, ours)| *ours) {
             t.remove(&cidr);

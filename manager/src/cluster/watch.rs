@@ -55,62 +55,54 @@ impl Cluster {
             let Ok(ip) = ip.parse::<IpAddr>() else {
                 return Ok(());
             };
-            match value {
-                Some(v) => {
-                    let record: IpRecord =
-                        serde_json::from_slice(v).map_err(|e| KvError::Malformed {
-                            key: key.into(),
-                            detail: e.to_string(),
-                        })?;
-                    let mut ips = self.ips.lock().expect("ips lock");
-                    if record.node == self.node_name() {
-                        // Our own write echoed back; a record of another node we held is gone.
-                        if let Some(old) = ips.remove(&ip) {
-                            drop(ips);
-                            remote.ip_deleted(&old);
-                        }
-                        return Ok(());
-                    }
-                    let old = ips.insert(ip, record.clone());
+            let Some(v) = value else {
+                let old = self.ips.lock().expect("ips lock").remove(&ip);
+                if let Some(old) = old {
+                    remote.ip_deleted(&old);
+                }
+                return Ok(());
+            };
+            let record: IpRecord = serde_json::from_slice(v).map_err(|e| KvError::Malformed {
+                key: key.into(),
+                detail: e.to_string(),
+            })?;
+            let mut ips = self.ips.lock().expect("ips lock");
+            if record.node == self.node_name() {
+                // Our own write echoed back; a record of another node we held is gone.
+                if let Some(old) = ips.remove(&ip) {
                     drop(ips);
-                    // The address moved to another node (its pod was recreated there before
-                    // the old node's record went): the old owner lets go first.
-                    if let Some(old) = old.filter(|o| o.node != record.node) {
-                        remote.ip_deleted(&old);
-                    }
-                    remote.ip_put(&record);
+                    remote.ip_deleted(&old);
                 }
-                None => {
-                    let old = self.ips.lock().expect("ips lock").remove(&ip);
-                    if let Some(old) = old {
-                        remote.ip_deleted(&old);
-                    }
-                }
+                return Ok(());
             }
+            let old = ips.insert(ip, record.clone());
+            drop(ips);
+            // The address moved to another node (its pod was recreated there before the old
+            // node's record went): the old owner lets go first.
+            if let Some(old) = old.filter(|o| o.node != record.node) {
+                remote.ip_deleted(&old);
+            }
+            remote.ip_put(&record);
         } else if let Some(name) = key.strip_prefix(keys::NODES) {
             if name == self.node_name() {
                 return Ok(());
             }
-            match value {
-                Some(v) => {
-                    let record: NodeRecord =
-                        serde_json::from_slice(v).map_err(|e| KvError::Malformed {
-                            key: key.into(),
-                            detail: e.to_string(),
-                        })?;
-                    self.nodes
-                        .lock()
-                        .expect("nodes lock")
-                        .insert(name.into(), record.clone());
-                    remote.node_put(&record);
+            let Some(v) = value else {
+                let old = self.nodes.lock().expect("nodes lock").remove(name);
+                if let Some(old) = old {
+                    remote.node_deleted(&old);
                 }
-                None => {
-                    let old = self.nodes.lock().expect("nodes lock").remove(name);
-                    if let Some(old) = old {
-                        remote.node_deleted(&old);
-                    }
-                }
-            }
+                return Ok(());
+            };
+            let record: NodeRecord = serde_json::from_slice(v).map_err(|e| KvError::Malformed {
+                key: key.into(),
+                detail: e.to_string(),
+            })?;
+            self.nodes
+                .lock()
+                .expect("nodes lock")
+                .insert(name.into(), record.clone());
+            remote.node_put(&record);
         }
         Ok(())
     }

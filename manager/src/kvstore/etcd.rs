@@ -125,15 +125,14 @@ impl EtcdKv {
         self.rt.spawn(async move {
             let work = async {
                 let existing = cached.lock().expect("etcd client lock").clone();
-                let client = match existing {
-                    Some(c) => c,
-                    None => {
-                        let c = Client::connect(&endpoints, Some(options))
-                            .await
-                            .map_err(|e| KvError::Unavailable(e.to_string()))?;
-                        *cached.lock().expect("etcd client lock") = Some(c.clone());
-                        c
-                    }
+                let client = if let Some(c) = existing {
+                    c
+                } else {
+                    let c = Client::connect(&endpoints, Some(options))
+                        .await
+                        .map_err(|e| KvError::Unavailable(e.to_string()))?;
+                    *cached.lock().expect("etcd client lock") = Some(c.clone());
+                    c
                 };
                 f(client).await
             };

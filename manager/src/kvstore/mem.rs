@@ -3,7 +3,7 @@
 //! revision. Leases expire only when a test says so ([`MemKv::expire`]); [`MemKv::set_down`]
 //! makes every call fail as an unreachable etcd would.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Sender, channel};
@@ -15,7 +15,7 @@ struct Inner {
     keys: BTreeMap<String, (Vec<u8>, i64, Option<LeaseId>)>,
     revision: i64,
     history: Vec<(i64, Event)>,
-    leases: BTreeMap<LeaseId, ()>,
+    leases: BTreeSet<LeaseId>,
     next_lease: LeaseId,
     watchers: Vec<(String, Sender<Result<Event, KvError>>)>,
 }
@@ -26,9 +26,9 @@ impl Inner {
         let key = match &event {
             Event::Put(k, _) | Event::Delete(k) => k.clone(),
         };
-        self.history.push((self.revision, event.clone()));
         self.watchers
             .retain(|(prefix, tx)| !key.starts_with(prefix) || tx.send(Ok(event.clone())).is_ok());
+        self.history.push((self.revision, event));
     }
 
     fn holds(&self, c: &Compare) -> bool {
@@ -134,7 +134,7 @@ impl Kv for MemKv {
             if let Op::Put {
                 lease: Some(lease), ..
             } = op
-                && !inner.leases.contains_key(lease)
+                && !inner.leases.contains(lease)
             {
                 return Err(KvError::Failed(format!("lease {lease} not found")));
             }
@@ -160,12 +160,12 @@ impl Kv for MemKv {
         let mut inner = self.lock()?;
         inner.next_lease += 1;
         let id = inner.next_lease;
-        inner.leases.insert(id, ());
+        inner.leases.insert(id);
         Ok(id)
     }
 
     fn keep_alive(&self, lease: LeaseId) -> Result<bool, KvError> {
-        Ok(self.lock()?.leases.contains_key(&lease))
+        Ok(self.lock()?.leases.contains(&lease))
     }
 
     fn revoke(&self, lease: LeaseId) -> Result<(), KvError> {

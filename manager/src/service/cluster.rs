@@ -243,7 +243,7 @@ impl Remote for Manager {
             let done = link.runtime.block_on(link.routes.replace(*cidr, r.node_ip));
             match done {
                 Ok(()) => {
-                    tracing::info!(node = %r.name, %cidr, via = %r.node_ip, "route to remote node")
+                    tracing::info!(node = %r.name, %cidr, via = %r.node_ip, "route to remote node");
                 }
                 Err(e) => tracing::error!(node = %r.name, %cidr, "route to remote node: {e}"),
             }
