@@ -132,6 +132,16 @@ check() {
   fi
 }
 
+# eventually COMMAND...: the command succeeds within 5 s (polled; its last output is kept).
+eventually() {
+  local i
+  for i in $(seq 50); do
+    "$@" >/dev/null 2>&1 && return 0
+    sleep 0.1
+  done
+  "$@"
+}
+
 # check_not DESCRIPTION COMMAND...: passes when the command fails.
 check_not() {
   local desc=$1; shift

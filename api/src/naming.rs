@@ -30,6 +30,14 @@ pub fn host_ifname(container_id: &str, ifname: &str) -> String {
     format!("{HOST_IFNAME_PREFIX}{:011x}", h & 0x0fff_ffff_ffff)
 }
 
+/// Is `name` shaped like a host-side veth (`weft` + 11 hex digits)? `weft_host` and
+/// `weft_net` are not.
+#[must_use]
+pub fn is_host_ifname(name: &str) -> bool {
+    name.strip_prefix(HOST_IFNAME_PREFIX)
+        .is_some_and(|h| h.len() == 11 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
 /// Deterministic, locally administered unicast MACs (host side, pod side) for the pair.
 /// Fixed MACs let both sides install permanent neighbours without reading the links back.
 #[must_use]
@@ -73,5 +81,13 @@ mod tests {
             assert_eq!(m[0] & 0x02, 0x02, "locally administered");
         }
         assert_eq!(format_mac(&h).len(), 17);
+    }
+
+    #[test]
+    fn host_ifname_shape() {
+        assert!(is_host_ifname(&host_ifname("c", "eth0")));
+        assert!(!is_host_ifname("weft_host"));
+        assert!(!is_host_ifname("weft_net"));
+        assert!(!is_host_ifname("weft0123456789ab"));
     }
 }

@@ -1,6 +1,7 @@
 //! weft-cni: the CNI plugin. Parses and validates everything first, then talks to weft-manager over
 //! its unix socket and plumbs the pod's veth with netlink. See DESIGN.md §2.
 
+mod annotations;
 mod cmd;
 mod env;
 mod error;

@@ -50,6 +50,15 @@ pub async fn delete(
     Ok(c.delete(&selector(container_id, ifname)).await?)
 }
 
+/// What became of a release.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Released {
+    /// The manager released the endpoint (its id, if there was one) and deletes the host veth.
+    ByManager(Option<u32>),
+    /// The manager was unreachable: the request waits in the delete queue.
+    Queued,
+}
+
 /// Releases the endpoint, or, when the manager cannot be reached, leaves the request in the
 /// durable delete queue next to its socket for the manager to complete at start (Cilium's
 /// deletion queue). Fails ("try again later") only when the queue is full or unwritable.
@@ -57,9 +66,9 @@ pub async fn release_or_queue(
     c: &Client,
     container_id: &str,
     ifname: &str,
-) -> Result<Option<u32>, CniError> {
+) -> Result<Released, CniError> {
     match delete(c, container_id, ifname).await {
-        Ok(resp) => Ok(resp.deleted.map(|e| e.id)),
+        Ok(resp) => Ok(Released::ByManager(resp.deleted.map(|e| e.id))),
         Err(CniError::TryAgainLater { msg, .. }) => {
             let queue = DeleteQueue::for_socket(c.socket());
             queue
@@ -72,7 +81,7 @@ pub async fn release_or_queue(
                     details: String::new(),
                 })?;
             tracing::warn!(queue = %queue.dir().display(), "manager unreachable; DEL queued for its next start");
-            Ok(None)
+            Ok(Released::Queued)
         }
         Err(e) => Err(e),
     }

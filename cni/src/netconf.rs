@@ -34,6 +34,14 @@ struct RawArgs {
     cni: Option<RawCniArgs>,
 }
 
+/// `runtimeConfig`: only the capabilities Weft declares are read.
+#[derive(Debug, Default, Deserialize)]
+struct RawRuntimeConfig {
+    /// containerd sends `null` for a pod without annotations.
+    #[serde(rename = "io.kubernetes.cri.pod-annotations", default)]
+    pod_annotations: Option<std::collections::BTreeMap<String, String>>,
+}
+
 #[derive(Debug, Default, Deserialize)]
 struct RawCniArgs {
     #[serde(default)]
@@ -54,6 +62,7 @@ struct RawNetConf {
     log_level: Option<String>,
     dns: Option<Dns>,
     args: Option<RawArgs>,
+    runtime_config: Option<RawRuntimeConfig>,
     prev_result: Option<serde_json::Value>,
     #[serde(rename = "cni.dev/valid-attachments")]
     valid_attachments: Option<Vec<Attachment>>,
@@ -80,6 +89,10 @@ pub struct NetConf {
     pub dns: Option<Dns>,
     /// `args.cni.labels`.
     pub labels: Vec<Label>,
+    /// Labels from `weft.io/label.*` pod annotations (see `annotations`; `labels` wins).
+    pub annotation_labels: Vec<Label>,
+    /// The pod's `kubernetes.io/egress-bandwidth` annotation, if any (ADD refuses it).
+    pub egress_bandwidth: Option<String>,
     /// `prevResult` (CHECK, DEL), raw: it may be in any supported version's format.
     pub prev_result: Option<serde_json::Value>,
     /// `cni.dev/valid-attachments` (GC).
@@ -173,6 +186,14 @@ impl NetConf {
                 l.value
             )));
         }
+        let pod_annotations = raw
+            .runtime_config
+            .and_then(|r| r.pod_annotations)
+            .unwrap_or_default();
+        let annotation_labels = crate::annotations::labels(&pod_annotations)?;
+        let egress_bandwidth = pod_annotations
+            .get(crate::annotations::EGRESS_BANDWIDTH)
+            .cloned();
         Ok(Self {
             cni_version,
             version,
@@ -183,6 +204,8 @@ impl NetConf {
             log_level,
             dns: raw.dns,
             labels,
+            annotation_labels,
+            egress_bandwidth,
             prev_result: raw.prev_result,
             valid_attachments: raw.valid_attachments,
         })
@@ -226,15 +249,27 @@ mod tests {
         v["logFile"] = json!("/tmp/weft.log");
         v["dns"] = json!({"nameservers": ["10.0.0.10"], "search": ["svc"]});
         v["args"] = json!({"cni": {"labels": [{"key": "app", "value": "web"}]}});
-        v["runtimeConfig"] = json!({"portMappings": [], "whatever": 1});
+        v["runtimeConfig"] = json!({"portMappings": [], "whatever": 1,
+            "io.kubernetes.cri.pod-annotations": {"weft.io/label.tier": "db", "other": "x"}});
         v["cni.dev/valid-attachments"] = json!([{"containerID": "c1", "ifname": "eth0"}]);
         v["someOtherPluginKey"] = json!(true);
         let c = parse(&v).unwrap();
         assert_eq!(c.mtu, 9000);
         assert_eq!(c.socket, PathBuf::from("/tmp/m.sock"));
         assert_eq!(c.labels[0].key, "app");
+        assert_eq!(c.annotation_labels.len(), 1);
+        assert_eq!(c.annotation_labels[0].key, "tier");
         assert_eq!(c.dns.unwrap().nameservers, vec!["10.0.0.10"]);
         assert_eq!(c.valid_attachments.unwrap()[0].container_id, "c1");
+    }
+
+    #[test]
+    fn null_pod_annotations_are_none() {
+        let v = with(
+            "runtimeConfig",
+            json!({"io.kubernetes.cri.pod-annotations": null, "bandwidth": null}),
+        );
+        assert!(parse(&v).unwrap().annotation_labels.is_empty());
     }
 
     #[test]
@@ -274,6 +309,14 @@ mod tests {
                 json!({"cni": {"labels": [{"key": "", "value": "x"}]}}),
             ),
             with("args", json!({"cni": {"labels": {"app": "web"}}})),
+            with(
+                "runtimeConfig",
+                json!({"io.kubernetes.cri.pod-annotations": {"weft.io/label.": "x"}}),
+            ),
+            with(
+                "runtimeConfig",
+                json!({"io.kubernetes.cri.pod-annotations": ["not", "a", "map"]}),
+            ),
             with("cni.dev/valid-attachments", json!([{"ifname": "eth0"}])),
         ];
         for c in cases {

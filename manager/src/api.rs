@@ -120,6 +120,7 @@ pub fn router(manager: Shared) -> Router {
         .route("/v1/kvstore", get(kvstore))
         .route("/v1/maps", get(maps))
         .route("/v1/maps/{name}", get(map_dump))
+        .route("/v1/verify", get(verify))
         .route("/v1/monitor", get(monitor))
         .route("/v1/metrics", get(metrics))
         .fallback(|| async {
@@ -168,6 +169,7 @@ async fn list_endpoints(State(m): State<Shared>, Query(q): Query<OwnerQuery>) ->
 
 async fn allocate(State(m): State<Shared>, bytes: Bytes) -> Reply {
     let req: AllocateRequest = body(&bytes)?;
+    m.settle_host_link(&req.container_id, &req.ifname).await;
     json(&m.allocate(&req)?)
 }
 
@@ -191,7 +193,7 @@ async fn delete_endpoint(State(m): State<Shared>, Query(q): Query<OwnerQuery>) -
             "DELETE /v1/endpoints needs container_id and ifname query parameters",
         ));
     };
-    json(&m.delete(&c, &i)?)
+    json(&m.delete(&c, &i).await?)
 }
 
 async fn gc(State(m): State<Shared>, bytes: Bytes) -> Reply {
@@ -277,6 +279,10 @@ async fn map_dump(State(m): State<Shared>, Path(name): Path<String>) -> Reply {
         .map_dump(&name)
         .map_err(|e| HttpError::new(StatusCode::NOT_FOUND, "not_found", e.to_string()))
         .and_then(|v| json(&v))
+}
+
+async fn verify(State(m): State<Shared>) -> Reply {
+    json(&m.verify()?)
 }
 
 /// Streams drop events as JSON lines until the client goes away.

@@ -342,6 +342,7 @@ pub async fn start(config: &Config) -> Result<(Arc<Manager>, UnixListener), Star
     phases.mark("regenerate");
     let drained = crate::restore::drain_delete_queue(&manager, &queue).await;
     phases.mark("delete-queue");
+    let orphan_links = manager.reap_orphan_links().await?;
 
     let listener = bind_socket(&config.socket)?;
     for (name, ms) in &phases.done {
@@ -356,6 +357,7 @@ pub async fn start(config: &Config) -> Result<(Arc<Manager>, UnixListener), Star
         stale_ipcache,
         regenerated,
         queued_deletes = drained,
+        orphan_links,
         phases = ?phases.done,
         elapsed_ms = phases.start.elapsed().as_secs_f64() * 1000.0,
         socket = %config.socket.display(),

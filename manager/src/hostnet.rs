@@ -48,6 +48,14 @@ pub trait HostNet: Send + Sync {
     fn link_index<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<u32>, HostNetError>>;
     /// Deletes `name`; a missing link is success (cleanup is idempotent).
     fn delete_link<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<(), HostNetError>>;
+    /// Sets `name` down, which makes the kernel drop every route through it; `false` when
+    /// there is no such link.
+    fn set_link_down<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<bool, HostNetError>>;
+    /// The names of the links whose name starts with `prefix`.
+    fn links_named<'a>(
+        &'a self,
+        prefix: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<String>, HostNetError>>;
 }
 
 /// The real implementation over rtnetlink, in the manager's network namespace.
@@ -166,6 +174,38 @@ impl NetlinkHostNet {
         Ok(())
     }
 
+    async fn down(&self, name: &str) -> Result<bool, HostNetError> {
+        let Some(index) = self.index(name).await? else {
+            return Ok(false);
+        };
+        match self
+            .handle
+            .link()
+            .set(LinkUnspec::new_with_index(index).down().build())
+            .execute()
+            .await
+        {
+            Ok(()) => Ok(true),
+            Err(e) if is_errno(&e, libc::ENODEV) => Ok(false),
+            Err(e) => Err(nl(format!("set link {name} down"))(e)),
+        }
+    }
+
+    async fn named(&self, prefix: &str) -> Result<Vec<String>, HostNetError> {
+        let mut links = self.handle.link().get().execute();
+        let mut out = Vec::new();
+        while let Some(link) = links.try_next().await.map_err(nl("list links"))? {
+            for attr in &link.attributes {
+                if let netlink_packet_route::link::LinkAttribute::IfName(name) = attr
+                    && name.starts_with(prefix)
+                {
+                    out.push(name.clone());
+                }
+            }
+        }
+        Ok(out)
+    }
+
     async fn delete(&self, name: &str) -> Result<(), HostNetError> {
         let Some(index) = self.index(name).await? else {
             return Ok(());
@@ -193,6 +233,17 @@ impl HostNet for NetlinkHostNet {
     fn delete_link<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<(), HostNetError>> {
         Box::pin(self.delete(name))
     }
+
+    fn set_link_down<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<bool, HostNetError>> {
+        Box::pin(self.down(name))
+    }
+
+    fn links_named<'a>(
+        &'a self,
+        prefix: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<String>, HostNetError>> {
+        Box::pin(self.named(prefix))
+    }
 }
 
 /// An in-memory stand-in for unit tests: links are names with indexes.
@@ -202,6 +253,8 @@ pub struct FakeHostNet {
     pub links: std::sync::Mutex<std::collections::BTreeMap<String, u32>>,
     /// Router IPs ensured.
     pub routers: std::sync::Mutex<Vec<(IpAddr, IpNet)>>,
+    /// Links set down.
+    pub down: std::sync::Mutex<std::collections::BTreeSet<String>>,
 }
 
 impl HostNet for FakeHostNet {
@@ -223,6 +276,30 @@ impl HostNet for FakeHostNet {
 
     fn delete_link<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<(), HostNetError>> {
         self.links.lock().expect("lock").remove(name);
+        self.down.lock().expect("lock").remove(name);
         Box::pin(async { Ok(()) })
+    }
+
+    fn set_link_down<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<bool, HostNetError>> {
+        let exists = self.links.lock().expect("lock").contains_key(name);
+        if exists {
+            self.down.lock().expect("lock").insert(name.to_owned());
+        }
+        Box::pin(async move { Ok(exists) })
+    }
+
+    fn links_named<'a>(
+        &'a self,
+        prefix: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<String>, HostNetError>> {
+        let names = self
+            .links
+            .lock()
+            .expect("lock")
+            .keys()
+            .filter(|n| n.starts_with(prefix))
+            .cloned()
+            .collect();
+        Box::pin(async move { Ok(names) })
     }
 }

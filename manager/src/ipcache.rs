@@ -130,6 +130,13 @@ impl Ipcache {
             .filter_map(move |(p, o)| o.get(source).map(|id| (*p, *id)))
     }
 
+    /// Every (prefix, owner, identity).
+    pub fn all_owners(&self) -> impl Iterator<Item = (IpNet, &Source, Identity)> + '_ {
+        self.owners
+            .iter()
+            .flat_map(|(p, o)| o.iter().map(move |(s, id)| (*p, s, *id)))
+    }
+
     /// What the kernel map must hold.
     #[must_use]
     pub fn desired(&self) -> BTreeMap<IpNet, Value> {

@@ -17,6 +17,7 @@ pub mod ipam;
 pub mod ipcache;
 pub mod kvstore;
 pub mod masquerade;
+pub mod link_reaper;
 pub mod node;
 pub mod policy_state;
 pub mod restore;

@@ -221,6 +221,13 @@ impl PolicyState {
         &self.cache
     }
 
+    /// A selector cache built from scratch from the identities and the repository (what the
+    /// incrementally maintained one must equal; `weftctl map verify` compares against it).
+    #[must_use]
+    pub fn fresh_cache(&self) -> SelectorCache {
+        SelectorCache::build(&self.alloc, &self.repo)
+    }
+
     /// Options of the computation.
     #[must_use]
     pub fn options(&self) -> &ComputeOptions {

@@ -33,14 +33,18 @@ netpol() { # NAME POD-LABEL YAML-FOR-SPEC...
   echo "$f"
 }
 
-echo "== reproduction: an ipBlock except equal to a pod's /32, imported then deleted"
-f=$(netpol except-b a "  policyTypes: [Ingress]
+# Pod A admits the pod CIDR except B's /32.
+EXCEPT_B="  policyTypes: [Ingress]
   ingress:
   - from:
     - ipBlock:
         cidr: $CIDR
-        except: [$B/32]")
-weftctl policy import "$f" --wait >/dev/null || die "import failed"
+        except: [$B/32]"
+import() { weftctl policy import "$1" --wait >/dev/null || die "import of $1 failed"; }
+
+echo "== reproduction: an ipBlock except equal to a pod's /32, imported then deleted"
+f=$(netpol except-b a "$EXCEPT_B")
+import "$f"
 check "B's ipcache entry is still B's endpoint identity while the /32 is referenced" ipcache_is_endpoint b "$B"
 weftctl policy delete --all >/dev/null || die "delete failed"
 check "B's ipcache entry survives the /32 CIDR identity's release" ipcache_is_endpoint b "$B"
@@ -53,19 +57,14 @@ f=$(netpol c-to-b c "  policyTypes: [Egress]
           pod: b
     ports:
     - {protocol: TCP, port: 80}")
-weftctl policy import "$f" --wait >/dev/null || die "import failed"
+import "$f"
 check "C -> B:80 allowed (datapath and trace agree)" flow c b 80 allow
 check "C -> A:80 dropped (datapath and trace agree)" flow c a 80 deny
 weftctl policy delete --all >/dev/null
 
 echo "== a Kubernetes ipBlock matches pods by IP"
-f=$(netpol block-b a "  policyTypes: [Ingress]
-  ingress:
-  - from:
-    - ipBlock:
-        cidr: $CIDR
-        except: [$B/32]")
-weftctl policy import "$f" --wait >/dev/null || die "import failed"
+f=$(netpol block-b a "$EXCEPT_B")
+import "$f"
 check "C -> A:80 allowed: C's IP is in the block" flow c a 80 allow
 check "B -> A:80 dropped: B's IP is excepted" flow b a 80 deny
 has_cidr_identity() { weftctl -o json map dump ipcache | jq -e --arg p "$C/32" '.[] | select(.prefix == $p) | .cidr_identity > 0'; }
@@ -82,7 +81,7 @@ cat >"$WEFT_TMP/cilium-cidr.json" <<EOF
   "ingress": [{"fromCIDRSet": [{"cidr": "$CIDR", "except": ["$B/32"]}]}],
   "labels": [{"key": "name", "value": "cidr-block"}]}]
 EOF
-weftctl policy import "$WEFT_TMP/cilium-cidr.json" --wait >/dev/null || die "import failed"
+import "$WEFT_TMP/cilium-cidr.json"
 check "C -> A:80 dropped (Cilium CIDR rules select no pod)" flow c a 80 deny
 weftctl policy delete --all >/dev/null
 
@@ -92,7 +91,7 @@ f=$(netpol pin-b a "  policyTypes: [Ingress]
   - from:
     - ipBlock:
         cidr: $B/32")
-weftctl policy import "$f" --wait >/dev/null || die "import failed"
+import "$f"
 weft_kill9_manager
 weft_start_manager --pod-cidr "$CIDR"
 check "after kill -9 + restart B's entry is B's endpoint" ipcache_is_endpoint b "$B"

@@ -36,6 +36,6 @@ done
 wait "${pids[@]}"
 check "pool usage back to 0" status_is '[.pools[].used] == [0,0]'
 check "no endpoint left" no_endpoints
-check "no host veth left" no_host_veth
-check "no /32 or /128 pod route left" no_pod_routes
+check "no /32 or /128 pod route left once DEL has returned" no_pod_routes
+check "no host veth left (deleted after DEL answered)" eventually no_host_veth
 weft_summary

@@ -6,15 +6,30 @@ use crate::netconf::NetConf;
 use crate::netlink::{self, veth};
 use crate::result::{CniResult, Plumbed};
 use crate::revert::{self, RevertStack, Undo};
-use crate::{manager, netns};
+use crate::{annotations, manager, netns};
 use std::fs::File;
 use std::os::fd::AsFd;
 use weft_api::client::Client;
 use weft_api::naming::{format_mac, host_ifname, veth_macs};
 use weft_api::{AllocateRequest, EndpointState, IpConfig, RegisterRequest};
 
+/// The endpoint's labels (`args.cni.labels` over `weft.io/label.*` annotations), after refusing
+/// what the pod's annotations ask for that Weft cannot honour.
+fn pod_labels(conf: &NetConf) -> Result<Vec<weft_api::Label>, CniError> {
+    annotations::refuse_egress_bandwidth(conf.egress_bandwidth.as_deref())?;
+    let (labels, overridden) = annotations::merge(&conf.labels, &conf.annotation_labels);
+    if !overridden.is_empty() {
+        tracing::warn!(
+            ?overridden,
+            "args.cni.labels win over these pod-annotation labels"
+        );
+    }
+    Ok(labels)
+}
+
 /// Runs ADD and returns the result to print.
 pub async fn run(env: &CniEnv, conf: &NetConf) -> Result<CniResult, CniError> {
+    let labels = pod_labels(conf)?;
     let netns_path = super::netns_path(env)?;
     let netns_str = netns_path.to_string_lossy().into_owned();
     let netns = File::open(netns_path)
@@ -31,7 +46,7 @@ pub async fn run(env: &CniEnv, conf: &NetConf) -> Result<CniResult, CniError> {
             netns: netns_str.clone(),
             pod_namespace: env.args.pod_namespace.clone(),
             pod_name: env.args.pod_name.clone(),
-            labels: conf.labels.clone(),
+            labels,
         },
     )
     .await?;

@@ -35,6 +35,8 @@ pub struct State {
     pub reject_ready: bool,
     /// "METHOD path?query" of every request, in order.
     pub log: Vec<String>,
+    /// The node netns, where DELETE removes the host veth as the real manager does.
+    node: String,
     next_id: u32,
 }
 
@@ -78,6 +80,12 @@ impl State {
             }
             (Method::DELETE, "/v1/endpoints") => {
                 let (c, i) = selector(query);
+                // The real manager sets the link down before answering and deletes it after.
+                let host = weft_api::naming::host_ifname(&c, &i);
+                let _ = std::process::Command::new("ip")
+                    .args(["-n", &self.node, "link", "del", &host])
+                    .stderr(std::process::Stdio::null())
+                    .status();
                 let pos = self
                     .endpoints
                     .iter()
@@ -257,14 +265,15 @@ pub struct FakeManager {
 }
 
 impl FakeManager {
-    /// Listens on `socket` (the file must not exist).
-    pub fn start(socket: &Path) -> Self {
+    /// Listens on `socket` (the file must not exist); `node` is the node netns's name.
+    pub fn start(socket: &Path, node: &str) -> Self {
         let state = Arc::new(Mutex::new(State {
             endpoints: Vec::new(),
             v4_capacity: 253,
             healthy: true,
             reject_ready: false,
             log: Vec::new(),
+            node: node.to_owned(),
             next_id: 0,
         }));
         let (stop_tx, mut stop_rx) = tokio::sync::oneshot::channel::<()>();

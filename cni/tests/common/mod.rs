@@ -140,7 +140,7 @@ impl World {
             "-c",
             "echo 1 > /proc/sys/net/ipv4/ip_forward && echo 1 > /proc/sys/net/ipv6/conf/all/forwarding",
         ]);
-        w.manager = Some(FakeManager::start(&w.dir.join("manager.sock")));
+        w.manager = Some(FakeManager::start(&w.dir.join("manager.sock"), &node));
         w
     }
 

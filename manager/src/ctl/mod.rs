@@ -139,6 +139,9 @@ pub enum MapCmd {
         /// Map name (see `map list`).
         name: String,
     },
+    /// Compare the endpoints, ipcache and policy maps with a from-scratch computation of the
+    /// control plane's state; exits non-zero when they disagree.
+    Verify,
 }
 
 /// `weftctl endpoint ...`
@@ -198,7 +201,12 @@ fn print<T: serde::Serialize>(output: Output, value: &T, table: impl FnOnce(&T) 
             "{}",
             serde_json::to_string_pretty(value).expect("API types serialize")
         ),
-        Output::Table => print!("{}", table(value)),
+        Output::Table => {
+            let text = table(value);
+            if !text.is_empty() {
+                println!("{}", text.trim_end_matches('\n'));
+            }
+        }
     }
 }
 
@@ -263,6 +271,37 @@ pub async fn run(cli: Cli) -> Result<(), CtlError> {
         Command::Map(MapCmd::Dump { name }) => {
             let v: Value = client.get(&format!("/v1/maps/{name}")).await?;
             print(cli.output, &v, render::map_dump_lines);
+        }
+        Command::Map(MapCmd::Verify) => {
+            let v: Value = client.get("/v1/verify").await?;
+            print(cli.output, &v, |v| {
+                let problems: Vec<&str> = v["problems"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(Value::as_str)
+                    .collect();
+                let head = format!(
+                    "{} endpoints, {} policy blocks, {} ipcache prefixes: {}",
+                    v["endpoints"],
+                    v["policy_entries"],
+                    v["ipcache_entries"],
+                    if problems.is_empty() {
+                        "consistent"
+                    } else {
+                        "INCONSISTENT"
+                    }
+                );
+                std::iter::once(head)
+                    .chain(problems.iter().map(|p| format!("  {}", p.escape_debug())))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            });
+            if v["consistent"] != Value::Bool(true) {
+                return Err(CtlError::Local(
+                    "the kernel maps disagree with the control plane (see above)".into(),
+                ));
+            }
         }
         Command::Monitor => monitor(&client, cli.output).await?,
     }

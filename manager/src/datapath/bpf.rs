@@ -3,7 +3,9 @@
 use super::error::DatapathError;
 use super::events::EventReader;
 use super::state::{Maps, endpoint_info, ignore_missing, ipcache_key};
-use super::types::{DatapathConfig, DropEvent, EndpointDatapath, MapSummary};
+use super::types::{
+    DatapathConfig, DropEvent, EndpointDatapath, KernelEndpoint, KernelState, MapSummary,
+};
 use super::{Datapath, attach, bpffs, dump};
 use crate::ipcache::Value as IpcacheValue;
 use aya::maps::{MapData, MapError, RingBuf};
@@ -187,6 +189,39 @@ impl Datapath for BpfDatapath {
             }
         }
         Ok(out)
+    }
+
+    fn kernel_state(&self) -> Result<KernelState, DatapathError> {
+        let policy = self.lock().kernel_policy()?.into_iter().collect();
+        let ipcache = self.ipcache_entries()?;
+        let maps = self.lock();
+        let mut endpoints = BTreeMap::new();
+        for item in &maps.endpoints {
+            let (ifindex, e) = item.map_err(DatapathError::map(names::ENDPOINTS))?;
+            let mut ips = Vec::new();
+            if e.flags & abi::EP_HAS_IPV4 != 0 {
+                ips.push(std::net::IpAddr::from(e.ipv4));
+            }
+            if e.flags & abi::EP_HAS_IPV6 != 0 {
+                ips.push(std::net::IpAddr::from(e.ipv6));
+            }
+            endpoints.insert(
+                e.endpoint_id,
+                KernelEndpoint {
+                    ifindex,
+                    identity: e.identity,
+                    ingress_enforced: e.flags & abi::EP_INGRESS_ENFORCED != 0,
+                    egress_enforced: e.flags & abi::EP_EGRESS_ENFORCED != 0,
+                    mac: e.mac,
+                    ips,
+                },
+            );
+        }
+        Ok(KernelState {
+            endpoints,
+            policy,
+            ipcache,
+        })
     }
 
     fn endpoint_ids(&self) -> Result<BTreeSet<u32>, DatapathError> {

@@ -170,6 +170,38 @@ impl Datapath for FakeDatapath {
         Ok(())
     }
 
+    fn kernel_state(&self) -> Result<super::KernelState, DatapathError> {
+        let s = self.state();
+        let endpoints = s
+            .endpoints
+            .values()
+            .map(|ep| {
+                let p = s.policies.get(&ep.endpoint_id);
+                (
+                    ep.endpoint_id,
+                    super::KernelEndpoint {
+                        ifindex: ep.host_ifindex,
+                        identity: ep.identity,
+                        ingress_enforced: p.is_some_and(|p| p.ingress_enforced),
+                        egress_enforced: p.is_some_and(|p| p.egress_enforced),
+                        mac: ep.pod_mac,
+                        ips: ep.ips.clone(),
+                    },
+                )
+            })
+            .collect();
+        let policy = s
+            .policies
+            .iter()
+            .map(|(id, p)| (*id, super::encode_policy(*id, p)))
+            .collect();
+        Ok(super::KernelState {
+            endpoints,
+            policy,
+            ipcache: s.ipcache.clone(),
+        })
+    }
+
     fn endpoint_ids(&self) -> Result<BTreeSet<u32>, DatapathError> {
         Ok(self.state().endpoints.keys().copied().collect())
     }

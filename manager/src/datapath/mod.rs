@@ -18,10 +18,14 @@ mod state;
 mod types;
 
 pub use bpf::BpfDatapath;
+pub use encode::Encoded;
 pub use encode::{PolicyBlock, encode_policy, lookup_encoded};
 pub use error::DatapathError;
 pub use fake::{FakeCall, FakeDatapath};
-pub use types::{DatapathConfig, DropEvent, EndpointDatapath, MapSummary, drop_reason_name};
+pub use types::{
+    DatapathConfig, DropEvent, EndpointDatapath, KernelEndpoint, KernelState, MapSummary,
+    drop_reason_name,
+};
 
 use std::collections::{BTreeMap, BTreeSet};
 use weft_policy::mapstate::{EndpointPolicy, PolicyEntry, Verdict};
@@ -70,6 +74,9 @@ pub trait Datapath: Send + Sync {
 
     /// Removes an ipcache prefix (missing is fine).
     fn remove_ipcache(&self, prefix: ipnet::IpNet) -> Result<(), DatapathError>;
+
+    /// Everything the endpoints, policy and ipcache maps hold, read from the kernel.
+    fn kernel_state(&self) -> Result<KernelState, DatapathError>;
 
     /// Endpoint ids present in the `endpoints` map (what survived in the kernel).
     fn endpoint_ids(&self) -> Result<BTreeSet<u32>, DatapathError>;

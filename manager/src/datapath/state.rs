@@ -105,6 +105,26 @@ impl Maps {
         self.policy.map().fd().as_fd()
     }
 
+    /// Every policy block in the kernel, by endpoint id.
+    pub(crate) fn kernel_policy(&self) -> Result<HashMap<u32, Encoded>, DatapathError> {
+        let entries: Vec<(LpmKey, abi::PolicyValue)> = batch::lookup_all(self.policy_fd())
+            .map_err(|source| DatapathError::Syscall {
+                map: names::POLICY,
+                source,
+            })?;
+        let mut out: HashMap<u32, Encoded> = HashMap::new();
+        for (key, value) in entries {
+            let block = PolicyBlock {
+                key: key.data,
+                prefix_len: key.prefix_len,
+            };
+            out.entry(block.key.endpoint_id)
+                .or_default()
+                .insert(block, value.verdict);
+        }
+        Ok(out)
+    }
+
     /// Rebuilds the in-memory mirrors from the pinned maps (they may predate this process).
     pub(crate) fn read_back(&mut self) -> Result<(), DatapathError> {
         for item in &self.endpoints {

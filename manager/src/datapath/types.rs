@@ -63,6 +63,35 @@ pub struct EndpointDatapath {
     pub pod_mac: [u8; 6],
 }
 
+/// One `endpoints` map entry as the kernel holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelEndpoint {
+    /// Host veth ifindex (the map key).
+    pub ifindex: u32,
+    /// Security identity.
+    pub identity: u32,
+    /// Ingress policy enforced.
+    pub ingress_enforced: bool,
+    /// Egress policy enforced.
+    pub egress_enforced: bool,
+    /// Pod-side MAC.
+    pub mac: [u8; 6],
+    /// Pod addresses (one per family at most).
+    pub ips: Vec<IpAddr>,
+}
+
+/// The kernel maps' contents read back as they are now (not the in-memory mirrors), for the
+/// manager's consistency check (`weftctl map verify`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KernelState {
+    /// `endpoints`, by endpoint id.
+    pub endpoints: std::collections::BTreeMap<u32, KernelEndpoint>,
+    /// `policy` blocks, by endpoint id.
+    pub policy: std::collections::BTreeMap<u32, super::encode::Encoded>,
+    /// `ipcache`.
+    pub ipcache: std::collections::BTreeMap<ipnet::IpNet, crate::ipcache::Value>,
+}
+
 /// One map in `weftctl map list`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct MapSummary {

@@ -10,10 +10,12 @@ mod cluster;
 mod labels;
 pub mod policy_api;
 mod regen;
+mod verify;
 
 pub use cluster::{ClusterLink, KvstoreStatus, NodeInfo};
 pub use labels::{from_api_labels, to_api_labels};
 pub use policy_api::{ImportResult, TraceRequest, TraceResult};
+pub use verify::VerifyReport;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -28,6 +30,7 @@ use crate::datapath::{Datapath, DatapathError, EndpointDatapath};
 use crate::endpoint::{EndpointError, Registry};
 use crate::hostnet::{HostNet, HostNetError};
 use crate::ipcache::{Ipcache, Source, Write};
+use crate::link_reaper::LinkReaper;
 use crate::node::ChosenCidr;
 use crate::policy_state::{PolicyState, PolicyStateError};
 use weft_api::delete_queue::DeleteQueue;
@@ -80,6 +83,8 @@ pub struct Manager {
     cidrs: Vec<ChosenCidr>,
     state: Mutex<State>,
     hostnet: Arc<dyn HostNet>,
+    /// Deletes host veths after DEL has answered.
+    reaper: LinkReaper,
     datapath: Arc<dyn Datapath>,
     ready: AtomicBool,
     /// Restore duration by phase, reported by status.
@@ -112,7 +117,7 @@ pub(crate) fn datapath_view(ep: &Endpoint) -> Option<EndpointDatapath> {
 /// The ipcache owners restored state implies: the node's router IPs and world defaults, every
 /// registered endpoint's addresses, the repository's CIDR identities. Nothing is written yet:
 /// [`Manager::reconcile_ipcache`] diffs it against what the kernel holds.
-fn initial_ipcache(reg: &Registry, pol: &PolicyState) -> Ipcache {
+pub(crate) fn initial_ipcache(reg: &Registry, pol: &PolicyState) -> Ipcache {
     use weft_policy::mapstate::reserved;
     let mut c = Ipcache::new();
     for world in ["0.0.0.0/0", "::/0"] {
@@ -203,6 +208,7 @@ impl Manager {
                 pol,
                 installed: BTreeMap::new(),
             }),
+            reaper: LinkReaper::new(Arc::clone(&hostnet)),
             hostnet,
             datapath,
             ready: AtomicBool::new(false),
@@ -523,14 +529,30 @@ impl Manager {
         Ok(ep)
     }
 
-    /// Removes the endpoint of (container id, ifname), if that container owns one: datapath
-    /// state first, then the record, its IPs and its identity reference.
-    pub fn delete(&self, container_id: &str, ifname: &str) -> Result<DeleteResponse, ManagerError> {
-        let mut st = self.state();
-        let Some(ep) = st.reg.begin_delete(container_id, ifname)? else {
+    /// Removes the endpoint of (container id, ifname), if that container owns one: the host
+    /// veth is set down (the kernel drops its routes), then datapath state, the record, its IPs
+    /// and its identity reference go; the veth itself is deleted in the background (see
+    /// `link_reaper`), also when there is no endpoint (an ADD that failed half-way).
+    pub async fn delete(
+        &self,
+        container_id: &str,
+        ifname: &str,
+    ) -> Result<DeleteResponse, ManagerError> {
+        let host_ifname = weft_api::naming::host_ifname(container_id, ifname);
+        let begun = self.state().reg.begin_delete(container_id, ifname)?;
+        let Some(ep) = begun else {
+            self.reaper.schedule(&host_ifname);
             return Ok(DeleteResponse { deleted: None });
         };
-        let deleted = self.forget_locked(&mut st, ep.id)?;
+        // Down before the IPs are freed: a route through the veth would still send a reused
+        // IP's traffic to the old pod. A failure leaves the endpoint `deleting`; the runtime's
+        // retry of DEL continues from there.
+        self.hostnet.set_link_down(&ep.host_ifname).await?;
+        let deleted = {
+            let mut st = self.state();
+            self.forget_locked(&mut st, ep.id)?
+        };
+        self.reaper.schedule(&ep.host_ifname);
         if let Some(ep) = &deleted {
             tracing::info!(
                 endpoint_id = ep.id,
@@ -606,6 +628,46 @@ impl Manager {
         let mut st = self.state();
         self.forget_locked(&mut st, doomed.id)?;
         Ok(true)
+    }
+
+    /// Waits until no background deletion of (container, ifname)'s host veth is pending: an
+    /// ADD creates a link of that name.
+    pub async fn settle_host_link(&self, container_id: &str, ifname: &str) {
+        self.reaper
+            .settle(&weft_api::naming::host_ifname(container_id, ifname))
+            .await;
+    }
+
+    /// Host veths whose deletion is pending or running.
+    pub fn links_being_reaped(&self) -> Vec<String> {
+        self.reaper.pending()
+    }
+
+    /// Schedules the deletion of every host veth no endpoint owns: a manager killed with
+    /// deletions pending left them behind. Links are listed before the records are read: an
+    /// ADD records its endpoint before it creates the link, so a listed link of a live ADD
+    /// always has its record. Returns how many were scheduled.
+    pub async fn reap_orphan_links(&self) -> Result<usize, ManagerError> {
+        let links = self
+            .hostnet
+            .links_named(weft_api::naming::HOST_IFNAME_PREFIX)
+            .await?;
+        let owned: std::collections::BTreeSet<String> = self
+            .state()
+            .reg
+            .list()
+            .map(|ep| ep.host_ifname.clone())
+            .collect();
+        let mut n = 0;
+        let orphans = links
+            .iter()
+            .filter(|l| weft_api::naming::is_host_ifname(l) && !owned.contains(*l));
+        for link in orphans {
+            tracing::info!(link = %link, "host veth without an endpoint: deleting");
+            self.reaper.schedule(link);
+            n += 1;
+        }
+        Ok(n)
     }
 
     /// The CNI's delete queue, when attached.

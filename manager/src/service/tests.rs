@@ -124,13 +124,16 @@ async fn gc_releases_only_invalid_settled_endpoints() {
     assert_eq!(w.m.status().pools[0].used, 1);
 }
 
-#[test]
-fn delete_is_idempotent_and_scoped_to_the_owner() {
+#[tokio::test]
+async fn delete_is_idempotent_and_scoped_to_the_owner() {
     let w = world();
     let a = pod(&w, "a", "x");
-    assert!(w.m.delete("b", "eth0").unwrap().deleted.is_none());
-    assert_eq!(w.m.delete("a", "eth0").unwrap().deleted.unwrap().id, a.id);
-    assert!(w.m.delete("a", "eth0").unwrap().deleted.is_none());
+    assert!(w.m.delete("b", "eth0").await.unwrap().deleted.is_none());
+    assert_eq!(
+        w.m.delete("a", "eth0").await.unwrap().deleted.unwrap().id,
+        a.id
+    );
+    assert!(w.m.delete("a", "eth0").await.unwrap().deleted.is_none());
     assert_eq!(w.m.status().pools[0].used, 0);
     assert!(w.dp.attached().is_empty());
     assert!(
@@ -348,7 +351,7 @@ async fn a_stale_snapshot_never_tears_down_an_endpoint_that_moved_on() {
         EndpointState::Ready
     );
     // A DEL and a new ADD for the same pair: the old snapshot names another id now.
-    w.m.delete("slow-cni", "eth0").unwrap();
+    w.m.delete("slow-cni", "eth0").await.unwrap();
     let again = alloc(&w.m, "slow-cni", "a");
     assert_ne!(again.id, seen.id);
     assert!(!w.m.remove_fully(&seen).await.unwrap());
@@ -405,8 +408,8 @@ fn identity_updates(w: &World, since: usize) -> Vec<FakeCall> {
         .collect()
 }
 
-#[test]
-fn identity_changes_rewrite_only_their_entries_and_match_a_full_recompute() {
+#[tokio::test]
+async fn identity_changes_rewrite_only_their_entries_and_match_a_full_recompute() {
     let w = world();
     let a = pod(&w, "a", "app1");
     let b = pod(&w, "b", "app2");
@@ -441,7 +444,7 @@ fn identity_changes_rewrite_only_their_entries_and_match_a_full_recompute() {
 
     w.m.set_labels(b.id, &["id=app5".into()], &[]).unwrap();
     assert_installed_is_complete(&w, "label change into the deny");
-    w.m.delete("d", "eth0").unwrap();
+    w.m.delete("d", "eth0").await.unwrap();
     assert_installed_is_complete(&w, "identity released");
 
     let mark = w.dp.calls().len();
@@ -518,8 +521,8 @@ fn a_pods_ipcache_entry_outlives_a_cidr_rule_for_its_address() {
     );
 }
 
-#[test]
-fn remote_entries_never_hide_local_ones_and_come_back_when_the_local_one_goes() {
+#[tokio::test]
+async fn remote_entries_never_hide_local_ones_and_come_back_when_the_local_one_goes() {
     let w = world();
     let a = pod(&w, "a", "a");
     let ip = ipnet::IpNet::from(a.ips[0].address);
@@ -528,10 +531,65 @@ fn remote_entries_never_hide_local_ones_and_come_back_when_the_local_one_goes() 
     w.m.sync_remote_endpoints("node-b", &remote).unwrap();
     assert_eq!(w.dp.ipcache()[&ip], a.identity);
     assert_eq!(w.dp.ipcache()[&other], 998);
-    w.m.delete("a", "eth0").unwrap();
+    w.m.delete("a", "eth0").await.unwrap();
     assert_eq!(w.dp.ipcache()[&ip], 999, "the next owner's entry");
     w.m.sync_remote_endpoints("node-b", &BTreeMap::new())
         .unwrap();
     assert!(!w.dp.ipcache().contains_key(&ip));
     assert!(!w.dp.ipcache().contains_key(&other));
+}
+
+#[test]
+fn verify_finds_the_kernel_consistent_and_notices_a_lost_entry() {
+    let w = world();
+    let a = pod(&w, "a", "app1");
+    let _b = pod(&w, "b", "app2");
+    w.m.import_policy("p.json", GETTING_STARTED).unwrap();
+    let r = w.m.verify().unwrap();
+    assert!(r.consistent, "{:?}", r.problems);
+    assert_eq!(r.endpoints, 2);
+    let ip = ipnet::IpNet::from(a.ips[0].address);
+    w.dp.remove_ipcache(ip).unwrap();
+    let r = w.m.verify().unwrap();
+    assert!(!r.consistent);
+    assert!(r.problems[0].contains(&ip.to_string()), "{:?}", r.problems);
+    w.m.reconcile_ipcache().unwrap();
+    assert!(w.m.verify().unwrap().consistent, "reconcile repairs it");
+}
+
+#[tokio::test]
+async fn del_sets_the_veth_down_frees_the_ip_and_deletes_the_veth_after_answering() {
+    let w = world();
+    let a = pod(&w, "a", "x");
+    w.net.links.lock().unwrap().insert(a.host_ifname.clone(), 9);
+    w.m.delete("a", "eth0").await.unwrap();
+    assert!(
+        w.net.down.lock().unwrap().contains(&a.host_ifname)
+            || !w.net.links.lock().unwrap().contains_key(&a.host_ifname),
+        "the veth is down (or already gone) when DEL answers"
+    );
+    assert_eq!(w.m.status().pools[0].used, 0, "the IP is free");
+    // A new ADD of the same pair waits for the deletion: its link has the same name.
+    w.m.settle_host_link("a", "eth0").await;
+    assert!(!w.net.links.lock().unwrap().contains_key(&a.host_ifname));
+    assert!(w.m.links_being_reaped().is_empty());
+}
+
+#[tokio::test]
+async fn orphan_host_veths_are_reaped_but_not_an_endpoints_nor_weft_host() {
+    let w = world();
+    let a = pod(&w, "a", "x");
+    let orphan = weft_api::naming::host_ifname("gone", "eth0");
+    {
+        let mut links = w.net.links.lock().unwrap();
+        links.insert(a.host_ifname.clone(), 9);
+        links.insert(orphan.clone(), 10);
+        links.insert(crate::hostnet::HOST_DEVICE.into(), 2);
+    }
+    assert_eq!(w.m.reap_orphan_links().await.unwrap(), 1);
+    w.m.settle_host_link("gone", "eth0").await;
+    let links = w.net.links.lock().unwrap();
+    assert!(!links.contains_key(&orphan));
+    assert!(links.contains_key(&a.host_ifname));
+    assert!(links.contains_key(crate::hostnet::HOST_DEVICE));
 }

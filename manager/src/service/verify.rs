@@ -1,0 +1,178 @@
+//! `weftctl map verify`: the kernel maps against a from-scratch computation of the control
+//! plane's state. Everything the manager maintains incrementally (selector cache, per-identity
+//! regeneration, ipcache owners, the datapath's mirrors) is bypassed: the expected maps are
+//! computed anew from the registry, the identities and the repository, and the actual ones are
+//! read from the kernel. The model-based test (scripts/e2e/model.sh) runs it after every step.
+
+use serde::Serialize;
+use std::collections::{BTreeMap, BTreeSet};
+use weft_api::EndpointState;
+use weft_policy::compute::compute;
+
+use super::{Manager, ManagerError, State, from_api_labels, initial_ipcache};
+use crate::datapath::{KernelState, encode_policy};
+use crate::ipcache::Source;
+
+/// Where the kernel disagrees with the control plane (empty: consistent).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct VerifyReport {
+    /// True when nothing disagrees.
+    pub consistent: bool,
+    /// Ready endpoints checked.
+    pub endpoints: usize,
+    /// Policy blocks expected in the kernel.
+    pub policy_entries: usize,
+    /// ipcache prefixes expected.
+    pub ipcache_entries: usize,
+    /// One line per disagreement (at most a few per endpoint).
+    pub problems: Vec<String>,
+}
+
+const MAX_DETAILS: usize = 3;
+
+impl Manager {
+    /// Compares every kernel map with what the control plane's state implies.
+    pub fn verify(&self) -> Result<VerifyReport, ManagerError> {
+        // Under the state lock: no operation changes maps while they are read.
+        let st = self.state();
+        let kernel = self.datapath.kernel_state()?;
+        let mut r = VerifyReport::default();
+
+        let referenced = st.pol.repo().cidr_prefixes();
+        let held: BTreeSet<_> = st.pol.cidr_identities().into_keys().collect();
+        if referenced != held {
+            r.problems.push(format!(
+                "CIDR identities held {held:?} differ from the prefixes the rules use {referenced:?}"
+            ));
+        }
+        // An endpoint being torn down (veth deletion outside the lock) may or may not still be
+        // in the maps.
+        let deleting: BTreeSet<u32> = st
+            .reg
+            .list()
+            .filter(|ep| ep.state == EndpointState::Deleting)
+            .map(|ep| ep.id)
+            .collect();
+        check_endpoints(&st, &kernel, &deleting, &mut r);
+        check_ipcache(&st, &kernel, &deleting, &mut r);
+        r.consistent = r.problems.is_empty();
+        Ok(r)
+    }
+}
+
+/// The endpoints and policy maps: one entry and one fresh policy per Ready endpoint, nothing
+/// of unknown endpoints.
+fn check_endpoints(
+    st: &State,
+    kernel: &KernelState,
+    deleting: &BTreeSet<u32>,
+    r: &mut VerifyReport,
+) {
+    let cache = st.pol.fresh_cache();
+    let mut ready = BTreeSet::new();
+    for ep in st.reg.list().filter(|ep| ep.state == EndpointState::Ready) {
+        ready.insert(ep.id);
+        let policy = compute(
+            &from_api_labels(&ep.labels),
+            st.pol.repo(),
+            &cache,
+            st.pol.options(),
+        );
+        let want = encode_policy(ep.id, &policy);
+        r.policy_entries += want.len();
+        match kernel.endpoints.get(&ep.id) {
+            None => r
+                .problems
+                .push(format!("endpoint {}: no endpoints map entry", ep.id)),
+            Some(k) => {
+                let ips: Vec<_> = ep.ips.iter().map(|i| i.address).collect();
+                let agrees = Some(k.ifindex) == ep.host_ifindex
+                    && k.identity == ep.identity
+                    && (k.ingress_enforced, k.egress_enforced)
+                        == (policy.ingress_enforced, policy.egress_enforced)
+                    && k.ips.iter().all(|ip| ips.contains(ip));
+                if !agrees {
+                    r.problems.push(format!(
+                        "endpoint {}: endpoints entry {k:?} disagrees (identity {}, ifindex {:?}, enforced in/eg {}/{}, ips {ips:?})",
+                        ep.id,
+                        ep.identity,
+                        ep.host_ifindex,
+                        policy.ingress_enforced,
+                        policy.egress_enforced
+                    ));
+                }
+            }
+        }
+        let got = kernel.policy.get(&ep.id).cloned().unwrap_or_default();
+        if got != want {
+            let missing: Vec<_> = want.iter().filter(|(b, v)| got.get(b) != Some(v)).collect();
+            let extra: Vec<_> = got.iter().filter(|(b, v)| want.get(b) != Some(v)).collect();
+            r.problems.push(format!(
+                "endpoint {}: policy map has {} blocks, a fresh computation {}; {} missing or different (e.g. {:?}), {} extra (e.g. {:?})",
+                ep.id,
+                got.len(),
+                want.len(),
+                missing.len(),
+                &missing[..missing.len().min(MAX_DETAILS)],
+                extra.len(),
+                &extra[..extra.len().min(MAX_DETAILS)],
+            ));
+        }
+    }
+    let known = |id: &u32| ready.contains(id) || deleting.contains(id);
+    for id in kernel.endpoints.keys().filter(|id| !known(id)) {
+        r.problems.push(format!(
+            "endpoints map has an entry for unknown endpoint {id}"
+        ));
+    }
+    for id in kernel.policy.keys().filter(|id| !known(id)) {
+        r.problems
+            .push(format!("policy map has blocks of unknown endpoint {id}"));
+    }
+    r.endpoints = ready.len();
+}
+
+/// The ipcache: exactly the winners of a fresh owner table (registry, repository, and the
+/// remote nodes' entries as held).
+fn check_ipcache(st: &State, kernel: &KernelState, deleting: &BTreeSet<u32>, r: &mut VerifyReport) {
+    let mut fresh = initial_ipcache(&st.reg, &st.pol);
+    for (node, entries) in remote_sources(&st.ipcache) {
+        fresh.replace_source(&Source::RemoteEndpoint(node), &entries);
+    }
+    let skip: BTreeSet<ipnet::IpNet> = st
+        .reg
+        .list()
+        .filter(|ep| deleting.contains(&ep.id))
+        .flat_map(|ep| ep.ips.iter().map(|i| ipnet::IpNet::from(i.address)))
+        .collect();
+    let want = fresh.desired();
+    for (prefix, v) in want.iter().filter(|(p, _)| !skip.contains(p)) {
+        match kernel.ipcache.get(prefix) {
+            Some(k) if k == v => {}
+            other => r.problems.push(format!(
+                "ipcache {prefix}: kernel {other:?}, expected {v:?}"
+            )),
+        }
+    }
+    for prefix in kernel.ipcache.keys() {
+        if !want.contains_key(prefix) && !skip.contains(prefix) {
+            r.problems
+                .push(format!("ipcache {prefix}: in the kernel, wanted by nobody"));
+        }
+    }
+    r.ipcache_entries = want.len();
+}
+
+/// The remote nodes' entries as the ipcache owners hold them (the cluster store's view: there
+/// is no other copy to recompute them from).
+fn remote_sources(c: &crate::ipcache::Ipcache) -> BTreeMap<String, BTreeMap<ipnet::IpNet, u32>> {
+    let mut out: BTreeMap<String, BTreeMap<ipnet::IpNet, u32>> = BTreeMap::new();
+    for (prefix, source, identity) in c.all_owners() {
+        if let Source::RemoteEndpoint(node) = source {
+            out.entry(node.clone())
+                .or_default()
+                .insert(prefix, identity);
+        }
+    }
+    out
+}
