@@ -51,8 +51,11 @@ impl From<ManagerError> for HttpError {
             ManagerError::Endpoint(EndpointError::NotFound(_)) => {
                 Self::new(StatusCode::NOT_FOUND, "not_found", msg)
             }
-            // Retryable: the CNI maps `busy` to "try again later" (code 11).
-            ManagerError::Endpoint(EndpointError::BeingDeleted(_)) => {
+            // Retryable: the CNI maps `busy` to "try again later" (code 11). The kvstore
+            // being unreachable for a new identity is the same: retry once etcd is back.
+            ManagerError::Endpoint(EndpointError::BeingDeleted(_))
+            | ManagerError::KvstoreUnavailable(_)
+            | ManagerError::Policy(crate::policy_state::PolicyStateError::NeedsCluster(_)) => {
                 Self::new(StatusCode::SERVICE_UNAVAILABLE, "busy", msg)
             }
             ManagerError::Endpoint(
@@ -113,6 +116,8 @@ pub fn router(manager: Shared) -> Router {
         )
         .route("/v1/policy/trace", post(trace))
         .route("/v1/identities", get(identities))
+        .route("/v1/nodes", get(nodes))
+        .route("/v1/kvstore", get(kvstore))
         .route("/v1/maps", get(maps))
         .route("/v1/maps/{name}", get(map_dump))
         .route("/v1/verify", get(verify))
@@ -287,6 +292,14 @@ async fn trace(State(m): State<Shared>, bytes: Bytes) -> Reply {
 
 async fn identities(State(m): State<Shared>) -> Reply {
     json(&m.identities())
+}
+
+async fn nodes(State(m): State<Shared>) -> Reply {
+    json(&m.nodes())
+}
+
+async fn kvstore(State(m): State<Shared>) -> Reply {
+    json(&m.kvstore_status())
 }
 
 #[derive(Deserialize)]

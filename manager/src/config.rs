@@ -88,6 +88,60 @@ pub struct Cli {
     /// Once ready, write the conflist into this CNI conf dir (removed on a graceful stop).
     #[arg(long, requires = "install_cni_bin")]
     pub install_cni_conf: Option<PathBuf>,
+    /// Cluster state store: `etcd` joins the nodes sharing it (identities, ipcache, routes);
+    /// without it the manager is a single node.
+    #[arg(long, value_enum)]
+    pub kvstore: Option<KvstoreKind>,
+    /// etcd client URLs, comma-separated (`http://10.0.0.5:2379`, `https://...` with TLS).
+    #[arg(long, value_delimiter = ',')]
+    pub kvstore_endpoints: Vec<String>,
+    /// CA certificate (PEM) that signed etcd's server certificates.
+    #[arg(long)]
+    pub kvstore_ca: Option<PathBuf>,
+    /// Client certificate (PEM) for etcd.
+    #[arg(long)]
+    pub kvstore_cert: Option<PathBuf>,
+    /// Client key (PEM) for etcd.
+    #[arg(long)]
+    pub kvstore_key: Option<PathBuf>,
+    /// Seconds other nodes keep this node's records after it stops renewing them [default: 15].
+    #[arg(long)]
+    pub kvstore_lease_ttl: Option<u64>,
+    /// This node's underlay address, published for routing [default: the address of the
+    /// default route's device, else of the first non-loopback device].
+    #[arg(long)]
+    pub node_ip: Option<std::net::IpAddr>,
+    /// Pods reaching addresses outside every node's pod CIDRs and the non-masquerade CIDRs
+    /// leave with the node's address (nftables table `inet weft`) [default: true].
+    #[arg(long, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+    pub masquerade: Option<bool>,
+    /// Destinations that keep the pod's source address besides the nodes' pod CIDRs,
+    /// comma-separated (e.g. a VPC range reachable without NAT).
+    #[arg(long, value_delimiter = ',')]
+    pub non_masquerade_cidrs: Vec<ipnet::IpNet>,
+    /// Removes what Weft installed in the node's network stack outside its pinned maps (the
+    /// masquerade table) and exits.
+    #[arg(long)]
+    pub uninstall: bool,
+}
+
+/// Cluster state backends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum KvstoreKind {
+    /// etcd v3 (3.4 or later).
+    Etcd,
+}
+
+/// Kvstore settings, when enabled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KvstoreConfig {
+    /// etcd client URLs.
+    pub endpoints: Vec<String>,
+    /// TLS material.
+    pub tls: crate::kvstore::etcd::TlsFiles,
+    /// Lease time-to-live in seconds.
+    pub lease_ttl_s: u64,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -107,6 +161,17 @@ struct FileConfig {
     k8s_cilium_policies: Option<bool>,
     install_cni_bin: Option<PathBuf>,
     install_cni_conf: Option<PathBuf>,
+    kvstore: Option<KvstoreKind>,
+    #[serde(default)]
+    kvstore_endpoints: Vec<String>,
+    kvstore_ca: Option<PathBuf>,
+    kvstore_cert: Option<PathBuf>,
+    kvstore_key: Option<PathBuf>,
+    kvstore_lease_ttl: Option<u64>,
+    node_ip: Option<std::net::IpAddr>,
+    masquerade: Option<bool>,
+    #[serde(default)]
+    non_masquerade_cidrs: Vec<ipnet::IpNet>,
 }
 
 /// The resolved settings.
@@ -132,6 +197,16 @@ pub struct Config {
     pub k8s: Option<K8sSettings>,
     /// Install the CNI plugin and conflist once ready.
     pub cni_install: Option<crate::cni_install::CniInstall>,
+    /// Kvstore mode, if enabled.
+    pub kvstore: Option<KvstoreConfig>,
+    /// Underlay address given on the command line.
+    pub node_ip: Option<std::net::IpAddr>,
+    /// Masquerade traffic leaving the cluster.
+    pub masquerade: bool,
+    /// Destinations exempt from masquerade besides the nodes' pod CIDRs.
+    pub non_masquerade_cidrs: Vec<ipnet::IpNet>,
+    /// `--uninstall`: remove and exit.
+    pub uninstall: bool,
 }
 
 /// Kubernetes mode's settings.
@@ -157,6 +232,7 @@ impl Config {
             Some(path) => load_file(path)?,
             None => FileConfig::default(),
         };
+        let kvstore = kvstore_config(&cli, &file)?;
         let pod_cidrs = if cli.pod_cidrs.is_empty() {
             file.pod_cidrs
         } else {
@@ -183,6 +259,15 @@ impl Config {
             log_format: cli.log_format.or(file.log_format).unwrap_or_default(),
             k8s: None,
             cni_install: None,
+            kvstore,
+            node_ip: cli.node_ip.or(file.node_ip),
+            masquerade: cli.masquerade.or(file.masquerade).unwrap_or(true),
+            non_masquerade_cidrs: if cli.non_masquerade_cidrs.is_empty() {
+                file.non_masquerade_cidrs
+            } else {
+                cli.non_masquerade_cidrs
+            },
+            uninstall: cli.uninstall,
         };
         match (
             cli.install_cni_bin.or(file.install_cni_bin),
@@ -213,6 +298,66 @@ impl Config {
         }
         Ok(config)
     }
+}
+
+/// Resolves the kvstore flags; any of them without `--kvstore etcd` is a mistake worth naming.
+fn kvstore_config(cli: &Cli, file: &FileConfig) -> Result<Option<KvstoreConfig>, ConfigError> {
+    let endpoints = if cli.kvstore_endpoints.is_empty() {
+        file.kvstore_endpoints.clone()
+    } else {
+        cli.kvstore_endpoints.clone()
+    };
+    let tls = crate::kvstore::etcd::TlsFiles {
+        ca: cli.kvstore_ca.clone().or_else(|| file.kvstore_ca.clone()),
+        cert: cli
+            .kvstore_cert
+            .clone()
+            .or_else(|| file.kvstore_cert.clone()),
+        key: cli.kvstore_key.clone().or_else(|| file.kvstore_key.clone()),
+    };
+    let ttl = cli.kvstore_lease_ttl.or(file.kvstore_lease_ttl);
+    if cli.kvstore.or(file.kvstore).is_none() {
+        if !endpoints.is_empty() || tls.any() || ttl.is_some() {
+            return Err(ConfigError::Invalid(
+                "--kvstore-endpoints/--kvstore-ca/--kvstore-cert/--kvstore-key/--kvstore-lease-ttl need --kvstore etcd".into(),
+            ));
+        }
+        return Ok(None);
+    }
+    if endpoints.is_empty() {
+        return Err(ConfigError::Invalid(
+            "--kvstore etcd needs --kvstore-endpoints URL[,URL] (e.g. http://10.0.0.5:2379)".into(),
+        ));
+    }
+    for e in &endpoints {
+        let scheme_ok = e.starts_with("http://") || e.starts_with("https://");
+        if !scheme_ok || e.split_once("://").is_none_or(|(_, rest)| rest.is_empty()) {
+            return Err(ConfigError::Invalid(format!(
+                "kvstore endpoint {e:?} is not an http:// or https:// URL (e.g. http://10.0.0.5:2379)"
+            )));
+        }
+        if tls.any() != e.starts_with("https://") {
+            return Err(ConfigError::Invalid(format!(
+                "kvstore endpoint {e:?}: use https:// URLs with --kvstore-ca/--kvstore-cert/--kvstore-key, and http:// without them"
+            )));
+        }
+    }
+    if tls.cert.is_some() != tls.key.is_some() {
+        return Err(ConfigError::Invalid(
+            "--kvstore-cert and --kvstore-key go together: give both or neither".into(),
+        ));
+    }
+    let lease_ttl_s = ttl.unwrap_or(15);
+    if !(2..=3600).contains(&lease_ttl_s) {
+        return Err(ConfigError::Invalid(format!(
+            "--kvstore-lease-ttl {lease_ttl_s} is out of range: use 2..=3600 seconds"
+        )));
+    }
+    Ok(Some(KvstoreConfig {
+        endpoints,
+        tls,
+        lease_ttl_s,
+    }))
 }
 
 fn load_file(path: &Path) -> Result<FileConfig, ConfigError> {
@@ -271,6 +416,30 @@ mod tests {
     }
 
     #[test]
+    fn masquerade_is_on_unless_turned_off() {
+        let c = Config::resolve(Cli::parse_from(["weft-manager"])).unwrap();
+        assert!(c.masquerade && c.non_masquerade_cidrs.is_empty());
+        for (args, on) in [
+            (vec!["--masquerade=false"], false),
+            (vec!["--masquerade", "false"], false),
+            (vec!["--masquerade"], true),
+        ] {
+            let cli = Cli::parse_from(std::iter::once("weft-manager").chain(args));
+            assert_eq!(Config::resolve(cli).unwrap().masquerade, on);
+        }
+        let c = Config::resolve(Cli::parse_from([
+            "weft-manager",
+            "--non-masquerade-cidrs",
+            "192.168.0.0/16,fd00::/8",
+        ]))
+        .unwrap();
+        assert_eq!(c.non_masquerade_cidrs.len(), 2);
+        assert!(
+            Cli::try_parse_from(["weft-manager", "--non-masquerade-cidrs", "10.0.0.0/33"]).is_err()
+        );
+    }
+
+    #[test]
     fn unknown_key_is_rejected_with_the_file_name() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("m.toml");
@@ -278,6 +447,67 @@ mod tests {
         let cli = Cli::parse_from(["weft-manager", "--config", file.to_str().unwrap()]);
         let err = Config::resolve(cli).unwrap_err().to_string();
         assert!(err.contains("m.toml") && err.contains("pod_cidr"), "{err}");
+    }
+
+    #[test]
+    fn kvstore_flags_resolve_and_bad_combinations_are_named() {
+        let c = Config::resolve(Cli::parse_from([
+            "weft-manager",
+            "--kvstore",
+            "etcd",
+            "--kvstore-endpoints",
+            "http://10.0.0.5:2379,http://10.0.0.6:2379",
+        ]))
+        .unwrap();
+        let kv = c.kvstore.unwrap();
+        assert_eq!(kv.endpoints.len(), 2);
+        assert_eq!(kv.lease_ttl_s, 15);
+        assert!(
+            Config::resolve(Cli::parse_from(["weft-manager"]))
+                .unwrap()
+                .kvstore
+                .is_none()
+        );
+        for (args, needle) in [
+            (vec!["--kvstore", "etcd"], "needs --kvstore-endpoints"),
+            (
+                vec!["--kvstore-endpoints", "http://a:1"],
+                "need --kvstore etcd",
+            ),
+            (
+                vec!["--kvstore", "etcd", "--kvstore-endpoints", "10.0.0.5:2379"],
+                "not an http",
+            ),
+            (
+                vec![
+                    "--kvstore",
+                    "etcd",
+                    "--kvstore-endpoints",
+                    "http://a:1",
+                    "--kvstore-ca",
+                    "/ca.pem",
+                ],
+                "use https://",
+            ),
+            (
+                vec![
+                    "--kvstore",
+                    "etcd",
+                    "--kvstore-endpoints",
+                    "https://a:1",
+                    "--kvstore-cert",
+                    "/c.pem",
+                ],
+                "go together",
+            ),
+        ] {
+            let mut full = vec!["weft-manager"];
+            full.extend(args);
+            let err = Config::resolve(Cli::parse_from(full))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(needle), "{err}");
+        }
     }
 
     #[test]

@@ -78,6 +78,12 @@ pub enum StartError {
     /// The delete queue's directory is not trusted.
     #[error(transparent)]
     Queue(#[from] weft_api::delete_queue::QueueError),
+    /// Kvstore mode could not be set up.
+    #[error("kvstore: {0}")]
+    Kvstore(String),
+    /// The masquerade table could not be installed.
+    #[error(transparent)]
+    Masquerade(#[from] crate::masquerade::MasqueradeError),
     /// Filesystem work around the socket or state dir.
     #[error("{what} {path}: {source}")]
     Io {
@@ -179,6 +185,73 @@ fn refuse_lost_state(
     Ok(())
 }
 
+/// Kvstore mode: the agent for this node (nothing connects yet; etcd may be down).
+fn cluster_link(
+    config: &Config,
+    kv: &crate::config::KvstoreConfig,
+    node_name: &str,
+    cidrs: &[ChosenCidr],
+) -> Result<crate::service::ClusterLink, StartError> {
+    use crate::cluster::{Cluster, ClusterConfig, nodeip, routes::NetlinkRoutes};
+    use crate::kvstore::{etcd::EtcdKv, keys};
+    keys::check_node_name(node_name).map_err(StartError::Kvstore)?;
+    let node_ip = match config.node_ip {
+        Some(ip) => ip,
+        None => nodeip::detect().map_err(StartError::Kvstore)?,
+    };
+    let store = EtcdKv::new(
+        kv.endpoints.clone(),
+        &kv.tls,
+        std::time::Duration::from_secs(2),
+    )
+    .map_err(|e| StartError::Kvstore(e.to_string()))?;
+    let node = keys::NodeRecord {
+        name: node_name.to_owned(),
+        node_ip,
+        pod_cidrs: cidrs.iter().map(|c| c.cidr).collect(),
+        router_ips: cidrs.iter().map(ChosenCidr::router_ip).collect(),
+    };
+    tracing::info!(node = %node.name, %node_ip, endpoints = ?kv.endpoints, "kvstore mode");
+    let cluster = Cluster::new(
+        Arc::new(store),
+        ClusterConfig {
+            node,
+            lease_ttl_s: i64::try_from(kv.lease_ttl_s).unwrap_or(15),
+            gc_interval: std::time::Duration::from_secs(30),
+        },
+    );
+    Ok(crate::service::ClusterLink {
+        cluster: Arc::new(cluster),
+        routes: Arc::new(NetlinkRoutes::new()?),
+        runtime: tokio::runtime::Handle::current(),
+        endpoints: kv.endpoints.clone(),
+    })
+}
+
+/// The masquerade table, installed before any pod can send and recreated idempotently on
+/// every start (`None` when turned off).
+fn masquerade(
+    config: &Config,
+    own_cidrs: Vec<ipnet::IpNet>,
+) -> Result<Option<Arc<crate::masquerade::Masquerader>>, StartError> {
+    use crate::masquerade::{Masquerader, NftCommand};
+    if !config.masquerade {
+        // Turned off since the last run: nothing of it may stay behind. Without nft there is
+        // nothing of it either.
+        if let Err(e) = crate::masquerade::uninstall(&NftCommand) {
+            tracing::warn!("--masquerade=false: removing an earlier masquerade table: {e}");
+        }
+        return Ok(None);
+    }
+    let m = Masquerader::new(
+        Arc::new(NftCommand),
+        own_cidrs,
+        config.non_masquerade_cidrs.clone(),
+    );
+    m.install()?;
+    Ok(Some(Arc::new(m)))
+}
+
 /// Times the phases of start-up for the log, `weftctl status` and the benchmark.
 struct Phases {
     start: Instant,
@@ -204,12 +277,9 @@ impl Phases {
     }
 }
 
-/// Everything before serving, in DESIGN §2 order: returns the ready manager and its socket.
-/// The datapath keeps enforcing from its pinned maps throughout: nothing here recreates a map
-/// or removes an entry before its replacement exists.
-pub async fn start(config: &Config) -> Result<(Arc<Manager>, UnixListener), StartError> {
-    let mut phases = Phases::new();
-    let (manifest, node_name) = node_identity(config)?;
+/// The start-up guards: root-only files, trusted state and socket dirs and delete queue, the
+/// pin dir locked against a second manager. Returns the delete queue.
+fn guard_paths(config: &Config) -> Result<DeleteQueue, StartError> {
     // Everything the manager creates (sled files, the queue) is for root only.
     nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
     crate::guard::secure_state_dir(&config.state_dir)?;
@@ -218,6 +288,36 @@ pub async fn start(config: &Config) -> Result<(Arc<Manager>, UnixListener), Star
     queue.ensure_trusted()?;
     crate::datapath::ensure_bpffs(&config.bpffs)?;
     crate::guard::lock_pin_dir(&config.bpffs)?;
+    Ok(queue)
+}
+
+/// Kvstore mode: starts the cluster agent's watch and session, and waits (bounded: etcd may be
+/// down) for the remote identities and addresses, so the regeneration and the ipcache
+/// reconciliation that follow do not flap them. False when not in kvstore mode.
+async fn join_cluster(manager: &Arc<Manager>) -> bool {
+    let Some(cluster) = manager.cluster().cloned() else {
+        return false;
+    };
+    crate::cluster::watch::spawn(cluster.clone(), manager.clone());
+    crate::cluster::session::spawn(cluster.clone(), manager.clone());
+    let synced = tokio::task::spawn_blocking(move || {
+        cluster.wait_first_sync(std::time::Duration::from_secs(3))
+    })
+    .await
+    .unwrap_or(false);
+    if !synced {
+        tracing::warn!("kvstore not reachable at start: running on what this node knows");
+    }
+    true
+}
+
+/// Everything before serving, in DESIGN §2 order: returns the ready manager and its socket.
+/// The datapath keeps enforcing from its pinned maps throughout: nothing here recreates a map
+/// or removes an entry before its replacement exists.
+pub async fn start(config: &Config) -> Result<(Arc<Manager>, UnixListener), StartError> {
+    let mut phases = Phases::new();
+    let (manifest, node_name) = node_identity(config)?;
+    let queue = guard_paths(config)?;
     let store = Store::open(&config.state_dir)?;
     phases.mark("store");
 
@@ -233,7 +333,9 @@ pub async fn start(config: &Config) -> Result<(Arc<Manager>, UnixListener), Star
         None => None,
     };
     // Kubernetes mode: the Node as the API server returned it, over any manifest.
-    let manifest = k8s.as_ref().map_or(manifest, |c| crate::k8s::manifest(&c.node));
+    let manifest = k8s
+        .as_ref()
+        .map_or(manifest, |c| crate::k8s::manifest(&c.node));
     let hostnet: Arc<dyn HostNet> = Arc::new(NetlinkHostNet::new()?);
     let cidrs = node_cidrs(config, &manifest, &store, &hostnet.node_view().await?)?;
     let chosen = cidrs.clone();
@@ -251,20 +353,34 @@ pub async fn start(config: &Config) -> Result<(Arc<Manager>, UnixListener), Star
     phases.mark("ipam+identities+policy");
 
     let k8s_node = node_name.clone();
-    let manager = Arc::new(
-        Manager::new(
-            node_name,
-            cidrs,
-            registry,
-            policy,
-            hostnet.clone(),
-            datapath,
-        )
-        .with_delete_queue(queue.clone()),
-    );
+    let link = match &config.kvstore {
+        Some(kv) => Some(cluster_link(config, kv, &node_name, &cidrs)?),
+        None => None,
+    };
+    let own_cidrs: Vec<ipnet::IpNet> = cidrs.iter().map(|c| c.cidr).collect();
+    let mut manager = Manager::new(
+        node_name,
+        cidrs,
+        registry,
+        policy,
+        hostnet.clone(),
+        datapath,
+    )
+    .with_delete_queue(queue.clone());
+    if let Some(link) = link {
+        manager = manager.with_cluster(link);
+    }
+    if let Some(m) = masquerade(config, own_cidrs)? {
+        manager = manager.with_masquerade(m);
+    }
+    phases.mark("masquerade");
+    let manager = Arc::new(manager);
     let (kept, removed) =
         crate::restore::restore_endpoints(&manager, &*hostnet, crate::clock::now_ms()).await?;
     phases.mark("validate");
+    if join_cluster(&manager).await {
+        phases.mark("kvstore");
+    }
     manager.readopt()?;
     phases.mark("re-adopt");
     let stale = manager.reconcile_datapath()?;

@@ -20,6 +20,10 @@ use ipnet::IpNet;
 use std::collections::BTreeMap;
 use weft_policy::mapstate::Identity;
 
+/// The node name of [`Source::restored_remote`]: empty, which no real node name can be
+/// (`kvstore::keys::check_node_name`).
+pub const RESTORED_REMOTE: &str = "";
+
 /// A source of ipcache entries, in precedence order: earlier variants win.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Source {
@@ -34,6 +38,14 @@ pub enum Source {
 }
 
 impl Source {
+    /// Kvstore mode, restart before the first listing: a host entry of the kernel map that no
+    /// source claims, kept as a remote endpoint's (of node [`RESTORED_REMOTE`]) until the
+    /// listing says whose it is.
+    #[must_use]
+    pub fn restored_remote() -> Self {
+        Self::RemoteEndpoint(RESTORED_REMOTE.to_owned())
+    }
+
     fn is_endpoint(&self) -> bool {
         matches!(self, Self::LocalEndpoint(_) | Self::RemoteEndpoint(_))
     }

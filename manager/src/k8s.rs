@@ -85,7 +85,7 @@ pub async fn start(
         cidrs: cidrs.to_vec(),
     });
     let watchers = Watchers::new(conn.client, node_name, sink);
-    manager.set_cluster(watchers.cache.clone());
+    manager.set_k8s_cache(watchers.cache.clone());
     let tasks = watchers.spawn(conn.settings.cilium_policies);
     let expected = tasks.len();
     let t0 = Instant::now();
@@ -104,7 +104,7 @@ pub async fn start(
 /// [`POD_WAIT`]); outside it, from the request.
 pub async fn allocate(m: &Arc<Manager>, req: &AllocateRequest) -> Result<Endpoint, ManagerError> {
     let (Some(cache), Some(ns), Some(name)) = (
-        m.cluster().cloned(),
+        m.k8s_cache().cloned(),
         req.pod_namespace.as_deref(),
         req.pod_name.as_deref(),
     ) else {

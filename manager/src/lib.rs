@@ -6,6 +6,7 @@
 
 pub mod api;
 pub mod clock;
+pub mod cluster;
 pub mod cni_install;
 pub mod config;
 pub mod ctl;
@@ -16,9 +17,11 @@ pub mod guard;
 pub mod hostnet;
 pub mod ipam;
 pub mod ipcache;
-pub mod link_reaper;
 pub mod k8s;
+pub mod kvstore;
+pub mod link_reaper;
 pub mod listener;
+pub mod masquerade;
 pub mod node;
 pub mod nodenet;
 pub mod policy_state;

@@ -30,6 +30,9 @@ pub enum PolicyStateError {
     /// Store.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// In kvstore mode a new label set needs a number from the cluster, and none was given.
+    #[error("a new identity for {0} must be allocated through the kvstore")]
+    NeedsCluster(String),
 }
 
 /// What an identity or repository change means for the datapath.
@@ -54,7 +57,17 @@ pub struct PolicyState {
     cidrs: CidrReferences,
     options: ComputeOptions,
     records: RuleRecords,
+    /// Label identities other nodes use (from the kvstore), by number.
+    remote: BTreeMap<Identity, LabelSet>,
+    /// Kvstore mode: label identities are numbered by the cluster, never locally.
+    cluster_ids: bool,
+    /// Remote identities restored from disk that no kvstore listing has confirmed yet.
+    unconfirmed: BTreeSet<Identity>,
 }
+
+/// Store meta key of the remote identities (kvstore mode): a restart with etcd unreachable
+/// still selects remote pods by their labels.
+const REMOTE_IDENTITIES: &str = "remote_identities";
 
 /// Which store record holds each rule, so a change writes only the rules it adds or removes.
 /// Keyed by a 64-bit hash of the rule (identical rules may be several records); a collision
@@ -189,6 +202,9 @@ impl PolicyState {
                 cidrs,
                 options: ComputeOptions::default(),
                 records,
+                remote: BTreeMap::new(),
+                cluster_ids: false,
+                unconfirmed: BTreeSet::new(),
             },
             effects,
         ))
@@ -226,13 +242,78 @@ impl PolicyState {
             .map(|(id, key)| (id, key, self.alloc.refcount(id).unwrap_or(0)))
     }
 
+    /// Switches to kvstore numbering: a label set this node does not know yet is acquired only
+    /// with the number the cluster gave it ([`Self::acquire_as`]).
+    /// Turning it on brings back the remote identities of the last run (persisted as they
+    /// arrived), unconfirmed until the first kvstore listing ([`Self::drop_unconfirmed_remote`]).
+    pub fn set_cluster_ids(&mut self, on: bool) {
+        self.cluster_ids = on;
+        if !on {
+            return;
+        }
+        let saved: BTreeMap<Identity, LabelSet> = match self.store.get_meta(REMOTE_IDENTITIES) {
+            Ok(saved) => saved.unwrap_or_default(),
+            Err(e) => {
+                tracing::warn!("remote identities of the last run unreadable, ignored: {e}");
+                BTreeMap::new()
+            }
+        };
+        for (id, labels) in saved {
+            if self.remote.contains_key(&id) {
+                continue;
+            }
+            // The caller regenerates everything after this (start-up).
+            let _ = self.remote_identity_added(id, labels);
+            self.unconfirmed.insert(id);
+        }
+    }
+
+    /// The first kvstore listing is applied: restored remote identities it did not confirm
+    /// were freed while this node was away.
+    pub fn drop_unconfirmed_remote(&mut self) -> Effects {
+        let mut effects = Effects::default();
+        for id in std::mem::take(&mut self.unconfirmed) {
+            let e = self.remote_identity_removed(id);
+            effects.changed.extend(e.changed);
+            effects.identities.extend(e.identities);
+        }
+        effects
+    }
+
+    fn persist_remote(&self) {
+        if let Err(e) = self.store.put_meta(REMOTE_IDENTITIES, &self.remote) {
+            tracing::warn!("persisting remote identities: {e}");
+        }
+    }
+
+    /// The local number of `labels`, if this node holds it.
+    #[must_use]
+    pub fn local_id(&self, labels: &LabelSet) -> Option<Identity> {
+        self.alloc.lookup(&IdentityKey::Labels(labels.clone()))
+    }
+
     /// Takes a reference on the identity of `labels` (allocating and persisting it if new).
     pub fn acquire(&mut self, labels: &LabelSet) -> Result<(Identity, Effects), PolicyStateError> {
+        if self.cluster_ids && self.local_id(labels).is_none() {
+            return Err(PolicyStateError::NeedsCluster(labels.to_string()));
+        }
+        self.acquire_as(labels, None)
+    }
+
+    /// [`Self::acquire`] with the number the cluster chose (`Some`), or a local one (`None`).
+    pub fn acquire_as(
+        &mut self,
+        labels: &LabelSet,
+        cluster_id: Option<Identity>,
+    ) -> Result<(Identity, Effects), PolicyStateError> {
         let key = IdentityKey::Labels(labels.clone());
         let mut ids = self.store.clone();
-        let got = self.alloc.acquire(&mut ids, &key)?;
+        let got = match cluster_id {
+            Some(id) => self.alloc.acquire_as(&mut ids, &key, id)?,
+            None => self.alloc.acquire(&mut ids, &key)?,
+        };
         let mut effects = Effects::default();
-        if got.new {
+        if got.new && self.remote.get(&got.id) != Some(labels) {
             effects.changed = self.cache.identity_added(got.id, &key);
             effects.identities.insert(got.id);
         }
@@ -244,6 +325,7 @@ impl PolicyState {
         let mut ids = self.store.clone();
         let mut effects = Effects::default();
         match self.alloc.release(&mut ids, id) {
+            Ok(true) if self.remote.contains_key(&id) => {} // other nodes still use it
             Ok(true) => {
                 effects.changed = self.cache.identity_removed(id);
                 effects.identities.insert(id);
@@ -252,6 +334,69 @@ impl PolicyState {
             Err(e) => return Err(e.into()),
         }
         Ok(effects)
+    }
+
+    /// A label identity other nodes use (kvstore): the selector cache learns it, so local
+    /// rules select remote pods by their labels.
+    pub fn remote_identity_added(&mut self, id: Identity, labels: LabelSet) -> Effects {
+        let mut effects = Effects::default();
+        self.unconfirmed.remove(&id);
+        if self.remote.get(&id) == Some(&labels) {
+            return effects;
+        }
+        let key = IdentityKey::Labels(labels.clone());
+        self.remote.insert(id, labels);
+        self.persist_remote();
+        if let Some(local) = self.alloc.key_of(id) {
+            if *local != key {
+                tracing::error!(
+                    identity = id,
+                    "the kvstore has other labels for a number this node uses"
+                );
+            }
+            return effects;
+        }
+        effects.changed = self.cache.identity_added(id, &key);
+        effects.identities.insert(id);
+        effects
+    }
+
+    /// A remote identity was freed in the cluster.
+    pub fn remote_identity_removed(&mut self, id: Identity) -> Effects {
+        let mut effects = Effects::default();
+        self.unconfirmed.remove(&id);
+        if self.remote.remove(&id).is_none() {
+            return effects;
+        }
+        self.persist_remote();
+        if self.alloc.key_of(id).is_some() {
+            return effects;
+        }
+        effects.changed = self.cache.identity_removed(id);
+        effects.identities.insert(id);
+        effects
+    }
+
+    /// Whether `id` is known from the kvstore.
+    #[must_use]
+    pub fn is_remote(&self, id: Identity) -> bool {
+        self.remote.contains_key(&id)
+    }
+
+    /// Identities only other nodes use (not held here).
+    pub fn remote_only(&self) -> impl Iterator<Item = (Identity, &LabelSet)> {
+        self.remote
+            .iter()
+            .filter(|(id, _)| self.alloc.key_of(**id).is_none())
+            .map(|(id, l)| (*id, l))
+    }
+
+    /// Label identities this node holds references on, for publishing.
+    pub fn held_labels(&self) -> impl Iterator<Item = (Identity, &LabelSet)> {
+        self.alloc.iter().filter_map(|(id, key)| match key {
+            IdentityKey::Labels(l) if self.alloc.refcount(id).unwrap_or(0) > 0 => Some((id, l)),
+            _ => None,
+        })
     }
 
     /// Adds rules (same labels replace) and persists the repository.
@@ -353,6 +498,79 @@ mod tests {
         let ids: Vec<_> = st.identities().map(|(id, _, refs)| (id, refs)).collect();
         assert_eq!(ids, vec![(a, 1)], "b had no endpoint left and was released");
         assert_eq!(store.load_identities().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn remote_identities_enter_the_selector_cache_and_survive_local_release() {
+        let store = Store::temporary().unwrap();
+        let (mut st, _) = PolicyState::restore(store, []).unwrap();
+        st.set_cluster_ids(true);
+        assert!(matches!(
+            st.acquire(&labels("web")),
+            Err(PolicyStateError::NeedsCluster(_))
+        ));
+        let rules = weft_policy::parse::parse_policy_file(
+            "t.json",
+            r#"[{"labels":[{"key":"name","value":"r"}],"endpointSelector":{"matchLabels":{"app":"db"}},
+                "ingress":[{"fromEndpoints":[{"matchLabels":{"app":"web"}}]}]}]"#,
+        )
+        .unwrap();
+        st.add_rules(rules).unwrap();
+        let e = st.remote_identity_added(300, labels("web"));
+        assert_eq!(e.identities, [300].into());
+        assert!(
+            !e.changed.is_empty(),
+            "the fromEndpoints selector gained the remote pod"
+        );
+        assert!(
+            st.remote_identity_added(300, labels("web"))
+                .changed
+                .is_empty(),
+            "idempotent"
+        );
+        let (id, e) = st.acquire_as(&labels("web"), Some(300)).unwrap();
+        assert_eq!(id, 300);
+        assert!(e.changed.is_empty(), "already selected");
+        assert!(
+            st.release(300).unwrap().changed.is_empty(),
+            "still used remotely"
+        );
+        assert!(!st.remote_identity_removed(300).changed.is_empty());
+    }
+
+    #[test]
+    fn remote_identities_survive_a_restart_until_a_listing_says_otherwise() {
+        let store = Store::temporary().unwrap();
+        let (mut st, _) = PolicyState::restore(store.clone(), []).unwrap();
+        st.set_cluster_ids(true);
+        st.remote_identity_added(300, labels("web"));
+        st.remote_identity_added(301, labels("db"));
+        drop(st);
+        let (mut st, _) = PolicyState::restore(store.clone(), []).unwrap();
+        assert!(!st.is_remote(300), "single-node mode ignores them");
+        st.set_cluster_ids(true);
+        assert!(st.is_remote(300) && st.is_remote(301));
+        let rules = weft_policy::parse::parse_policy_file(
+            "t.json",
+            r#"[{"labels":[{"key":"name","value":"r"}],"endpointSelector":{"matchLabels":{"app":"x"}},
+                "ingress":[{"fromEndpoints":[{"matchLabels":{"app":"db"}}]}]}]"#,
+        )
+        .unwrap();
+        st.add_rules(rules).unwrap();
+        // The listing has web again but db was freed meanwhile.
+        assert!(
+            st.remote_identity_added(300, labels("web"))
+                .changed
+                .is_empty()
+        );
+        let e = st.drop_unconfirmed_remote();
+        assert_eq!(e.identities, [301].into());
+        assert!(!e.changed.is_empty(), "the db selector lost it");
+        assert!(st.drop_unconfirmed_remote().identities.is_empty());
+        drop(st);
+        let (mut st, _) = PolicyState::restore(store, []).unwrap();
+        st.set_cluster_ids(true);
+        assert!(st.is_remote(300) && !st.is_remote(301));
     }
 
     #[test]

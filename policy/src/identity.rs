@@ -208,6 +208,56 @@ impl IdentityAllocator {
         Ok(Acquired { id, new: true })
     }
 
+    /// Takes a reference on `key` under a number chosen elsewhere (the cluster's kvstore),
+    /// persisting it if new. Refuses when this node knows `key` under another number, or
+    /// `id` as another key: the caller must not silently renumber live endpoints.
+    pub fn acquire_as(
+        &mut self,
+        store: &mut dyn IdentityStore,
+        key: &IdentityKey,
+        id: Identity,
+    ) -> Result<Acquired, IdentityError> {
+        if let Some(&have) = self.by_key.get(key) {
+            if have != id {
+                return Err(IdentityError::RestoreConflict {
+                    id,
+                    reason: format!("this node already has identity {have} for the same labels"),
+                });
+            }
+            let Some(slot) = self.by_id.get_mut(&id) else {
+                return Err(IdentityError::RestoreConflict {
+                    id,
+                    reason: "the identity tables disagree (by key, not by number)".into(),
+                });
+            };
+            slot.refs += 1;
+            return Ok(Acquired { id, new: false });
+        }
+        let (lo, hi) = Self::range_of(key);
+        if id < lo || id > hi {
+            return Err(IdentityError::RestoreConflict {
+                id,
+                reason: format!("outside the range {lo}..={hi} of its kind"),
+            });
+        }
+        if self.by_id.contains_key(&id) {
+            return Err(IdentityError::RestoreConflict {
+                id,
+                reason: "this node uses the number for other labels".into(),
+            });
+        }
+        store.save(id, key)?;
+        self.by_key.insert(key.clone(), id);
+        self.by_id.insert(
+            id,
+            Slot {
+                key: key.clone(),
+                refs: 1,
+            },
+        );
+        Ok(Acquired { id, new: true })
+    }
+
     /// Drops one reference; returns true when the identity was freed (and removed from the
     /// store). The caller then tells the selector cache.
     pub fn release(
@@ -288,6 +338,31 @@ mod tests {
 
     fn lbl(app: &str) -> IdentityKey {
         IdentityKey::Labels(LabelSet::for_pod("default", [("app", app)]))
+    }
+
+    #[test]
+    fn acquire_as_takes_the_given_number_and_refuses_conflicts() {
+        let mut store = MemoryStore::default();
+        let mut a = IdentityAllocator::new();
+        assert_eq!(
+            a.acquire_as(&mut store, &lbl("web"), 300).unwrap(),
+            Acquired { id: 300, new: true }
+        );
+        assert_eq!(
+            a.acquire_as(&mut store, &lbl("web"), 300).unwrap(),
+            Acquired {
+                id: 300,
+                new: false
+            }
+        );
+        assert_eq!(a.refcount(300), Some(2));
+        assert!(a.acquire_as(&mut store, &lbl("web"), 301).is_err());
+        assert!(a.acquire_as(&mut store, &lbl("db"), 300).is_err());
+        assert!(
+            a.acquire_as(&mut store, &lbl("db"), 2).is_err(),
+            "reserved range"
+        );
+        assert_eq!(store.saved.len(), 1);
     }
 
     #[test]

@@ -24,6 +24,15 @@ fn fail(msg: &dyn std::fmt::Display) -> ! {
 fn main() {
     let config = Config::resolve(Cli::parse()).unwrap_or_else(|e| fail(&e));
     init_logging(config.log_format);
+    if config.uninstall {
+        weft_manager::masquerade::uninstall(&weft_manager::masquerade::NftCommand)
+            .unwrap_or_else(|e| fail(&e));
+        eprintln!(
+            "weft-manager: masquerade table inet {} removed",
+            weft_manager::masquerade::TABLE
+        );
+        return;
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

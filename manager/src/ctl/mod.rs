@@ -62,6 +62,9 @@ pub enum Command {
     /// Security identities.
     #[command(subcommand)]
     Identity(IdentityCmd),
+    /// Cluster nodes (kvstore mode).
+    #[command(subcommand)]
+    Node(NodeCmd),
     /// eBPF maps.
     #[command(subcommand)]
     Map(MapCmd),
@@ -116,6 +119,13 @@ pub enum PolicyCmd {
 #[derive(Debug, Subcommand)]
 pub enum IdentityCmd {
     /// Every identity in use.
+    List,
+}
+
+/// `weftctl node ...`
+#[derive(Debug, Subcommand)]
+pub enum NodeCmd {
+    /// This node and every node the kvstore knows.
     List,
 }
 
@@ -209,7 +219,18 @@ pub async fn run(cli: Cli) -> Result<(), CtlError> {
                 wait_ready(&client, secs).await?;
             }
             let s: StatusResponse = client.get("/v1/status").await?;
-            print(cli.output, &s, render::status_table);
+            let kv: Value = client.get("/v1/kvstore").await?;
+            match cli.output {
+                Output::Json => {
+                    let mut v = serde_json::to_value(&s).expect("API types serialize");
+                    v["kvstore"] = kv;
+                    print(cli.output, &v, |_| String::new());
+                }
+                Output::Table => {
+                    print(cli.output, &s, render::status_table);
+                    print!("{}", render::kvstore_line(&kv));
+                }
+            }
         }
         Command::Endpoint(EndpointCmd::List) => {
             let eps: Vec<Endpoint> = client.get("/v1/endpoints").await?;
@@ -238,6 +259,10 @@ pub async fn run(cli: Cli) -> Result<(), CtlError> {
         Command::Identity(IdentityCmd::List) => {
             let v: Value = client.get("/v1/identities").await?;
             print(cli.output, &v, render::identity_table);
+        }
+        Command::Node(NodeCmd::List) => {
+            let v: Value = client.get("/v1/nodes").await?;
+            print(cli.output, &v, render::node_table);
         }
         Command::Map(MapCmd::List) => {
             let v: Value = client.get("/v1/maps").await?;

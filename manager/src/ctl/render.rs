@@ -188,6 +188,7 @@ pub fn identity_table(v: &Value) -> String {
             vec![
                 s(&i["id"]),
                 s(&i["references"]),
+                i["source"].as_str().unwrap_or("local").to_owned(),
                 i["labels"]
                     .as_array()
                     .map(|l| l.iter().map(s).collect::<Vec<_>>().join(","))
@@ -195,7 +196,59 @@ pub fn identity_table(v: &Value) -> String {
             ]
         })
         .collect();
-    table::render(&["ID", "REFS", "LABELS"], &rows)
+    table::render(&["ID", "REFS", "SOURCE", "LABELS"], &rows)
+}
+
+/// The kvstore line of `status`.
+pub fn kvstore_line(v: &Value) -> String {
+    match v["backend"].as_str() {
+        None | Some("none") => "\nKvstore:    none (single node)\n".into(),
+        Some(backend) => format!(
+            "\nKvstore:    {backend} {} ({}), {} remote node(s), {} remote address(es)\n",
+            if v["connected"].as_bool() == Some(true) {
+                "connected"
+            } else {
+                "disconnected"
+            },
+            v["endpoints"]
+                .as_array()
+                .map(|e| e.iter().map(s).collect::<Vec<_>>().join(","))
+                .unwrap_or_default(),
+            s(&v["remote_nodes"]),
+            s(&v["remote_ips"]),
+        ),
+    }
+}
+
+/// `node list`.
+pub fn node_table(v: &Value) -> String {
+    let join = |x: &Value| {
+        x.as_array()
+            .map(|a| a.iter().map(s).collect::<Vec<_>>().join(","))
+            .unwrap_or_default()
+    };
+    let rows: Vec<Vec<String>> = v
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|n| {
+            vec![
+                format!(
+                    "{}{}",
+                    s(&n["name"]),
+                    if n["local"].as_bool() == Some(true) {
+                        " (local)"
+                    } else {
+                        ""
+                    }
+                ),
+                s(&n["node_ip"]),
+                join(&n["pod_cidrs"]),
+                join(&n["router_ips"]),
+            ]
+        })
+        .collect();
+    table::render(&["NAME", "NODE IP", "POD CIDRS", "ROUTERS"], &rows)
 }
 
 /// `map list`.

@@ -6,12 +6,14 @@
 //! wrong. Operations under it are map writes and sled flushes (tens of µs); the slow netlink
 //! deletes of host veths happen outside it.
 
+mod cluster;
 mod labels;
 pub mod policy_api;
 mod regen;
 pub mod validate;
 mod verify;
 
+pub use cluster::{ClusterLink, KvstoreStatus, NodeInfo};
 pub use labels::{from_api_labels, to_api_labels};
 pub use policy_api::{ImportResult, TraceRequest, TraceResult};
 pub use verify::VerifyReport;
@@ -60,6 +62,9 @@ pub enum ManagerError {
     /// Not ready to serve yet.
     #[error("weft-manager is starting; retry shortly")]
     NotReady,
+    /// Kvstore mode: the operation needs etcd and etcd cannot be reached (retryable).
+    #[error("{0}")]
+    KvstoreUnavailable(String),
 }
 
 /// Everything behind the lock.
@@ -92,7 +97,11 @@ pub struct Manager {
     /// A regeneration failed half-way: housekeeping recomputes every endpoint.
     needs_regeneration: AtomicBool,
     /// Kubernetes mode: pods, namespaces and policy statuses from the watchers.
-    pub(crate) cluster: std::sync::OnceLock<Arc<weft_k8s::cache::ClusterCache>>,
+    pub(crate) k8s_cache: std::sync::OnceLock<Arc<weft_k8s::cache::ClusterCache>>,
+    /// Kvstore mode: the cluster agent.
+    cluster: Option<ClusterLink>,
+    /// Masquerade rules, kept in step with the node registry.
+    masquerade: Option<Arc<crate::masquerade::Masquerader>>,
 }
 
 /// The datapath's view of a registered endpoint (`None` before registration).
@@ -211,18 +220,20 @@ impl Manager {
             regenerations: AtomicU64::new(0),
             delete_queue: None,
             needs_regeneration: AtomicBool::new(false),
-            cluster: std::sync::OnceLock::new(),
+            k8s_cache: std::sync::OnceLock::new(),
+            cluster: None,
+            masquerade: None,
         }
     }
 
     /// Kubernetes mode: endpoint labels come from `cache` from now on.
-    pub fn set_cluster(&self, cache: Arc<weft_k8s::cache::ClusterCache>) {
-        let _ = self.cluster.set(cache);
+    pub fn set_k8s_cache(&self, cache: Arc<weft_k8s::cache::ClusterCache>) {
+        let _ = self.k8s_cache.set(cache);
     }
 
     /// The cluster cache in Kubernetes mode.
-    pub fn cluster(&self) -> Option<&Arc<weft_k8s::cache::ClusterCache>> {
-        self.cluster.get()
+    pub fn k8s_cache(&self) -> Option<&Arc<weft_k8s::cache::ClusterCache>> {
+        self.k8s_cache.get()
     }
 
     /// Recomputes an endpoint's policy and installs it if it changed (its pod's named ports
@@ -237,7 +248,7 @@ impl Manager {
     /// arrives (the pod's event regenerates the endpoint then).
     pub(crate) fn named_ports(&self, ep: &Endpoint) -> NamedPorts {
         match (
-            self.cluster(),
+            self.k8s_cache(),
             ep.pod_namespace.as_deref(),
             ep.pod_name.as_deref(),
         ) {
@@ -447,6 +458,20 @@ impl Manager {
         pod_labels: Option<weft_policy::labels::LabelSet>,
     ) -> Result<Endpoint, ManagerError> {
         validate::allocate(req)?;
+        let labels = pod_labels.unwrap_or_else(|| {
+            weft_policy::labels::LabelSet::for_pod(
+                req.pod_namespace.as_deref().unwrap_or("default"),
+                req.labels
+                    .iter()
+                    .map(|l| (l.key.as_str(), l.value.as_str())),
+            )
+        });
+        // Before the state lock: a new label set may wait on the kvstore.
+        let cluster_id = if self.find(&req.container_id, &req.ifname).is_some() {
+            None
+        } else {
+            self.cluster_identity(&labels)?
+        };
         // A DEL for this pair queued while the manager was unreachable came before this ADD:
         // apply it first, or a later drain would remove what this ADD creates. Taken before
         // the state lock: the drain holds the queue lock while it takes the state lock.
@@ -473,15 +498,10 @@ impl Manager {
             }
             return Ok(ep.clone());
         }
-        let labels = pod_labels.unwrap_or_else(|| {
-            weft_policy::labels::LabelSet::for_pod(
-                req.pod_namespace.as_deref().unwrap_or("default"),
-                req.labels
-                    .iter()
-                    .map(|l| (l.key.as_str(), l.value.as_str())),
-            )
-        });
-        let (identity, effects) = st.pol.acquire(&labels)?;
+        let (identity, effects) = match cluster_id {
+            Some(id) => st.pol.acquire_as(&labels, Some(id))?,
+            None => st.pol.acquire(&labels)?,
+        };
         let ep = match st.reg.allocate(req, to_api_labels(&labels), identity) {
             Ok(ep) => ep,
             Err(e) => {
@@ -491,6 +511,7 @@ impl Manager {
             }
         };
         self.regenerate_users(&mut st, &effects)?;
+        self.poke_cluster();
         tracing::info!(
             endpoint_id = ep.id,
             container_id = %ep.container_id,
@@ -548,6 +569,7 @@ impl Manager {
         };
         let datapath_us = t0.elapsed().as_micros();
         st.installed.insert(ep.id, fingerprint(&policy));
+        self.poke_cluster();
         tracing::info!(
             endpoint_id = ep.id,
             host_ifname = %ep.host_ifname,
@@ -621,6 +643,7 @@ impl Manager {
             let effects = st.pol.release(gone.identity)?;
             self.regenerate_users(st, &effects)?;
         }
+        self.poke_cluster();
         Ok(deleted)
     }
 

@@ -77,6 +77,14 @@ pub struct IdentityInfo {
     pub labels: Vec<String>,
     /// Endpoints or rules holding it.
     pub references: u64,
+    /// `local` (allocated on this node: CIDR and reserved identities, and every identity in
+    /// single-node mode), or `kvstore` (numbered by the cluster).
+    #[serde(default = "local_source")]
+    pub source: String,
+}
+
+fn local_source() -> String {
+    "local".into()
 }
 
 fn split_kv(s: &str) -> Result<(&str, &str), ManagerError> {
@@ -215,7 +223,11 @@ impl Manager {
     /// The repository: revision and rules.
     pub fn policies(&self) -> serde_json::Value {
         let st = self.state();
-        let rejected = self.cluster.get().map(|c| c.rejected()).unwrap_or_default();
+        let rejected = self
+            .k8s_cache
+            .get()
+            .map(|c| c.rejected())
+            .unwrap_or_default();
         serde_json::json!({
             "revision": st.pol.repo().revision(),
             "rules": st.pol.repo().rules(),
@@ -226,28 +238,39 @@ impl Manager {
     /// Every identity in use.
     pub fn identities(&self) -> Vec<IdentityInfo> {
         let st = self.state();
-        let mut out = vec![
-            IdentityInfo {
-                id: reserved::HOST,
-                labels: vec!["reserved:host".into()],
-                references: 0,
-            },
-            IdentityInfo {
-                id: reserved::WORLD,
-                labels: vec!["reserved:world".into()],
-                references: 0,
-            },
-        ];
-        out.extend(st.pol.identities().map(|(id, key, refs)| IdentityInfo {
+        let clustered = self.cluster.is_some();
+        let reserved_entry = |id, label: &str| IdentityInfo {
             id,
-            labels: match key {
-                weft_policy::identity::IdentityKey::Labels(l) => {
-                    l.iter().map(ToString::to_string).collect()
-                }
-                weft_policy::identity::IdentityKey::Cidr(p) => vec![format!("cidr:{p}")],
-            },
-            references: refs,
+            labels: vec![label.into()],
+            references: 0,
+            source: local_source(),
+        };
+        let mut out = vec![
+            reserved_entry(reserved::HOST, "reserved:host"),
+            reserved_entry(reserved::WORLD, "reserved:world"),
+        ];
+        out.extend(st.pol.identities().map(|(id, key, refs)| {
+            let (labels, source) = match key {
+                weft_policy::identity::IdentityKey::Labels(l) => (
+                    l.iter().map(ToString::to_string).collect(),
+                    if clustered { "kvstore" } else { "local" },
+                ),
+                weft_policy::identity::IdentityKey::Cidr(p) => (vec![format!("cidr:{p}")], "local"),
+            };
+            IdentityInfo {
+                id,
+                labels,
+                references: refs,
+                source: source.into(),
+            }
         }));
+        out.extend(st.pol.remote_only().map(|(id, l)| IdentityInfo {
+            id,
+            labels: l.iter().map(ToString::to_string).collect(),
+            references: 0,
+            source: "kvstore".into(),
+        }));
+        out.sort_by_key(|i| i.id);
         out
     }
 
@@ -274,6 +297,9 @@ impl Manager {
     /// the same ordering guarantees as [`Self::set_labels`].
     pub fn replace_labels(&self, id: u32, new_labels: &LabelSet) -> Result<Endpoint, ManagerError> {
         let new_labels = new_labels.clone();
+        // A label set new to this node may need a number from the kvstore: asked before the
+        // state lock.
+        let cluster_id = self.cluster_identity(&new_labels)?;
         let mut st = self.state();
         let mut ep = st
             .reg
@@ -288,7 +314,10 @@ impl Manager {
             return Ok(ep);
         }
         let old_id = ep.identity;
-        let (new_id, gained) = st.pol.acquire(&new_labels)?;
+        let (new_id, gained) = match cluster_id {
+            Some(cid) => st.pol.acquire_as(&new_labels, Some(cid))?,
+            None => st.pol.acquire(&new_labels)?,
+        };
         ep.labels = to_api_labels(&new_labels);
         ep.identity = new_id;
         // Peers first, then the endpoint's own entry and ipcache addresses, then its record: a
@@ -331,6 +360,7 @@ impl Manager {
             self.mark_needs_regeneration();
             return Err(e);
         }
+        self.poke_cluster();
         tracing::info!(
             endpoint_id = id,
             old_identity = old_id,

@@ -181,6 +181,25 @@ impl Manager {
     pub fn reconcile_ipcache(&self) -> Result<usize, ManagerError> {
         let kernel = self.datapath.ipcache_entries()?;
         let mut st = self.state();
+        // Kvstore mode before the first listing (etcd down at start): an address nothing here
+        // owns may be a remote pod's. It stays until the listing says (`Remote::listed`);
+        // checked under the lock the listing's callback takes, so it cannot slip in between.
+        if self.cluster().is_some_and(|c| !c.synced()) {
+            let unowned: BTreeMap<ipnet::IpNet, Identity> = kernel
+                .iter()
+                .filter(|(p, _)| p.prefix_len() == p.max_prefix_len())
+                .filter(|(p, _)| st.ipcache.winner(p).is_none())
+                .map(|(p, v)| (*p, v.identity))
+                .collect();
+            if !unowned.is_empty() {
+                tracing::info!(
+                    entries = unowned.len(),
+                    "kvstore not listed yet: keeping unowned host entries until it is"
+                );
+            }
+            st.ipcache
+                .replace_source(&Source::restored_remote(), &unowned);
+        }
         st.ipcache.set_written(kernel);
         let writes = st.ipcache.clone().pending();
         for w in &writes {

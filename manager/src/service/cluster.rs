@@ -1,0 +1,289 @@
+//! The manager as a member of a cluster (kvstore mode): what it publishes (`Local`), how remote
+//! records land in it (`Remote`), cluster-wide identity numbers for new label sets, and the
+//! node list and kvstore status for the API.
+
+use ipnet::IpNet;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+use weft_api::EndpointState;
+use weft_policy::labels::LabelSet;
+use weft_policy::mapstate::Identity;
+
+use super::{Manager, ManagerError};
+use crate::cluster::Cluster;
+use crate::cluster::routes::RouteTable;
+use crate::cluster::session::{Desired, Local};
+use crate::cluster::watch::Remote;
+use crate::kvstore::KvError;
+use crate::kvstore::identities::ClusterIdentityError;
+use crate::kvstore::keys::{IpRecord, NodeRecord};
+
+/// What the manager needs of the cluster agent.
+pub struct ClusterLink {
+    /// The agent.
+    pub cluster: Arc<Cluster>,
+    /// Routes to other nodes' pod CIDRs.
+    pub routes: Arc<dyn RouteTable>,
+    /// Runtime the route futures run on (the watch thread is not a runtime thread).
+    pub runtime: tokio::runtime::Handle,
+    /// The kvstore endpoints, for status.
+    pub endpoints: Vec<String>,
+}
+
+/// One node (`GET /v1/nodes`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeInfo {
+    /// Name.
+    pub name: String,
+    /// Underlay IP.
+    pub node_ip: IpAddr,
+    /// Pod CIDRs.
+    pub pod_cidrs: Vec<IpNet>,
+    /// Router IPs.
+    pub router_ips: Vec<IpAddr>,
+    /// This node?
+    pub local: bool,
+}
+
+/// `GET /v1/kvstore`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KvstoreStatus {
+    /// `etcd`, or `none` in single-node mode.
+    pub backend: String,
+    /// Last kvstore operation succeeded.
+    pub connected: bool,
+    /// Endpoints given.
+    pub endpoints: Vec<String>,
+    /// Current lease.
+    pub lease: Option<i64>,
+    /// Remote nodes known.
+    pub remote_nodes: usize,
+    /// Remote endpoint addresses in the ipcache.
+    pub remote_ips: usize,
+}
+
+impl Manager {
+    /// Joins a cluster: new label sets get their numbers from the kvstore from now on.
+    #[must_use]
+    pub fn with_cluster(mut self, link: ClusterLink) -> Self {
+        self.state().pol.set_cluster_ids(true);
+        self.cluster = Some(link);
+        self
+    }
+
+    /// Keeps the masquerade rules' pod CIDRs in step with the node registry.
+    #[must_use]
+    pub fn with_masquerade(mut self, m: Arc<crate::masquerade::Masquerader>) -> Self {
+        self.masquerade = Some(m);
+        self
+    }
+
+    /// The cluster agent, in kvstore mode.
+    #[must_use]
+    pub fn cluster(&self) -> Option<&Arc<Cluster>> {
+        self.cluster.as_ref().map(|l| &l.cluster)
+    }
+
+    /// Asks the cluster agent to publish the local state now.
+    pub(crate) fn poke_cluster(&self) {
+        if let Some(l) = &self.cluster {
+            l.cluster.poke();
+        }
+    }
+
+    /// The cluster-wide number for `labels` when this node does not hold it yet (`None` in
+    /// single-node mode or when it does). Called without the state lock: it may wait on etcd.
+    pub(crate) fn cluster_identity(
+        &self,
+        labels: &LabelSet,
+    ) -> Result<Option<Identity>, ManagerError> {
+        let Some(link) = &self.cluster else {
+            return Ok(None);
+        };
+        if self.state().pol.local_id(labels).is_some() {
+            return Ok(None);
+        }
+        match link.cluster.allocate_identity(labels) {
+            Ok(id) => Ok(Some(id)),
+            Err(ClusterIdentityError::Kv(KvError::Unavailable(detail))) => {
+                Err(ManagerError::KvstoreUnavailable(format!(
+                    "labels {labels} need a new cluster-wide identity and the kvstore is unreachable ({detail}); retry once etcd is back (pods with known labels still start)"
+                )))
+            }
+            Err(e) => Err(ManagerError::Invalid(e.to_string())),
+        }
+    }
+
+    /// Every node: this one, then the remote ones.
+    #[must_use]
+    pub fn nodes(&self) -> Vec<NodeInfo> {
+        let Some(link) = &self.cluster else {
+            return Vec::new();
+        };
+        let own = link.cluster.node();
+        let mut out = vec![NodeInfo {
+            name: own.name.clone(),
+            node_ip: own.node_ip,
+            pod_cidrs: own.pod_cidrs.clone(),
+            router_ips: own.router_ips.clone(),
+            local: true,
+        }];
+        out.extend(link.cluster.nodes().into_values().map(|n| NodeInfo {
+            name: n.name,
+            node_ip: n.node_ip,
+            pod_cidrs: n.pod_cidrs,
+            router_ips: n.router_ips,
+            local: false,
+        }));
+        out
+    }
+
+    /// The kvstore's state.
+    #[must_use]
+    pub fn kvstore_status(&self) -> KvstoreStatus {
+        match &self.cluster {
+            None => KvstoreStatus {
+                backend: "none".into(),
+                connected: false,
+                endpoints: Vec::new(),
+                lease: None,
+                remote_nodes: 0,
+                remote_ips: 0,
+            },
+            Some(l) => KvstoreStatus {
+                backend: "etcd".into(),
+                connected: l.cluster.connected(),
+                endpoints: l.endpoints.clone(),
+                lease: l.cluster.lease(),
+                remote_nodes: l.cluster.nodes().len(),
+                remote_ips: l.cluster.remote_ips().len(),
+            },
+        }
+    }
+}
+
+impl Local for Manager {
+    fn desired(&self) -> Desired {
+        let Some(link) = &self.cluster else {
+            return Desired::default();
+        };
+        let own = link.cluster.node();
+        let st = self.state();
+        let ips = st
+            .reg
+            .list()
+            .filter(|ep| ep.state == EndpointState::Ready && ep.identity != 0)
+            .flat_map(|ep| {
+                ep.ips.iter().map(|i| IpRecord {
+                    ip: i.address,
+                    identity: ep.identity,
+                    node: own.name.clone(),
+                    node_ip: own.node_ip,
+                })
+            })
+            .collect();
+        let refs = st
+            .pol
+            .held_labels()
+            .map(|(id, l)| (l.clone(), id))
+            .collect();
+        Desired { ips, refs }
+    }
+}
+
+impl Remote for Manager {
+    fn identity_put(&self, id: Identity, labels: LabelSet) {
+        let mut st = self.state();
+        let effects = st.pol.remote_identity_added(id, labels);
+        if let Err(e) = self.regenerate_users(&mut st, &effects) {
+            tracing::error!(identity = id, "regenerating for a remote identity: {e}");
+            self.mark_needs_regeneration();
+        }
+    }
+
+    fn identity_deleted(&self, id: Identity) {
+        let mut st = self.state();
+        let effects = st.pol.remote_identity_removed(id);
+        if let Err(e) = self.regenerate_users(&mut st, &effects) {
+            tracing::error!(
+                identity = id,
+                "regenerating after a remote identity left: {e}"
+            );
+            self.mark_needs_regeneration();
+        }
+    }
+
+    fn ip_put(&self, r: &IpRecord) {
+        // The ipcache's owner precedence keeps a local endpoint's entry over a remote one.
+        if let Err(e) = self.upsert_remote_endpoint(&r.node, IpNet::from(r.ip), r.identity) {
+            tracing::error!(ip = %r.ip, node = %r.node, "remote ipcache entry: {e}");
+        }
+    }
+
+    fn ip_deleted(&self, r: &IpRecord) {
+        if let Err(e) = self.remove_remote_endpoint(&r.node, IpNet::from(r.ip)) {
+            tracing::error!(ip = %r.ip, node = %r.node, "removing a remote ipcache entry: {e}");
+        }
+    }
+
+    fn node_put(&self, r: &NodeRecord) {
+        let Some(link) = &self.cluster else { return };
+        // Before the route: traffic to the new node's pods must keep its pod source.
+        if let Some(m) = &self.masquerade
+            && let Err(e) = m.node_put(&r.name, &r.pod_cidrs)
+        {
+            tracing::error!(node = %r.name, "masquerade exemption for the node's pods: {e}");
+        }
+        for cidr in &r.pod_cidrs {
+            if cidr.network().is_ipv4() != r.node_ip.is_ipv4() {
+                continue; // direct routing needs a gateway of the same family
+            }
+            let done = link.runtime.block_on(link.routes.replace(*cidr, r.node_ip));
+            match done {
+                Ok(()) => {
+                    tracing::info!(node = %r.name, %cidr, via = %r.node_ip, "route to remote node");
+                }
+                Err(e) => tracing::error!(node = %r.name, %cidr, "route to remote node: {e}"),
+            }
+        }
+    }
+
+    fn listed(&self) {
+        // Remote identities and host entries kept from before a restart until the store
+        // could say which still exist.
+        {
+            let mut st = self.state();
+            let effects = st.pol.drop_unconfirmed_remote();
+            if let Err(e) = self.regenerate_users(&mut st, &effects) {
+                tracing::error!("regenerating after stale remote identities left: {e}");
+                self.mark_needs_regeneration();
+            }
+        }
+        let restored = crate::ipcache::RESTORED_REMOTE;
+        if let Err(e) = self.sync_remote_endpoints(restored, &BTreeMap::new()) {
+            tracing::error!("dropping host entries kept over the restart: {e}");
+        }
+    }
+
+    fn node_deleted(&self, r: &NodeRecord) {
+        let Some(link) = &self.cluster else { return };
+        // Its addresses leave with their own delete events (same lease); this also drops any
+        // the watch missed.
+        if let Err(e) = self.sync_remote_endpoints(&r.name, &BTreeMap::new()) {
+            tracing::error!(node = %r.name, "removing a departed node's ipcache entries: {e}");
+        }
+        for cidr in &r.pod_cidrs {
+            match link.runtime.block_on(link.routes.remove(*cidr)) {
+                Ok(()) => tracing::info!(node = %r.name, %cidr, "route to departed node removed"),
+                Err(e) => tracing::error!(node = %r.name, %cidr, "removing route: {e}"),
+            }
+        }
+        if let Some(m) = &self.masquerade
+            && let Err(e) = m.node_deleted(&r.name)
+        {
+            tracing::error!(node = %r.name, "masquerade after a node left: {e}");
+        }
+    }
+}

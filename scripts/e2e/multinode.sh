@@ -1,0 +1,209 @@
+#!/usr/bin/env bash
+# Three nodes through a real etcd (docs/KVSTORE.md): each node a private netns with its own
+# weft-manager, state dir, socket and pin dir, joined by an underlay bridge in its own netns;
+# etcd in a fourth netns on the underlay, started here and stopped at the end. Cross-node
+# traffic before and after a policy on node B, label change and pod delete on A reaching B,
+# and the faults: etcd down and back, kill -9 of a manager within its lease, a node gone for good.
+source "$(dirname "$0")/../lib.sh"
+command -v etcd >/dev/null || die "etcd is missing: run scripts/setup (etcd-server)"
+
+TTL=10
+UL=${WEFT_P}-ul
+ETCD_NS=${WEFT_P}-etcd
+ETCD_URL=http://10.99.0.100:2379
+declare -A MGR=()
+
+mn_cleanup() {
+  for n in "${!MGR[@]}"; do
+    [ -n "${MGR[$n]}" ] && kill -9 "${MGR[$n]}" 2>/dev/null && wait "${MGR[$n]}" 2>/dev/null
+  done
+  [ -n "${ETCD_PID:-}" ] && kill "$ETCD_PID" 2>/dev/null && wait "$ETCD_PID" 2>/dev/null
+  for n in 1 2 3; do [ -f "$WEFT_TMP/n$n/manager.log" ] && [ "$1" != 0 ] && { echo "--- node $n manager log (last 15) ---" >&2; tail -15 "$WEFT_TMP/n$n/manager.log" >&2; }; done
+}
+trap 'rc=$?; mn_cleanup $rc; (exit $rc); weft_cleanup' EXIT
+
+nodens() { echo "${WEFT_P}-n$1"; }
+sock() { echo "$WEFT_TMP/n$1/manager.sock"; }
+ctl() { local n=$1; shift; "$WEFT_BIN/weftctl" --socket "$(sock "$n")" "$@"; }
+in_n() { local n=$1; shift; nsenter --net="/run/netns/$(nodens "$n")" "$@"; }
+
+echo "== underlay, etcd, three managers"
+ip netns add "$UL" || die "cannot create netns $UL"
+ip -n "$UL" link add br0 type bridge && ip -n "$UL" link set br0 up && ip -n "$UL" link set lo up
+plug() { # NETNS ADDR TAG
+  ip -n "$UL" link add "v$3" type veth peer name ul netns "$1" || return 1
+  ip -n "$UL" link set "v$3" master br0 up && ip -n "$1" link set ul up && ip -n "$1" link set lo up &&
+    ip -n "$1" addr add "$2/24" dev ul
+}
+ip netns add "$ETCD_NS" && plug "$ETCD_NS" 10.99.0.100 e || die "cannot plug etcd into the underlay"
+start_etcd() {
+  nsenter --net="/run/netns/$ETCD_NS" etcd --name e1 --data-dir "$WEFT_TMP/etcd" \
+    --listen-client-urls "$ETCD_URL" --advertise-client-urls "$ETCD_URL" \
+    --listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls http://127.0.0.1:2380 \
+    --initial-cluster e1=http://127.0.0.1:2380 >>"$WEFT_TMP/etcd.log" 2>&1 &
+  ETCD_PID=$!
+  for _ in $(seq 100); do
+    nsenter --net="/run/netns/$ETCD_NS" env ETCDCTL_API=3 etcdctl --endpoints "$ETCD_URL" endpoint health >/dev/null 2>&1 && return 0
+    sleep 0.1
+  done
+  return 1
+}
+stop_etcd() { kill "$ETCD_PID" 2>/dev/null; wait "$ETCD_PID" 2>/dev/null; ETCD_PID=; }
+start_etcd || die "etcd did not start (log: $WEFT_TMP/etcd.log)"
+
+start_mgr() { # N [extra flags]
+  local n=$1; shift
+  mkdir -p "$WEFT_TMP/n$n"
+  nsenter --net="/run/netns/$(nodens "$n")" "$WEFT_BIN/weft-manager" --state-dir "$WEFT_TMP/n$n/state" \
+    --socket "$(sock "$n")" --bpffs "${WEFT_BPFFS}-n$n" --node-name "$(nodens "$n")" --pod-cidr "10.2$n.0.0/24" \
+    --kvstore etcd --kvstore-endpoints "$ETCD_URL" --kvstore-lease-ttl "$TTL" "$@" >>"$WEFT_TMP/n$n/manager.log" 2>&1 &
+  MGR[$n]=$!
+  ctl "$n" status --wait 20 >/dev/null
+}
+for n in 1 2 3; do
+  ip netns add "$(nodens "$n")" && plug "$(nodens "$n")" "10.99.0.1$n" "$n" || die "cannot plug node $n"
+done
+start_mgr 1 --node-ip 10.99.0.11 || die "manager 1 did not start"
+start_mgr 2 --node-ip 10.99.0.12 || die "manager 2 did not start"
+start_mgr 3 || die "manager 3 did not start (underlay address detection)"
+
+add_pod() { # NODE NAME APP → CNI output
+  WEFT_NODE=$(nodens "$1") WEFT_SOCK=$(sock "$1") weft_add_pod "$2" '[{"key":"app","value":"'"$3"'"}]'
+}
+del_pod() { WEFT_NODE=$(nodens "$1") WEFT_SOCK=$(sock "$1") weft_del_pod "$2"; }
+ep_id() { ctl "$1" -o json endpoint list | jq -r --arg c "$WEFT_P-$2" '.[] | select(.container_id == $c) | .id'; }
+ident() { ctl "$1" -o json endpoint list | jq -r --arg c "$WEFT_P-$2" '.[] | select(.container_id == $c) | .identity'; }
+# until SECS COMMAND...: polls (convergence is asynchronous), fails after SECS.
+until_ok() { local end=$((SECONDS + $1)); shift; until "$@" >/dev/null 2>&1; do [ $SECONDS -ge $end ] && { "$@"; return 1; }; sleep 0.2; done; }
+in_ipcache() { ctl "$1" -o json map dump ipcache | jq -e --arg p "$2/32" --argjson id "$3" 'any(.[]; .prefix == $p and .identity == $id)'; }
+not_in_ipcache() { ! ctl "$1" -o json map dump ipcache | jq -e --arg p "$2/32" 'any(.[]; .prefix == $p)'; }
+nodes_are() { [ "$(ctl "$1" -o json node list | jq -r '[.[].name] | sort | join(" ")')" = "$2" ]; }
+connected() { ctl "$1" -o json status | jq -e '.kvstore.connected == true'; }
+ping_from() { in_pod "$1" ping -c1 -W2 -q "$2"; }
+
+for spec in "1 a-web web" "1 a-other other" "2 b-db db" "3 c-web web" "3 c-other other"; do
+  set -- $spec
+  add_pod "$1" "$2" "$3" >/dev/null || die "ADD $2 on node $1 failed"
+done
+A_WEB=$(pod_ip a-web); A_OTHER=$(pod_ip a-other); B_DB=$(pod_ip b-db); C_WEB=$(pod_ip c-web)
+WEB_ID=$(ident 1 a-web)
+ALL_NODES="$(nodens 1) $(nodens 2) $(nodens 3)"
+check "every node lists the three nodes" until_ok 10 eval 'nodes_are 1 "$ALL_NODES" && nodes_are 2 "$ALL_NODES" && nodes_are 3 "$ALL_NODES"'
+check "node 3 found its underlay address itself" eval 'ctl 1 -o json node list | jq -e --arg n "$(nodens 3)" "any(.[]; .name == \$n and .node_ip == \"10.99.0.13\")"'
+check "weftctl status: kvstore connected" connected 2
+check "app=web has the same identity on nodes 1 and 3" test "$(ident 1 a-web)" = "$(ident 3 c-web)"
+check "identity list on B shows web as a kvstore identity" eval 'ctl 2 -o json identity list | jq -e --argjson id "$(ident 1 a-web)" "any(.[]; .id == \$id and .source == \"kvstore\")"'
+check "B's ipcache maps a-web's IP to web's identity" until_ok 10 in_ipcache 2 "$A_WEB" "$(ident 1 a-web)"
+check "route on A to B's pod CIDR via B's node IP (proto 196)" eval 'in_n 1 ip route show 10.22.0.0/24 proto 196 | grep -q "via 10.99.0.12"'
+
+echo "== cross-node matrix, no policy"
+matrix() { # expectation lines: SRC DST_IP allow|deny
+  local src dst want got bad=0
+  while read -r src dst want; do
+    [ -z "$src" ] && continue
+    if ping_from "$src" "$dst" >/dev/null 2>&1; then got=allow; else got=deny; fi
+    [ "$got" = "$want" ] || { echo "$src -> $dst: $got, want $want"; bad=1; }
+  done
+  return $bad
+}
+check "ping all cross-node pairs" matrix <<<"a-web $B_DB allow
+a-other $B_DB allow
+c-web $B_DB allow
+b-db $A_WEB allow
+b-db $C_WEB allow
+a-web $C_WEB allow
+c-web $A_OTHER allow"
+check "TCP a-other -> b-db:80" tcp_ok b-db a-other "$B_DB" 80
+
+echo "== policy on B: db accepts only app=web (from any node)"
+cat >"$WEFT_TMP/db.json" <<'P'
+[{"labels":[{"key":"name","value":"db-from-web"}],"endpointSelector":{"matchLabels":{"app":"db"}},
+  "ingress":[{"fromEndpoints":[{"matchLabels":{"app":"web"}}]}]}]
+P
+ctl 2 policy import "$WEFT_TMP/db.json" --wait >/dev/null || die "policy import on B failed"
+check "after the policy" matrix <<<"a-web $B_DB allow
+c-web $B_DB allow
+a-other $B_DB deny
+c-other $B_DB deny
+b-db $A_WEB allow
+a-web $C_WEB allow"
+check "TCP a-web -> b-db:80 allowed" tcp_ok b-db a-web "$B_DB" 80
+check_not "TCP a-other -> b-db:80 dropped" tcp_ok b-db a-other "$B_DB" 80
+
+echo "== changes on A reach B"
+ctl 1 endpoint labels "$(ep_id 1 a-other)" --add app=web >/dev/null || die "label change failed"
+check "a-other relabelled app=web: B maps it to web's identity" until_ok 10 in_ipcache 2 "$A_OTHER" "$(ident 1 a-web)"
+check "a-other (now web) -> b-db allowed" until_ok 10 ping_from a-other "$B_DB"
+add_pod 1 a-tmp tmp >/dev/null || die "ADD a-tmp failed"
+A_TMP=$(pod_ip a-tmp); TMP_ID=$(ident 1 a-tmp)
+check "a new label set on A is known on B" until_ok 10 in_ipcache 2 "$A_TMP" "$TMP_ID"
+del_pod 1 a-tmp >/dev/null
+check "pod deleted on A: its IP leaves B's ipcache" until_ok 10 not_in_ipcache 2 "$A_TMP"
+check "its now unused identity leaves B" until_ok 10 eval '! ctl 2 -o json identity list | jq -e --argjson id "$TMP_ID" "any(.[]; .id == \$id)"'
+
+echo "== masquerade: leaving the cluster with the node's address"
+# An "outside" host on the underlay with no route to any pod CIDR: a pod's packet only gets an
+# answer if it left with its node's address.
+OUT_NS=${WEFT_P}-out
+ip netns add "$OUT_NS" && plug "$OUT_NS" 10.99.0.200 o || die "cannot plug the outside host"
+has_table() { local t; t=$(in_n "$1" nft list table inet weft 2>&1) && grep -q masquerade <<<"$t"; }
+check "every node has its table inet weft" eval 'has_table 1 && has_table 2 && has_table 3'
+exempt() { in_n "$1" nft get element inet weft exempt4 "{ $2 }" >/dev/null 2>&1; }
+check "pod CIDRs of every node are exempt on A" eval 'exempt 1 10.21.0.9 && exempt 1 10.22.0.9 && exempt 1 10.23.0.9 && ! exempt 1 10.99.0.200'
+check "a pod on A reaches the outside host" ping_from a-web 10.99.0.200
+ip netns exec "$OUT_NS" timeout 5 nc -n -v -l 8080 >"$WEFT_TMP/outside.log" 2>&1 &
+OUT_PID=$!
+until_ok 5 eval 'ip netns exec "$OUT_NS" ss -Hltn "sport = :8080" | grep -q .'
+in_pod a-web sh -c 'echo hi | timeout 3 nc -N 10.99.0.200 8080' >/dev/null 2>&1
+wait "$OUT_PID" 2>/dev/null
+check "it arrives from node A's address, not the pod's" grep -q "Connection received on 10.99.0.11 " "$WEFT_TMP/outside.log"
+check "a pod on another node still sees the pod's own address (B resolves a-web by it)" tcp_ok b-db a-web "$B_DB" 80
+
+echo "== etcd stopped"
+stop_etcd
+check "B's status says disconnected" until_ok 15 eval '! connected 2'
+check "existing allowed traffic continues" ping_from a-web "$B_DB"
+check_not "existing denied traffic stays denied" tcp_ok b-db c-other "$B_DB" 80
+out=$(add_pod 1 a-web2 web); rc=$?
+check "a pod with a known label set starts" test "$rc" = 0
+out=$(add_pod 1 a-new brandnew); rc=$?
+check "a pod needing a new identity fails ADD with CNI code 11" eval '[ "$rc" != 0 ] && jq -e ".code == 11" <<<"$out"'
+echo "$out" | jq -r .msg 2>/dev/null | sed 's/^/       /'
+WEFT_NODE=$(nodens 1) WEFT_SOCK=$(sock 1) weft_netconf | WEFT_NODE=$(nodens 1) weft_cni DEL "$WEFT_P-a-new" "/run/netns/${WEFT_P}-a-new" eth0 >/dev/null 2>&1
+ip netns del "${WEFT_P}-a-new" 2>/dev/null
+kill -9 "${MGR[2]}"; wait "${MGR[2]}" 2>/dev/null; MGR[2]=
+start_mgr 2 --node-ip 10.99.0.12 || die "manager 2 did not restart while etcd is down"
+check "B restarted while etcd is down keeps A's ipcache entries" in_ipcache 2 "$A_WEB" "$WEB_ID"
+check "and its policy still admits web pods of A (remote identity kept)" ping_from a-web "$B_DB"
+check_not "and still drops other pods" tcp_ok b-db c-other "$B_DB" 80
+
+echo "== etcd back"
+start_etcd || die "etcd did not restart"
+check "every node reconnects without a restart" until_ok 20 eval 'connected 1 && connected 2 && connected 3'
+A_WEB2=$(pod_ip a-web2)
+check "the pod added during the outage reaches B's ipcache" until_ok 15 in_ipcache 2 "$A_WEB2" "$(ident 1 a-web)"
+check "a pod with a new label set starts now" add_pod 1 a-new2 brandnew
+
+echo "== kill -9 of A's manager, back within the lease"
+ids_before=$(ctl 1 -o json endpoint list | jq -c '[.[] | {container_id, identity}] | sort_by(.container_id)')
+kill -9 "${MGR[1]}"; wait "${MGR[1]}" 2>/dev/null; MGR[1]=
+check "B keeps A's entries while A is down" in_ipcache 2 "$A_WEB" "$WEB_ID"
+check "traffic from A's pods still passes B's policy" ping_from a-web "$B_DB"
+start_mgr 1 --node-ip 10.99.0.11 || die "manager 1 did not restart"
+ids_after=$(ctl 1 -o json endpoint list | jq -c '[.[] | {container_id, identity}] | sort_by(.container_id)')
+check "A keeps the same identities" test "$ids_before" = "$ids_after"
+sleep $((TTL + 2))
+check "after the old lease expired, B still has A's entries (no flap)" in_ipcache 2 "$A_WEB" "$WEB_ID"
+check "and A's route is still on B" eval 'in_n 2 ip route show 10.21.0.0/24 proto 196 | grep -q "via 10.99.0.11"'
+
+echo "== node 3 removed for good"
+kill -9 "${MGR[3]}"; wait "${MGR[3]}" 2>/dev/null; MGR[3]=
+check "its lease expires: A and B forget node 3" until_ok $((TTL + 10)) eval 'nodes_are 1 "$(nodens 1) $(nodens 2)" && nodes_are 2 "$(nodens 1) $(nodens 2)"'
+check "its pod IP leaves A's and B's ipcache" eval 'not_in_ipcache 1 "$C_WEB" && not_in_ipcache 2 "$C_WEB"'
+check "its route leaves A and B" eval '! in_n 1 ip route show 10.23.0.0/24 | grep -q . && ! in_n 2 ip route show 10.23.0.0/24 | grep -q .'
+check "its pod CIDR leaves A's masquerade exemptions" eval '! exempt 1 10.23.0.9 && exempt 1 10.22.0.9'
+
+echo "== uninstall"
+check "weft-manager --uninstall removes node 3's table" eval 'in_n 3 "$WEFT_BIN/weft-manager" --uninstall 2>/dev/null && ! has_table 3'
+
+weft_summary
