@@ -15,24 +15,100 @@ pub const CAPABILITY: &str = "io.kubernetes.cri.pod-annotations";
 /// Annotations under this prefix become identity labels: `weft.io/label.app: web` → `app=web`.
 pub const LABEL_PREFIX: &str = "weft.io/label.";
 
-/// The pod annotation Kubernetes (and containerd's `bandwidth` capability) use for a pod's
-/// egress rate limit.
+/// The pod annotations Kubernetes uses for a pod's rate limits (bits per second, a quantity:
+/// `10M`). containerd's `bandwidth` capability turns the same annotations into
+/// `runtimeConfig.bandwidth`.
+pub const INGRESS_BANDWIDTH: &str = "kubernetes.io/ingress-bandwidth";
+/// See [`INGRESS_BANDWIDTH`].
 pub const EGRESS_BANDWIDTH: &str = "kubernetes.io/egress-bandwidth";
+/// The smallest rate Kubernetes accepts for the bandwidth annotations (1 kbit/s).
+pub const MIN_RATE_BITS: u64 = 1_000;
+/// The largest (1 Pbit/s).
+pub const MAX_RATE_BITS: u64 = 1_000_000_000_000_000;
 
-/// ADD refuses a pod that asks for an egress rate limit: Weft cannot enforce it yet, and the
-/// chained `bandwidth` plugin cannot either (it needs the host veth's ingress qdisc slot, which
-/// Weft's clsact holds; it fails with "create ingress qdisc: file exists"). A clear error before
-/// anything is created beats that one after Weft's ADD, or a limit silently not applied.
-pub fn refuse_egress_bandwidth(egress: Option<&str>) -> Result<(), CniError> {
-    match egress {
-        None => Ok(()),
-        Some(rate) => Err(CniError::InvalidConfig(format!(
-            "not supported yet: egress bandwidth limits (pod annotation {EGRESS_BANDWIDTH}: \
-             {rate:?}); Weft's tc programs hold the host veth's clsact/ingress slot the \
-             `bandwidth` plugin needs for egress shaping. Remove the annotation; \
-             kubernetes.io/ingress-bandwidth through the chained `bandwidth` plugin works"
+/// A pod's rate limits in bits per second (`None`: unlimited).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Bandwidth {
+    /// Traffic to the pod.
+    pub ingress: Option<u64>,
+    /// Traffic from the pod.
+    pub egress: Option<u64>,
+}
+
+/// The pod's limits: `runtimeConfig.bandwidth` (the `bandwidth` capability: the runtime's own
+/// reading of the annotations) where it gives a rate, else the annotations themselves (the
+/// `io.kubernetes.cri.pod-annotations` capability). A rate outside Kubernetes' bounds or an
+/// unreadable quantity is an error naming where it came from.
+pub fn bandwidth(
+    annotations: &BTreeMap<String, String>,
+    runtime: (Option<u64>, Option<u64>),
+) -> Result<Bandwidth, CniError> {
+    let one = |from_runtime: Option<u64>, field: &str, annotation: &str| match (
+        from_runtime.filter(|r| *r > 0),
+        annotations.get(annotation),
+    ) {
+        (Some(bits), _) if (MIN_RATE_BITS..=MAX_RATE_BITS).contains(&bits) => Ok(Some(bits)),
+        (Some(bits), _) => Err(CniError::InvalidConfig(format!(
+            "runtimeConfig.bandwidth.{field}: {bits} bit/s is outside 1k..1P (Kubernetes' bounds)"
         ))),
+        (None, Some(q)) => parse_rate(q)
+            .map(Some)
+            .map_err(|e| CniError::InvalidConfig(format!("pod annotation {annotation}: {e}"))),
+        (None, None) => Ok(None),
+    };
+    Ok(Bandwidth {
+        ingress: one(runtime.0, "ingressRate", INGRESS_BANDWIDTH)?,
+        egress: one(runtime.1, "egressRate", EGRESS_BANDWIDTH)?,
+    })
+}
+
+#[allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_precision_loss,
+    reason = "the bounds 1e3 and 1e15 are exact in f64, and the value is checked against them first"
+)]
+fn check_bounds(bits: f64, what: impl Fn() -> String) -> Result<u64, CniError> {
+    if (MIN_RATE_BITS as f64..=MAX_RATE_BITS as f64).contains(&bits) {
+        Ok(bits.round() as u64)
+    } else {
+        Err(CniError::InvalidConfig(format!(
+            "{}: {bits} bit/s is outside 1k..1P (Kubernetes' bounds)",
+            what()
+        )))
     }
+}
+
+/// Parses a Kubernetes bandwidth quantity (`10M`, `1Gi`, `500k`, `1e6`) into bits per second,
+/// within Kubernetes' bounds (1 kbit/s to 1 Pbit/s).
+pub fn parse_rate(q: &str) -> Result<u64, String> {
+    let bad = || format!("{q:?} is not a quantity (e.g. 10M, 1Gi)");
+    let t = q.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, suffix) = t.split_at(split);
+    let multiplier: f64 = match suffix {
+        "" => 1.0,
+        "k" => 1e3,
+        "M" => 1e6,
+        "G" => 1e9,
+        "T" => 1e12,
+        "P" => 1e15,
+        "Ki" => 1024.0,
+        "Mi" => 1024f64.powi(2),
+        "Gi" => 1024f64.powi(3),
+        "Ti" => 1024f64.powi(4),
+        "Pi" => 1024f64.powi(5),
+        s if s.starts_with(['e', 'E']) => s
+            .get(1..)
+            .and_then(|e| e.parse::<i32>().ok())
+            .map(|e| 10f64.powi(e))
+            .ok_or_else(bad)?,
+        _ => return Err(bad()),
+    };
+    let value: f64 = num.parse().map_err(|_| bad())?;
+    check_bounds(value * multiplier, || format!("{q:?}")).map_err(|e| e.to_string())
 }
 
 /// The labels named by `annotations`, sorted by key. Other annotations are ignored.
@@ -90,13 +166,37 @@ mod tests {
     }
 
     #[test]
-    fn egress_bandwidth_is_refused_with_the_annotation_named() {
-        assert!(refuse_egress_bandwidth(None).is_ok());
-        let e = refuse_egress_bandwidth(Some("1M")).unwrap_err().to_string();
-        assert!(
-            e.contains("not supported yet") && e.contains(EGRESS_BANDWIDTH),
-            "{e}"
+    fn quantities() {
+        assert_eq!(parse_rate("10M"), Ok(10_000_000));
+        assert_eq!(parse_rate("1Gi"), Ok(1 << 30));
+        assert_eq!(parse_rate("500k"), Ok(500_000));
+        assert_eq!(parse_rate("1.5M"), Ok(1_500_000));
+        assert_eq!(parse_rate("1e6"), Ok(1_000_000));
+        assert_eq!(parse_rate("2000"), Ok(2000));
+        for bad in ["10", "2P", "10Mbps", "", "fast", "1e", "-5M"] {
+            assert!(parse_rate(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn runtime_config_wins_and_annotations_fill_in() {
+        let a = map(&[(INGRESS_BANDWIDTH, "5M"), (EGRESS_BANDWIDTH, "1M")]);
+        let b = bandwidth(&a, (Some(8_000_000), None)).unwrap();
+        assert_eq!(
+            b,
+            Bandwidth {
+                ingress: Some(8_000_000),
+                egress: Some(1_000_000)
+            }
         );
+        assert_eq!(
+            bandwidth(&map(&[]), (None, Some(0))).unwrap(),
+            Bandwidth::default()
+        );
+        let e = bandwidth(&map(&[(EGRESS_BANDWIDTH, "lots")]), (None, None)).unwrap_err();
+        assert!(e.to_string().contains(EGRESS_BANDWIDTH), "{e}");
+        let e = bandwidth(&map(&[]), (Some(10), None)).unwrap_err();
+        assert!(e.to_string().contains("ingressRate"), "{e}");
     }
 
     #[test]

@@ -40,6 +40,16 @@ struct RawRuntimeConfig {
     /// containerd sends `null` for a pod without annotations.
     #[serde(rename = "io.kubernetes.cri.pod-annotations", default)]
     pod_annotations: Option<std::collections::BTreeMap<String, String>>,
+    /// The `bandwidth` capability (bits per second; bursts are Weft's own, see `shaping`).
+    #[serde(default)]
+    bandwidth: Option<RawBandwidth>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RawBandwidth {
+    ingress_rate: Option<u64>,
+    egress_rate: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -91,8 +101,8 @@ pub struct NetConf {
     pub labels: Vec<Label>,
     /// Labels from `weft.io/label.*` pod annotations (see `annotations`; `labels` wins).
     pub annotation_labels: Vec<Label>,
-    /// The pod's `kubernetes.io/egress-bandwidth` annotation, if any (ADD refuses it).
-    pub egress_bandwidth: Option<String>,
+    /// Rate limits from `runtimeConfig.bandwidth` or the pod's bandwidth annotations.
+    pub bandwidth: crate::annotations::Bandwidth,
     /// `prevResult` (CHECK, DEL), raw: it may be in any supported version's format.
     pub prev_result: Option<serde_json::Value>,
     /// `cni.dev/valid-attachments` (GC).
@@ -217,14 +227,13 @@ impl NetConf {
             )));
         }
         check_labels(&labels)?;
-        let pod_annotations = raw
-            .runtime_config
-            .and_then(|r| r.pod_annotations)
-            .unwrap_or_default();
+        let runtime = raw.runtime_config.unwrap_or_default();
+        let pod_annotations = runtime.pod_annotations.unwrap_or_default();
         let annotation_labels = crate::annotations::labels(&pod_annotations)?;
-        let egress_bandwidth = pod_annotations
-            .get(crate::annotations::EGRESS_BANDWIDTH)
-            .cloned();
+        let rates = runtime
+            .bandwidth
+            .map_or((None, None), |b| (b.ingress_rate, b.egress_rate));
+        let bandwidth = crate::annotations::bandwidth(&pod_annotations, rates)?;
         check_labels(&annotation_labels)?;
         Ok(Self {
             cni_version,
@@ -237,7 +246,7 @@ impl NetConf {
             dns: raw.dns,
             labels,
             annotation_labels,
-            egress_bandwidth,
+            bandwidth,
             prev_result: raw.prev_result,
             valid_attachments: raw.valid_attachments,
         })

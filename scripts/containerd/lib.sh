@@ -31,7 +31,7 @@ ctrd_conflist() {
   jq -n --arg v "$v" --arg name "$CTRD_NET" --arg sock "$WEFT_SOCK" --arg log "$WEFT_TMP/cni.log" \
     --argjson extra "$(printf '%s\n' "${extra[@]}" | jq -s .)" \
     '{cniVersion: $v, name: $name, plugins: ([{type: "weft", socket: $sock, logFile: $log,
-       logLevel: "debug", capabilities: {"io.kubernetes.cri.pod-annotations": true}}] + $extra)}' \
+       logLevel: "debug", capabilities: {"io.kubernetes.cri.pod-annotations": true, bandwidth: true}}] + $extra)}' \
     >"$CTRD_CONF/10-weft.conflist"
 }
 

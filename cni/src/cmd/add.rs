@@ -3,6 +3,7 @@
 use crate::env::CniEnv;
 use crate::error::CniError;
 use crate::netconf::NetConf;
+use crate::netlink::shaping::{self, Bucket};
 use crate::netlink::{self, veth};
 use crate::result::{CniResult, Plumbed};
 use crate::revert::{self, RevertStack, Undo};
@@ -12,10 +13,8 @@ use weft_api::client::Client;
 use weft_api::naming::{format_mac, host_ifname, veth_macs};
 use weft_api::{AllocateRequest, EndpointState, IpConfig, RegisterRequest};
 
-/// The endpoint's labels (`args.cni.labels` over `weft.io/label.*` annotations), after refusing
-/// what the pod's annotations ask for that Weft cannot honour.
-fn pod_labels(conf: &NetConf) -> Result<Vec<weft_api::Label>, CniError> {
-    annotations::refuse_egress_bandwidth(conf.egress_bandwidth.as_deref())?;
+/// The endpoint's labels (`args.cni.labels` over `weft.io/label.*` annotations).
+fn pod_labels(conf: &NetConf) -> Vec<weft_api::Label> {
     let (labels, overridden) = annotations::merge(&conf.labels, &conf.annotation_labels);
     if !overridden.is_empty() {
         tracing::warn!(
@@ -23,28 +22,25 @@ fn pod_labels(conf: &NetConf) -> Result<Vec<weft_api::Label>, CniError> {
             "args.cni.labels win over these pod-annotation labels"
         );
     }
-    Ok(labels)
+    labels
 }
 
-/// Runs ADD and returns the result to print.
-pub async fn run(env: &CniEnv, conf: &NetConf) -> Result<CniResult, CniError> {
-    let labels = pod_labels(conf)?;
-    let netns_path = super::netns_path(env)?;
-    let netns_str = netns_path.to_string_lossy().into_owned();
-    let netns = netns::open_pod_netns(netns_path)?;
-    let client = Client::new(&conf.socket);
-    let host_name = host_ifname(&env.container_id, &env.ifname);
-    let (host_mac, pod_mac) = veth_macs(&env.container_id, &env.ifname);
-
+/// Asks the manager for the endpoint and its IPs.
+async fn allocate(
+    env: &CniEnv,
+    conf: &NetConf,
+    client: &Client,
+    netns_str: &str,
+) -> Result<weft_api::Endpoint, CniError> {
     let ep = manager::allocate(
-        &client,
+        client,
         &AllocateRequest {
             container_id: env.container_id.clone(),
             ifname: env.ifname.clone(),
-            netns: netns_str.clone(),
+            netns: netns_str.to_owned(),
             pod_namespace: env.args.pod_namespace.clone(),
             pod_name: env.args.pod_name.clone(),
-            labels,
+            labels: pod_labels(conf),
         },
     )
     .await?;
@@ -56,6 +52,19 @@ pub async fn run(env: &CniEnv, conf: &NetConf) -> Result<CniResult, CniError> {
             env.container_id, ep.id, env.ifname
         )));
     }
+    Ok(ep)
+}
+
+/// Runs ADD and returns the result to print.
+pub async fn run(env: &CniEnv, conf: &NetConf) -> Result<CniResult, CniError> {
+    let netns_path = super::netns_path(env)?;
+    let netns_str = netns_path.to_string_lossy().into_owned();
+    let netns = netns::open_pod_netns(netns_path)?;
+    let client = Client::new(&conf.socket);
+    let host_name = host_ifname(&env.container_id, &env.ifname);
+    let (host_mac, pod_mac) = veth_macs(&env.container_id, &env.ifname);
+
+    let ep = allocate(env, conf, &client, &netns_str).await?;
     let mut revert = RevertStack::new(revert::Node {
         socket: conf.socket.clone(),
     });
@@ -94,11 +103,18 @@ pub async fn run(env: &CniEnv, conf: &NetConf) -> Result<CniResult, CniError> {
     .await?;
 
     let pod_ips = ep.ips.clone();
+    let egress = conf.bandwidth.egress;
     let ifname = env.ifname.clone();
     let pod = netns::run_in_netns(netns, move || {
-        pod_side(created.pod_index, &ifname, &pod_ips, host_mac)
+        pod_side(created.pod_index, &ifname, &pod_ips, host_mac, egress)
     });
-    let host = netlink::host::configure(&nl, created.host_index, &ep.ips, pod_mac);
+    let host = host_side(
+        &nl,
+        created.host_index,
+        &ep.ips,
+        pod_mac,
+        conf.bandwidth.ingress,
+    );
     let (pod, host) = futures::join!(pod, host);
     pod?;
     host?;
@@ -134,12 +150,30 @@ pub async fn run(env: &CniEnv, conf: &NetConf) -> Result<CniResult, CniError> {
     ))
 }
 
+/// The host veth's routes and neighbour, and the pod's ingress limit: traffic to the pod leaves
+/// the node through the host veth, whose root qdisc (Weft's clsact is not one) shapes it.
+/// Traffic from the pod is shaped on the pod's own interface (`pod_side`).
+async fn host_side(
+    nl: &rtnetlink::Handle,
+    index: u32,
+    ips: &[IpConfig],
+    pod_mac: [u8; 6],
+    ingress_bits: Option<u64>,
+) -> Result<(), CniError> {
+    netlink::host::configure(nl, index, ips, pod_mac).await?;
+    match ingress_bits {
+        Some(bits) => shaping::limit(nl, index, Bucket::for_rate(bits)).await,
+        None => Ok(()),
+    }
+}
+
 /// Runs on the netns thread: its own runtime, and a netlink socket opened inside the pod netns.
 fn pod_side(
     pod_index: Option<u32>,
     ifname: &str,
     ips: &[IpConfig],
     host_mac: [u8; 6],
+    egress_bits: Option<u64>,
 ) -> Result<(), CniError> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_io()
@@ -153,6 +187,10 @@ fn pod_side(
                 CniError::netlink("configuring the pod side", format!("{ifname} not found"))
             })?,
         };
-        netlink::pod::configure(&nl, index, ips, host_mac).await
+        netlink::pod::configure(&nl, index, ips, host_mac).await?;
+        match egress_bits {
+            Some(bits) => shaping::limit(&nl, index, Bucket::for_rate(bits)).await,
+            None => Ok(()),
+        }
     })
 }

@@ -3,6 +3,7 @@
 
 pub mod host;
 pub mod pod;
+pub mod shaping;
 pub mod veth;
 
 use crate::error::CniError;
