@@ -12,12 +12,8 @@ use tokio::net::{UnixListener, UnixStream};
 use weft_api::{AllocateRequest, Label, RegisterRequest};
 
 use crate::datapath::FakeDatapath;
-use crate::endpoint::Registry;
 use crate::hostnet::FakeHostNet;
-use crate::ipam::Pool;
-use crate::policy_state::PolicyState;
 use crate::service::Manager;
-use crate::store::Store;
 
 struct World {
     m: Arc<Manager>,
@@ -30,23 +26,7 @@ struct World {
 fn world() -> World {
     let net = Arc::new(FakeHostNet::default());
     let dp = Arc::new(FakeDatapath::default());
-    let cidr = crate::node::select(
-        &crate::node::NodeManifest::default(),
-        &["10.0.1.0/24".into()],
-    )
-    .unwrap()
-    .cidrs();
-    let store = Store::temporary().unwrap();
-    let reg = Registry::open(store.clone(), vec![Pool::new(cidr[0].cidr)]).unwrap();
-    let (pol, _) = PolicyState::restore(store, []).unwrap();
-    let m = Arc::new(Manager::new(
-        "n".into(),
-        cidr,
-        reg,
-        pol,
-        net.clone(),
-        dp.clone(),
-    ));
+    let m = Arc::new(crate::service::fake_manager(net.clone(), dp.clone()));
     m.set_ready();
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("api.sock");

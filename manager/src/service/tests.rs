@@ -3,8 +3,6 @@
 use super::*;
 use crate::datapath::{FakeCall, FakeDatapath};
 use crate::hostnet::FakeHostNet;
-use crate::ipam::Pool;
-use crate::store::Store;
 use weft_api::Label;
 use weft_policy::mapstate::{Direction, PolicyEntry, Verdict, proto};
 
@@ -21,16 +19,7 @@ fn world() -> World {
 fn world_with(queue: Option<weft_api::delete_queue::DeleteQueue>) -> World {
     let net = Arc::new(FakeHostNet::default());
     let dp = Arc::new(FakeDatapath::default());
-    let cidr = crate::node::select(
-        &crate::node::NodeManifest::default(),
-        &["10.0.1.0/24".into()],
-    )
-    .unwrap()
-    .cidrs();
-    let store = Store::temporary().unwrap();
-    let reg = Registry::open(store.clone(), vec![Pool::new(cidr[0].cidr)]).unwrap();
-    let (pol, _) = PolicyState::restore(store, []).unwrap();
-    let mut m = Manager::new("n".into(), cidr, reg, pol, net.clone(), dp.clone());
+    let mut m = fake_manager(net.clone(), dp.clone());
     if let Some(q) = queue {
         m = m.with_delete_queue(q);
     }
