@@ -128,13 +128,8 @@ impl IdentityAllocator {
     ) -> Result<Self, IdentityError> {
         let mut a = Self::new();
         for (id, key) in pairs {
+            Self::check_range(&key, id)?;
             let range = Self::range_of(&key);
-            if id < range.0 || id > range.1 {
-                return Err(IdentityError::RestoreConflict {
-                    id,
-                    reason: format!("outside the range {}..={} of its kind", range.0, range.1),
-                });
-            }
             if let Some(other) = a.by_key.get(&key) {
                 return Err(IdentityError::RestoreConflict {
                     id,
@@ -208,6 +203,18 @@ impl IdentityAllocator {
         Ok(Acquired { id, new: true })
     }
 
+    /// Refuses `id` for `key` when it is outside the number range of `key`'s kind.
+    fn check_range(key: &IdentityKey, id: Identity) -> Result<(), IdentityError> {
+        let (lo, hi) = Self::range_of(key);
+        if id < lo || id > hi {
+            return Err(IdentityError::RestoreConflict {
+                id,
+                reason: format!("outside the range {lo}..={hi} of its kind"),
+            });
+        }
+        Ok(())
+    }
+
     /// Takes a reference on `key` under a number chosen elsewhere (the cluster's kvstore),
     /// persisting it if new. Refuses when this node knows `key` under another number, or
     /// `id` as another key: the caller must not silently renumber live endpoints.
@@ -233,13 +240,7 @@ impl IdentityAllocator {
             slot.refs += 1;
             return Ok(Acquired { id, new: false });
         }
-        let (lo, hi) = Self::range_of(key);
-        if id < lo || id > hi {
-            return Err(IdentityError::RestoreConflict {
-                id,
-                reason: format!("outside the range {lo}..={hi} of its kind"),
-            });
-        }
+        Self::check_range(key, id)?;
         if self.by_id.contains_key(&id) {
             return Err(IdentityError::RestoreConflict {
                 id,
