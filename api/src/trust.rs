@@ -78,7 +78,9 @@ pub fn own_uid() -> u32 {
     nix::unistd::geteuid().as_raw()
 }
 
-fn kind(meta: &std::fs::Metadata) -> &'static str {
+/// What kind of file `meta` describes, for error messages ("a symlink", "a directory", ...).
+#[must_use]
+pub fn kind(meta: &std::fs::Metadata) -> &'static str {
     let t = meta.file_type();
     if t.is_symlink() {
         "a symlink"
@@ -148,23 +150,35 @@ pub fn ensure_private_dir(dir: &Path, uid: u32) -> Result<(), TrustError> {
     check_private_dir(dir, uid)
 }
 
-/// Checks an existing private directory (see [`ensure_private_dir`]).
-pub fn check_private_dir(dir: &Path, uid: u32) -> Result<(), TrustError> {
-    let meta = std::fs::symlink_metadata(dir).map_err(io(dir))?;
-    if !meta.is_dir() {
+/// Refuses `path` unless it is of the expected kind (`is_expected`) and owned by `uid`.
+fn kind_and_owner(
+    path: &Path,
+    meta: &std::fs::Metadata,
+    is_expected: bool,
+    expected: &'static str,
+    uid: u32,
+) -> Result<(), TrustError> {
+    if !is_expected {
         return Err(TrustError::Kind {
-            path: dir.to_path_buf(),
-            found: kind(&meta),
-            expected: "a directory",
+            path: path.to_path_buf(),
+            found: kind(meta),
+            expected,
         });
     }
     if meta.uid() != uid {
         return Err(TrustError::Owner {
-            path: dir.to_path_buf(),
+            path: path.to_path_buf(),
             uid: meta.uid(),
             expected: uid,
         });
     }
+    Ok(())
+}
+
+/// Checks an existing private directory (see [`ensure_private_dir`]).
+pub fn check_private_dir(dir: &Path, uid: u32) -> Result<(), TrustError> {
+    let meta = std::fs::symlink_metadata(dir).map_err(io(dir))?;
+    kind_and_owner(dir, &meta, meta.is_dir(), "a directory", uid)?;
     let mode = meta.mode() & 0o7777;
     if mode & 0o077 != 0 {
         return Err(TrustError::NotPrivate {
@@ -184,20 +198,7 @@ pub fn open_owned_regular(path: &Path, uid: u32) -> Result<File, TrustError> {
         .open(path)
         .map_err(|e| nofollow_error(path, e))?;
     let meta = file.metadata().map_err(io(path))?;
-    if !meta.is_file() {
-        return Err(TrustError::Kind {
-            path: path.to_path_buf(),
-            found: kind(&meta),
-            expected: "a regular file",
-        });
-    }
-    if meta.uid() != uid {
-        return Err(TrustError::Owner {
-            path: path.to_path_buf(),
-            uid: meta.uid(),
-            expected: uid,
-        });
-    }
+    kind_and_owner(path, &meta, meta.is_file(), "a regular file", uid)?;
     Ok(file)
 }
 

@@ -153,21 +153,10 @@ pub fn check_socket(path: &Path) -> Result<bool, GuardError> {
             }
             Ok(true)
         }
-        Ok(meta) => {
-            let t = meta.file_type();
-            Err(GuardError::NotASocket {
-                path: path.to_path_buf(),
-                found: if t.is_symlink() {
-                    "a symlink"
-                } else if t.is_dir() {
-                    "a directory"
-                } else if t.is_file() {
-                    "a regular file"
-                } else {
-                    "a special file"
-                },
-            })
-        }
+        Ok(meta) => Err(GuardError::NotASocket {
+            path: path.to_path_buf(),
+            found: weft_api::trust::kind(&meta),
+        }),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
         Err(e) => Err(io("cannot inspect socket path", path)(e)),
     }

@@ -78,15 +78,21 @@ fn is_errno(e: &rtnetlink::Error, errno: i32) -> bool {
     matches!(e, rtnetlink::Error::NetlinkError(m) if m.raw_code().abs() == errno)
 }
 
+/// A netlink connection in the manager's namespace; its driver task runs on the current tokio
+/// runtime.
+pub(crate) fn connect() -> Result<rtnetlink::Handle, HostNetError> {
+    let (conn, handle, _) = rtnetlink::new_connection().map_err(|e| HostNetError::Netlink {
+        op: "open netlink socket".into(),
+        detail: e.to_string(),
+    })?;
+    tokio::spawn(conn);
+    Ok(handle)
+}
+
 impl NetlinkHostNet {
-    /// Opens a netlink connection; its driver task runs on the current tokio runtime.
+    /// Opens a netlink connection (see [`connect`]).
     pub fn new() -> Result<Self, HostNetError> {
-        let (conn, handle, _) = rtnetlink::new_connection().map_err(|e| HostNetError::Netlink {
-            op: "open netlink socket".into(),
-            detail: e.to_string(),
-        })?;
-        tokio::spawn(conn);
-        Ok(Self { handle })
+        Ok(Self { handle: connect()? })
     }
 
     async fn index(&self, name: &str) -> Result<Option<u32>, HostNetError> {

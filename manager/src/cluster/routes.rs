@@ -38,12 +38,9 @@ pub struct NetlinkRoutes {
 impl NetlinkRoutes {
     /// Opens a netlink connection on the current runtime.
     pub fn new() -> Result<Self, HostNetError> {
-        let (conn, handle, _) = rtnetlink::new_connection().map_err(|e| HostNetError::Netlink {
-            op: "open netlink socket".into(),
-            detail: e.to_string(),
-        })?;
-        tokio::spawn(conn);
-        Ok(Self { handle })
+        Ok(Self {
+            handle: crate::hostnet::connect()?,
+        })
     }
 
     /// The main-table route for exactly `cidr`, if any.
