@@ -171,7 +171,26 @@ pub(crate) fn fingerprint(policy: &EndpointPolicy) -> u64 {
 /// policies of hundreds of endpoints allocates hundreds of MiB in small pieces that glibc keeps
 /// cached afterwards: at 250 endpoints and 1000 rules the manager's RSS stays at ~130 MiB
 /// without this and ~65 MiB with it (docs/BENCHMARKS.md). A few ms, once per policy change.
+///
+/// The trim right away is not enough after a large store write: sled frees the tree nodes a
+/// batch superseded through epoch-based reclamation, seconds later, on its own threads. After
+/// deleting 50 000 rules the live heap is ~5 MiB but ~150 MiB of those late frees stayed
+/// resident (docs/BENCHMARKS.md "Memory after a large delete"), so a background thread trims
+/// again on [`LATE_TRIMS`]' schedule, restarted by every new request.
 pub(crate) fn release_freed_memory() {
+    trim_now();
+    schedule_late_trims();
+}
+
+/// Pauses before each follow-up trim: trims at 0.5, 1.5, 3.5 and 7.5 s after the last request.
+const LATE_TRIMS: [std::time::Duration; 4] = [
+    std::time::Duration::from_millis(500),
+    std::time::Duration::from_secs(1),
+    std::time::Duration::from_secs(2),
+    std::time::Duration::from_secs(4),
+];
+
+fn trim_now() {
     let t0 = std::time::Instant::now();
     #[cfg(target_env = "gnu")]
     // SAFETY: malloc_trim only returns free heap pages to the kernel; any thread may call it.
@@ -179,6 +198,42 @@ pub(crate) fn release_freed_memory() {
         libc::malloc_trim(0);
     }
     tracing::debug!(us = t0.elapsed().as_micros(), "freed memory released");
+}
+
+/// Bumped by every request; the one late-trim thread reruns its schedule while it changes.
+static TRIM_GENERATION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static TRIM_THREAD_RUNNING: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+fn schedule_late_trims() {
+    use std::sync::atomic::Ordering::SeqCst;
+    TRIM_GENERATION.fetch_add(1, SeqCst);
+    if TRIM_THREAD_RUNNING.swap(true, SeqCst) {
+        return; // the running thread sees the new generation and starts over
+    }
+    let spawned = std::thread::Builder::new()
+        .name("late-trim".into())
+        .spawn(|| {
+            loop {
+                let generation = TRIM_GENERATION.load(SeqCst);
+                for delay in LATE_TRIMS {
+                    std::thread::sleep(delay);
+                    trim_now();
+                }
+                TRIM_THREAD_RUNNING.store(false, SeqCst);
+                // A request between the load above and the store: run again unless that
+                // request started its own thread.
+                if TRIM_GENERATION.load(SeqCst) == generation
+                    || TRIM_THREAD_RUNNING.swap(true, SeqCst)
+                {
+                    return;
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        TRIM_THREAD_RUNNING.store(false, SeqCst);
+        tracing::warn!(error = %e, "cannot start the late-trim thread; freed memory may stay resident");
+    }
 }
 
 /// `aa:bb:cc:dd:ee:ff` → bytes.
