@@ -182,7 +182,7 @@ impl SlotTable {
             return (slot, false);
         }
         // Lowest free id above 0: ids stay small and a freed one is reused.
-        let slot = (1..)
+        let slot = (1..=u32::MAX)
             .find(|id| !self.slots.contains_key(id))
             .expect("fewer than 2^32 slots");
         self.slots.insert(

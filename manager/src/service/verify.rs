@@ -63,7 +63,7 @@ impl Manager {
     }
 }
 
-/// The endpoints, policy and policy_gen maps: one entry per Ready endpoint, pointing at a slot
+/// The `endpoints`, `policy` and `policy_gen` maps: one entry per Ready endpoint, pointing at a slot
 /// that holds exactly a fresh computation of the endpoint's policy and whose last write
 /// completed; no entries of unknown endpoints, no slot nobody points at.
 fn check_endpoints(
