@@ -38,7 +38,10 @@ fn members_are_counted_and_the_last_one_leaves_it_unused() {
 }
 
 #[test]
-#[expect(clippy::many_single_char_names, reason = "slots a, b, c of the table t")]
+#[expect(
+    clippy::many_single_char_names,
+    reason = "slots a, b, c of the table t"
+)]
 fn restore_trusts_only_matching_complete_generations() {
     let store = Store::temporary().unwrap();
     let mut t = SlotTable::new(store.clone());
