@@ -231,15 +231,13 @@ impl PolicyState {
         feed(&self.repo.revision().to_le_bytes());
         for (id, key) in self.alloc.iter() {
             feed(&id.to_le_bytes());
-            feed(&serde_json::to_vec(key).expect("identity keys serialize"));
+            // Identity keys always encode; an empty encoding would only make trust less likely.
+            feed(&serde_json::to_vec(key).unwrap_or_default());
         }
         feed(b"remote");
         for (id, labels) in &self.remote {
             feed(&id.to_le_bytes());
-            feed(
-                &serde_json::to_vec(&IdentityKey::Labels(labels.clone()))
-                    .expect("labels serialize"),
-            );
+            feed(&serde_json::to_vec(&IdentityKey::Labels(labels.clone())).unwrap_or_default());
         }
         h
     }

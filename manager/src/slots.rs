@@ -32,9 +32,14 @@ impl SlotKey {
         let ports = if named.is_empty() {
             0
         } else {
-            let json = serde_json::to_vec(&named.iter().collect::<Vec<_>>())
-                .expect("named ports serialize");
-            fnv(&json)
+            let mut bytes = Vec::new();
+            for ((name, proto), port) in named {
+                bytes.extend_from_slice(name.as_bytes());
+                bytes.push(0);
+                bytes.push(*proto);
+                bytes.extend_from_slice(&port.to_le_bytes());
+            }
+            fnv(&bytes)
         };
         Self { identity, ports }
     }
@@ -182,9 +187,10 @@ impl SlotTable {
             return (slot, false);
         }
         // Lowest free id above 0: ids stay small and a freed one is reused.
+        // There are never 2^32 slots (the maps hold 65 536 endpoints).
         let slot = (1..=u32::MAX)
             .find(|id| !self.slots.contains_key(id))
-            .expect("fewer than 2^32 slots");
+            .unwrap_or(u32::MAX);
         self.slots.insert(
             slot,
             Slot {
