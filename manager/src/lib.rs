@@ -39,6 +39,7 @@ pub mod nodenet;
 pub mod policy_state;
 pub mod restore;
 pub mod service;
+pub mod slots;
 pub mod store;
 
 #[cfg(test)]

@@ -16,12 +16,37 @@ stats() {
 }
 median() { read -r _ m _ _ <<<"$(stats "$@")"; echo "$m"; }
 
-# Pod i's labels: 25 apps, 3 tiers, 2 zones -> up to 150 label sets (identities) for 250 pods,
-# so selectors match several identities, as deployments do in a real cluster.
+# Pod i's labels. MIX=mixed (default): 25 apps, 3 tiers, 2 zones -> up to 150 label sets
+# (identities) for 250 pods, so selectors match several identities. MIX=deployment: 25
+# deployments whose replicas share all labels (tier and zone follow the app) -> 25 identities,
+# 10 replicas each at 250 pods: the common shape of a real node.
+MIX=${MIX:-mixed}
+case $MIX in mixed | deployment) ;; *) die "MIX must be mixed or deployment, not $MIX" ;; esac
 bench_pod_labels() {
   local i=$1
+  if [ "$MIX" = deployment ]; then
+    local d=$((i % 25))
+    printf '[{"key":"app","value":"a%d"},{"key":"tier","value":"t%d"},{"key":"zone","value":"z%d"}]' \
+      "$d" $((d % 3)) $((d % 2))
+    return
+  fi
   printf '[{"key":"app","value":"a%d"},{"key":"tier","value":"t%d"},{"key":"zone","value":"z%d"}]' \
     $((i % 25)) $((i % 3)) $(((i / 25) % 2))
+}
+
+# result NAME FILE SCALE [KEY=VALUE...]: one machine-readable line per figure (scripts/bench/all
+# parses them): `RESULT name=NAME mix=MIX n=.. median=.. p10=.. p90=.. KEY=VALUE...`, the
+# numbers of FILE (one per line) divided by SCALE, nearest-rank percentiles.
+result() {
+  local name=$1 file=$2 scale=$3; shift 3
+  sort -n "$file" | awk -v s="$scale" -v name="$name" -v mix="$MIX" -v rest="$*" '{a[NR]=$1}
+    END {
+      if (NR == 0) { printf "RESULT name=%s mix=%s n=0 %s\n", name, mix, rest; exit }
+      p10 = int(NR * 0.1 + 0.5); if (p10 < 1) p10 = 1
+      p90 = int(NR * 0.9 + 0.5); if (p90 < 1) p90 = 1
+      printf "RESULT name=%s mix=%s n=%d median=%.2f p10=%.2f p90=%.2f %s\n", name, mix, NR,
+        a[int((NR+1)/2)]/s, a[p10]/s, a[p90]/s, rest
+    }'
 }
 
 # bench_make_pods N: pods p1..pN in their own netns via weft_add_pod (so lib.sh's cleanup trap
