@@ -111,7 +111,9 @@ impl Manager {
         st.installed.remove(&id);
         let t0 = std::time::Instant::now();
         self.datapath
-            .apply_policy_identities(id, identities, entries)?;
+            .apply_policy_identities(id, identities, entries)
+            .inspect_err(|_| self.prom.regeneration_failed())?;
+        self.prom.regenerated(t0.elapsed());
         tracing::debug!(
             endpoint_id = id,
             identities = identities.len(),
@@ -238,7 +240,10 @@ impl Manager {
                 // Forgotten first: a write that fails half-way leaves maps matching neither.
                 st.installed.remove(&id);
                 let t0 = std::time::Instant::now();
-                self.datapath.apply_policy(id, policy)?;
+                self.datapath
+                    .apply_policy(id, policy)
+                    .inspect_err(|_| self.prom.regeneration_failed())?;
+                self.prom.regenerated(t0.elapsed());
                 tracing::debug!(
                     endpoint_id = id,
                     entries = policy.entries.len(),
