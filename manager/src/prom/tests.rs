@@ -357,7 +357,7 @@ async fn a_taken_port_is_refused_with_the_address() {
     );
 }
 
-/// The DaemonSet's config (conf/k8s/02-configmap.yaml, `manager.toml`) is accepted by the real
+/// The `DaemonSet`'s config (conf/k8s/02-configmap.yaml, `manager.toml`) is accepted by the real
 /// config parser and turns the metrics port on.
 #[test]
 fn the_daemonsets_config_resolves_with_metrics_on() {
@@ -369,7 +369,7 @@ fn the_daemonsets_config_resolves_with_metrics_on() {
         .skip_while(|l| l.trim() != "manager.toml: |")
         .skip(1)
         .take_while(|l| l.starts_with("    ") || l.is_empty())
-        .map(|l| format!("{}\n", l.trim_start()))
+        .flat_map(|l| [l.trim_start(), "\n"])
         .collect();
     assert!(toml.contains("k8s = true"), "{toml}");
     let dir = tempfile::tempdir().unwrap();
