@@ -11,7 +11,14 @@ use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-const BIN: &str = env!("CARGO_BIN_EXE_weft-cni");
+/// The plugin under test: this build's, or `$WEFT_BIN_DIR/weft-cni` (docs/SECURITY.md runs the
+/// table against the binaries from before the fixes that way).
+fn bin() -> PathBuf {
+    std::env::var_os("WEFT_BIN_DIR").map_or_else(
+        || PathBuf::from(env!("CARGO_BIN_EXE_weft-cni")),
+        |d| PathBuf::from(d).join("weft-cni"),
+    )
+}
 /// `nobody`: the attacker's uid when the test runs as root.
 const ATTACKER: u32 = 65534;
 
@@ -97,7 +104,7 @@ fn add_env(over: &[(&'static str, OsString)]) -> Vec<(&'static str, OsString)> {
 }
 
 fn run(c: &Case) -> (Option<i32>, serde_json::Value, String) {
-    let mut cmd = Command::new(BIN);
+    let mut cmd = Command::new(bin());
     cmd.env_clear();
     for (k, v) in &c.env {
         cmd.env(k, v);
