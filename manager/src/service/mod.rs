@@ -103,6 +103,8 @@ pub struct Manager {
     cluster: Option<ClusterLink>,
     /// Masquerade rules, kept in step with the node registry.
     masquerade: Option<Arc<crate::masquerade::Masquerader>>,
+    /// Prometheus families counted as things happen (`crate::prom`).
+    prom: Arc<crate::prom::Metrics>,
 }
 
 /// The datapath's view of a registered endpoint (`None` before registration).
@@ -213,7 +215,13 @@ impl Manager {
             k8s_cache: std::sync::OnceLock::new(),
             cluster: None,
             masquerade: None,
+            prom: Arc::default(),
         }
+    }
+
+    /// The Prometheus metrics handle.
+    pub fn prom(&self) -> &Arc<crate::prom::Metrics> {
+        &self.prom
     }
 
     /// Kubernetes mode: endpoint labels come from `cache` from now on.

@@ -171,9 +171,13 @@ impl Manager {
         let regenerated = self
             .regenerate_for_change(&mut st, change, effects)
             .and_then(|n| self.apply_effects_after(&mut st, effects).map(|()| n))
-            .inspect_err(|_| self.mark_needs_regeneration())?;
+            .inspect_err(|_| {
+                self.mark_needs_regeneration();
+                self.prom().policy_changed(t0.elapsed(), false);
+            })?;
         // Before the answer: the next restart trusts the slots this change wrote.
         self.persist_slots(&mut st);
+        self.prom().policy_changed(t0.elapsed(), true);
         let result = ImportResult {
             revision: st.pol.repo().revision(),
             rules: st.pol.repo().rules().len(),

@@ -111,7 +111,9 @@ impl Manager {
         let generation = st.slots.begin_write(slot);
         let digest = self
             .datapath
-            .apply_policy_identities(slot, identities, entries, generation)?;
+            .apply_policy_identities(slot, identities, entries, generation)
+            .inspect_err(|_| self.prom.regeneration_failed())?;
+        self.prom.regenerated(t0.elapsed());
         st.slots.written(slot, generation, digest);
         tracing::debug!(
             slot,
@@ -133,7 +135,11 @@ impl Manager {
     ) -> Result<(), ManagerError> {
         let t0 = std::time::Instant::now();
         let generation = st.slots.begin_write(slot);
-        let digest = self.datapath.apply_policy(slot, policy, generation)?;
+        let digest = self
+            .datapath
+            .apply_policy(slot, policy, generation)
+            .inspect_err(|_| self.prom.regeneration_failed())?;
+        self.prom.regenerated(t0.elapsed());
         st.slots.written(slot, generation, digest);
         tracing::debug!(
             slot,
