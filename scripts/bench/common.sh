@@ -88,3 +88,20 @@ bench_gen_policy() {
 # The weft-manager process's resident set in KiB (lib.sh starts it with nsenter, which execs it:
 # the PID is the manager's own).
 manager_rss_kib() { awk '/^VmRSS:/ {print $2}' "/proc/$WEFT_MANAGER_PID/status"; }
+
+# result NAME FILE [scale] [key=value...]: the machine-readable line scripts/bench/all collects,
+#   RESULT name=NAME key=value... median=M p10=P p90=Q n=N
+# from one number per line in FILE, divided by scale. Nearest-rank percentiles, as `stats`.
+# An empty FILE prints nothing: the suite reports the missing figure instead of a fake one.
+result() {
+  local name=$1 file=$2 scale=${3:-1}
+  shift 3 2>/dev/null || shift $#
+  [ -s "$file" ] || return 0
+  sort -g "$file" | awk -v s="$scale" -v name="$name" -v extra="$*" '{a[NR]=$1}
+    END {
+      p10 = int(NR * 0.1 + 0.5); if (p10 < 1) p10 = 1
+      p90 = int(NR * 0.9 + 0.5); if (p90 < 1) p90 = 1
+      printf "RESULT name=%s%s median=%.4g p10=%.4g p90=%.4g n=%d\n", name, (extra == "" ? "" : " " extra),
+        a[int((NR+1)/2)]/s, a[p10]/s, a[p90]/s, NR
+    }'
+}
