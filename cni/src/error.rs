@@ -3,7 +3,6 @@
 //! Every command returns `Result<_, CniError>`; `main` prints the error object on stdout and exits
 //! non-zero. Codes 1–99 are the spec's well-known ones, 100+ are Weft's own.
 
-use serde::Serialize;
 use weft_api::client::ClientError;
 
 /// Weft's plugin-specific codes (the spec leaves 100+ to plugins).
@@ -124,22 +123,17 @@ impl CniError {
     /// The spec's error object for `cni_version`.
     #[must_use]
     pub fn to_json(&self, cni_version: &str) -> serde_json::Value {
-        #[derive(Serialize)]
-        #[serde(rename_all = "camelCase")]
-        struct ErrorObject<'a> {
-            cni_version: &'a str,
-            code: u32,
-            msg: String,
-            #[serde(skip_serializing_if = "String::is_empty")]
-            details: String,
+        // Built directly: the error path itself must not be able to fail.
+        let mut obj = serde_json::json!({
+            "cniVersion": cni_version,
+            "code": self.code(),
+            "msg": self.to_string(),
+        });
+        let details = self.details();
+        if let (false, Some(fields)) = (details.is_empty(), obj.as_object_mut()) {
+            fields.insert("details".into(), details.into());
         }
-        serde_json::to_value(ErrorObject {
-            cni_version,
-            code: self.code(),
-            msg: self.to_string(),
-            details: self.details(),
-        })
-        .expect("error object serializes")
+        obj
     }
 }
 

@@ -1,6 +1,17 @@
 //! weft-cni: the CNI plugin. Parses and validates everything first, then talks to weft-manager over
 //! its unix socket and plumbs the pod's veth with netlink. See DESIGN.md §2.
 
+// Input reaches these crates from the API, policy files and the CNI: no path may panic on it.
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::indexing_slicing,
+        clippy::panic
+    )
+)]
+
 mod annotations;
 mod cmd;
 mod env;
@@ -80,9 +91,9 @@ fn run(stdin: &[u8]) -> Result<Option<serde_json::Value>, CniError> {
         match env.command {
             Command::Add => {
                 let result = cmd::add::run(&env, &conf).await?;
-                Ok(Some(
-                    serde_json::to_value(result).expect("result serializes"),
-                ))
+                let json = serde_json::to_value(result)
+                    .map_err(|e| CniError::netlink("encoding the ADD result", e))?;
+                Ok(Some(json))
             }
             Command::Del => cmd::del::run(&env, &conf).await.map(|()| None),
             Command::Check => cmd::check::run(&env, &conf).await.map(|()| None),

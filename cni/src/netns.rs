@@ -87,6 +87,7 @@ impl NetnsGuard {
 }
 
 impl Drop for NetnsGuard {
+    #[allow(clippy::panic)] // Deliberate: a thread left in the pod netns must die (see below).
     fn drop(&mut self) {
         if let Err(e) = setns(self.original.as_fd(), CloneFlags::CLONE_NEWNET) {
             // The thread is stuck in the pod netns: it must not run anything else. Unwinding ends

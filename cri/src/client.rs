@@ -31,6 +31,9 @@ pub enum CriError {
     /// The runtime answered without a field the call must return.
     #[error("{0}: the runtime's answer has no status")]
     NoStatus(&'static str),
+    /// The answer could not be written out as JSON.
+    #[error("encoding the output as JSON: {0}")]
+    Output(String),
 }
 
 fn call(call: &'static str) -> impl Fn(tonic::Status) -> CriError {

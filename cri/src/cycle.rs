@@ -65,10 +65,12 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
     v.sort_by(f64::total_cmp);
     let n = v.len();
+    let upper = v.get(n / 2).copied().unwrap_or_default();
     if n % 2 == 1 {
-        v[n / 2]
+        upper
     } else {
-        f64::midpoint(v[n / 2 - 1], v[n / 2])
+        let lower = v.get(n / 2 - 1).copied().unwrap_or(upper);
+        f64::midpoint(lower, upper)
     }
 }
 

@@ -2,6 +2,17 @@
 //! for Weft's containerd end-to-end test and benchmark. crictl is not packaged here; this covers
 //! the pod-sandbox calls those need. Output is JSON on stdout (or a bare id for `run`).
 
+// Input reaches these crates from the API, policy files and the CNI: no path may panic on it.
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::indexing_slicing,
+        clippy::panic
+    )
+)]
+
 mod client;
 mod cycle;
 mod spec;
@@ -96,28 +107,27 @@ enum Cmd {
     },
 }
 
-fn print(v: &impl serde::Serialize) {
-    println!(
-        "{}",
-        serde_json::to_string(v).expect("plain data serializes")
-    );
+fn print(v: &impl serde::Serialize) -> Result<(), client::CriError> {
+    let text = serde_json::to_string(v).map_err(|e| client::CriError::Output(e.to_string()))?;
+    println!("{text}");
+    Ok(())
 }
 
 async fn run(cli: Cli) -> Result<bool, client::CriError> {
     let mut cri = Cri::connect(&cli.socket).await?;
     match cli.cmd {
         Cmd::Run(pod) => println!("{}", cri.run(pod.spec().config()).await?),
-        Cmd::Status { id } => print(&cri.status(&id).await?),
+        Cmd::Status { id } => print(&cri.status(&id).await?)?,
         Cmd::Stop { id } => cri.stop(&id).await?,
         Cmd::Remove { id } => cri.remove(&id).await?,
-        Cmd::List => print(&cri.list().await?),
+        Cmd::List => print(&cri.list().await?)?,
         Cmd::Cycle {
             pod,
             count,
             parallel,
         } => {
             let report = cycle::cycle(&cri, &pod.spec(), count, parallel).await;
-            print(&report);
+            print(&report)?;
             return Ok(report.errors.is_empty());
         }
     }

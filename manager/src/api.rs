@@ -337,7 +337,10 @@ async fn monitor(State(m): State<Shared>) -> Response {
         loop {
             match rx.recv().await {
                 Ok(ev) => {
-                    let mut line = serde_json::to_vec(&ev).expect("events serialize");
+                    let Ok(mut line) = serde_json::to_vec(&ev) else {
+                        tracing::warn!("a drop event could not be encoded; skipped");
+                        continue;
+                    };
                     line.push(b'\n');
                     return Some((Ok::<_, std::convert::Infallible>(Bytes::from(line)), rx));
                 }

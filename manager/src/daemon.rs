@@ -294,12 +294,13 @@ fn guard_paths(config: &Config) -> Result<DeleteQueue, StartError> {
 /// Kvstore mode: starts the cluster agent's watch and session, and waits (bounded: etcd may be
 /// down) for the remote identities and addresses, so the regeneration and the ipcache
 /// reconciliation that follow do not flap them. False when not in kvstore mode.
-async fn join_cluster(manager: &Arc<Manager>) -> bool {
+async fn join_cluster(manager: &Arc<Manager>) -> Result<bool, StartError> {
     let Some(cluster) = manager.cluster().cloned() else {
-        return false;
+        return Ok(false);
     };
-    crate::cluster::watch::spawn(cluster.clone(), manager.clone());
-    crate::cluster::session::spawn(cluster.clone(), manager.clone());
+    let threads = |e: std::io::Error| StartError::Kvstore(format!("starting its threads: {e}"));
+    crate::cluster::watch::spawn(cluster.clone(), manager.clone()).map_err(threads)?;
+    crate::cluster::session::spawn(cluster.clone(), manager.clone()).map_err(threads)?;
     let synced = tokio::task::spawn_blocking(move || {
         cluster.wait_first_sync(std::time::Duration::from_secs(3))
     })
@@ -308,7 +309,7 @@ async fn join_cluster(manager: &Arc<Manager>) -> bool {
     if !synced {
         tracing::warn!("kvstore not reachable at start: running on what this node knows");
     }
-    true
+    Ok(true)
 }
 
 /// Everything before serving, in DESIGN §2 order: returns the ready manager and its socket.
@@ -378,7 +379,7 @@ pub async fn start(config: &Config) -> Result<(Arc<Manager>, UnixListener), Star
     let (kept, removed) =
         crate::restore::restore_endpoints(&manager, &*hostnet, crate::clock::now_ms()).await?;
     phases.mark("validate");
-    if join_cluster(&manager).await {
+    if join_cluster(&manager).await? {
         phases.mark("kvstore");
     }
     manager.readopt()?;
@@ -429,9 +430,8 @@ pub async fn serve(
         std::time::Duration::from_secs(2),
     ));
     let app = crate::api::router(manager);
-    let shutdown = async {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .expect("SIGTERM handler");
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let shutdown = async move {
         tokio::select! {
             _ = term.recv() => {},
             _ = tokio::signal::ctrl_c() => {},

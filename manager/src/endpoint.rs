@@ -146,11 +146,11 @@ impl Registry {
             return Ok(ep.clone());
         }
         let mut ips = Vec::with_capacity(self.pools.len());
-        for i in 0..self.pools.len() {
-            match self.pools[i].allocate() {
+        for pool in &mut self.pools {
+            match pool.allocate() {
                 Ok(address) => ips.push(IpConfig {
                     address,
-                    gateway: self.pools[i].router(),
+                    gateway: pool.router(),
                 }),
                 Err(e) => {
                     self.release_ips(&ips);

@@ -346,33 +346,33 @@ impl HostNet for FakeHostNet {
         &'a self,
         routers: &'a [(IpAddr, IpNet)],
     ) -> BoxFuture<'a, Result<(), HostNetError>> {
-        *self.routers.lock().expect("lock") = routers.to_vec();
-        let mut links = self.links.lock().expect("lock");
+        *crate::locks::lock(&self.routers) = routers.to_vec();
+        let mut links = crate::locks::lock(&self.links);
         let next = u32::try_from(links.len()).unwrap_or(u32::MAX) + 1;
         links.entry(HOST_DEVICE.into()).or_insert(next);
         Box::pin(async { Ok(()) })
     }
 
     fn link_index<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<u32>, HostNetError>> {
-        let idx = self.links.lock().expect("lock").get(name).copied();
+        let idx = crate::locks::lock(&self.links).get(name).copied();
         Box::pin(async move { Ok(idx) })
     }
 
     fn delete_link<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<(), HostNetError>> {
-        self.links.lock().expect("lock").remove(name);
-        self.down.lock().expect("lock").remove(name);
+        crate::locks::lock(&self.links).remove(name);
+        crate::locks::lock(&self.down).remove(name);
         Box::pin(async { Ok(()) })
     }
 
     fn node_view(&self) -> BoxFuture<'_, Result<crate::nodenet::NodeView, HostNetError>> {
-        let view = self.view.lock().expect("lock").clone();
+        let view = crate::locks::lock(&self.view).clone();
         Box::pin(async move { Ok(view) })
     }
 
     fn set_link_down<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<bool, HostNetError>> {
-        let exists = self.links.lock().expect("lock").contains_key(name);
+        let exists = crate::locks::lock(&self.links).contains_key(name);
         if exists {
-            self.down.lock().expect("lock").insert(name.to_owned());
+            crate::locks::lock(&self.down).insert(name.to_owned());
         }
         Box::pin(async move { Ok(exists) })
     }
@@ -381,10 +381,7 @@ impl HostNet for FakeHostNet {
         &'a self,
         prefix: &'a str,
     ) -> BoxFuture<'a, Result<Vec<String>, HostNetError>> {
-        let names = self
-            .links
-            .lock()
-            .expect("lock")
+        let names = crate::locks::lock(&self.links)
             .keys()
             .filter(|n| n.starts_with(prefix))
             .cloned()

@@ -4,6 +4,17 @@
 //! `store` sled; `endpoint` the registry; `hostnet` the node's netlink side effects;
 //! `service` the operations; `api` HTTP; `daemon` start-up order and serving; `datapath` eBPF.
 
+// Input reaches these crates from the API, policy files and the CNI: no path may panic on it.
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::indexing_slicing,
+        clippy::panic
+    )
+)]
+
 pub mod api;
 pub mod clock;
 pub mod cluster;
@@ -21,6 +32,7 @@ pub mod k8s;
 pub mod kvstore;
 pub mod link_reaper;
 pub mod listener;
+pub mod locks;
 pub mod masquerade;
 pub mod node;
 pub mod nodenet;

@@ -50,7 +50,7 @@ impl Nft for NftCommand {
         child
             .stdin
             .take()
-            .expect("piped stdin")
+            .ok_or_else(|| MasqueradeError::Nft("nft was started without a stdin pipe".into()))?
             .write_all(script.as_bytes())
             .map_err(|e| MasqueradeError::Nft(format!("writing to nft: {e}")))?;
         let out = child
@@ -144,23 +144,20 @@ impl Masquerader {
 
     /// A node joined or changed.
     pub fn node_put(&self, name: &str, pod_cidrs: &[IpNet]) -> Result<(), MasqueradeError> {
-        self.remote
-            .lock()
-            .expect("remote lock")
-            .insert(name.to_owned(), pod_cidrs.to_vec());
+        crate::locks::lock(&self.remote).insert(name.to_owned(), pod_cidrs.to_vec());
         self.sync()
     }
 
     /// A node left.
     pub fn node_deleted(&self, name: &str) -> Result<(), MasqueradeError> {
-        self.remote.lock().expect("remote lock").remove(name);
+        crate::locks::lock(&self.remote).remove(name);
         self.sync()
     }
 
     /// Every destination that keeps the pod's source.
     #[must_use]
     pub fn exempt(&self) -> BTreeSet<IpNet> {
-        let remote = self.remote.lock().expect("remote lock");
+        let remote = crate::locks::lock(&self.remote);
         self.own
             .iter()
             .chain(&self.configured)
@@ -170,7 +167,7 @@ impl Masquerader {
     }
 
     fn sync(&self) -> Result<(), MasqueradeError> {
-        let mut applied = self.applied.lock().expect("applied lock");
+        let mut applied = crate::locks::lock(&self.applied);
         let want = script(&self.own, &self.exempt());
         if applied.as_deref() == Some(want.as_str()) {
             return Ok(());

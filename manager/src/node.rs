@@ -263,17 +263,20 @@ fn candidates(
             spec.pod_cidrs.len()
         ));
     } else {
-        let mut seen = [false, false];
+        let (mut seen_v4, mut seen_v6) = (false, false);
         for raw in &spec.pod_cidrs {
             if let Some(net) = parse_cidr(raw, "spec.podCIDRs", warnings) {
-                let fam = usize::from(matches!(net, IpNet::V6(_)));
-                if seen[fam] {
+                let seen = match net {
+                    IpNet::V4(_) => &mut seen_v4,
+                    IpNet::V6(_) => &mut seen_v6,
+                };
+                if *seen {
                     warnings.push(format!(
                         "spec.podCIDRs: second CIDR of the same family {raw} ignored"
                     ));
                     continue;
                 }
-                seen[fam] = true;
+                *seen = true;
                 out.push(Candidate {
                     net,
                     source: CidrSource::SpecPodCidrs,

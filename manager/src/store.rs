@@ -32,6 +32,25 @@ pub enum StoreError {
         /// Decoder message.
         detail: String,
     },
+    /// A value could not be encoded for writing.
+    #[error("state database: cannot encode {what}: {detail}")]
+    Encode {
+        /// What was being written.
+        what: &'static str,
+        /// Encoder message.
+        detail: String,
+    },
+}
+
+/// JSON for a stored value; the store's types always encode, but an error beats a panic.
+fn encode<T: serde::Serialize + ?Sized>(
+    what: &'static str,
+    value: &T,
+) -> Result<Vec<u8>, StoreError> {
+    serde_json::to_vec(value).map_err(|e| StoreError::Encode {
+        what,
+        detail: e.to_string(),
+    })
 }
 
 impl From<TransactionError<StoreError>> for StoreError {
@@ -118,7 +137,7 @@ impl Store {
 
     /// Writes a JSON singleton to the meta tree and flushes.
     pub fn put_meta<T: serde::Serialize>(&self, key: &str, value: &T) -> Result<(), StoreError> {
-        let bytes = serde_json::to_vec(value).expect("meta values serialize");
+        let bytes = encode("a meta value", value)?;
         self.meta.insert(key, bytes)?;
         self.db.flush()?;
         Ok(())
@@ -177,7 +196,7 @@ impl Store {
             }
         }
         for (seq, rule) in add {
-            let json = serde_json::to_vec(rule).expect("rules serialize");
+            let json = encode("a rule", rule)?;
             batch.insert(&seq.to_be_bytes(), json);
         }
         batch.insert(RULES_REVISION, &revision.to_be_bytes());
@@ -228,7 +247,7 @@ impl Store {
 
     /// Writes `ep` and its IP allocations in one transaction; `next_id` advances the id counter.
     pub fn put_endpoint(&self, ep: &Endpoint, next_id: Option<u32>) -> Result<(), StoreError> {
-        let value = serde_json::to_vec(ep).expect("endpoints serialize");
+        let value = encode("an endpoint", ep)?;
         (&self.endpoints, &self.ips, &self.meta).transaction(|(eps, ips, meta)| {
             eps.insert(&ep.id.to_be_bytes(), value.as_slice())?;
             for ip in &ep.ips {
@@ -283,7 +302,7 @@ impl Store {
 
     /// Persists an identity (flushed: it must exist on disk before the id is used anywhere).
     pub fn put_identity(&self, id: u32, key: &IdentityKey) -> Result<(), StoreError> {
-        let value = serde_json::to_vec(key).expect("identity keys serialize");
+        let value = encode("an identity", key)?;
         self.identities.insert(id.to_be_bytes(), value)?;
         self.db.flush()?;
         Ok(())

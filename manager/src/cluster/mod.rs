@@ -102,19 +102,19 @@ impl Cluster {
     /// The lease this node's keys live under.
     #[must_use]
     pub fn lease(&self) -> Option<LeaseId> {
-        *self.lease.lock().expect("lease lock")
+        *crate::locks::lock(&self.lease)
     }
 
     /// Remote nodes.
     #[must_use]
     pub fn nodes(&self) -> BTreeMap<String, NodeRecord> {
-        self.nodes.lock().expect("nodes lock").clone()
+        crate::locks::lock(&self.nodes).clone()
     }
 
     /// Remote endpoint IPs.
     #[must_use]
     pub fn remote_ips(&self) -> BTreeMap<IpAddr, IpRecord> {
-        self.ips.lock().expect("ips lock").clone()
+        crate::locks::lock(&self.ips).clone()
     }
 
     /// The cluster-wide number of a label set this node does not hold yet.
@@ -132,40 +132,34 @@ impl Cluster {
     /// Asks the session to publish now (an endpoint or identity changed).
     pub fn poke(&self) {
         let (lock, cvar) = &self.wake;
-        *lock.lock().expect("wake lock") = true;
+        *crate::locks::lock(lock) = true;
         cvar.notify_all();
     }
 
     /// Waits for a poke or `timeout`.
     fn wait(&self, timeout: Duration) {
         let (lock, cvar) = &self.wake;
-        let guard = lock.lock().expect("wake lock");
-        let (mut woken, _) = cvar
-            .wait_timeout_while(guard, timeout, |w| !*w)
-            .expect("wake lock");
+        let guard = crate::locks::lock(lock);
+        let mut woken = crate::locks::wait_timeout_while(cvar, guard, timeout, |w| !*w);
         *woken = false;
     }
 
     /// Has the watcher applied a full listing since start?
     #[must_use]
     pub fn synced(&self) -> bool {
-        *self.synced.0.lock().expect("synced lock")
+        *crate::locks::lock(&self.synced.0)
     }
 
     fn mark_synced(&self) {
-        *self.synced.0.lock().expect("synced lock") = true;
+        *crate::locks::lock(&self.synced.0) = true;
         self.synced.1.notify_all();
     }
 
     /// Waits up to `timeout` for the first full listing; returns whether it came.
     #[must_use]
     pub fn wait_first_sync(&self, timeout: Duration) -> bool {
-        let guard = self.synced.0.lock().expect("synced lock");
-        let (done, _) = self
-            .synced
-            .1
-            .wait_timeout_while(guard, timeout, |s| !*s)
-            .expect("synced lock");
+        let guard = crate::locks::lock(&self.synced.0);
+        let done = crate::locks::wait_timeout_while(&self.synced.1, guard, timeout, |s| !*s);
         *done
     }
 

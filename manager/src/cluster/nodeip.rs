@@ -22,8 +22,9 @@ pub fn detect() -> Result<IpAddr, String> {
 
 fn default_route_device(proc_net_route: &str) -> Option<String> {
     proc_net_route.lines().skip(1).find_map(|l| {
-        let f: Vec<&str> = l.split_whitespace().collect();
-        (f.len() > 2 && f[1] == "00000000").then(|| f[0].to_owned())
+        let mut f = l.split_whitespace();
+        let dev = f.next()?;
+        (f.next() == Some("00000000") && f.next().is_some()).then(|| dev.to_owned())
     })
 }
 

@@ -130,7 +130,7 @@ pub struct FakeRoutes {
 
 impl RouteTable for FakeRoutes {
     fn replace(&self, cidr: IpNet, gateway: IpAddr) -> BoxFuture<'_, Result<(), HostNetError>> {
-        let mut t = self.table.lock().expect("lock");
+        let mut t = crate::locks::lock(&self.table);
         if t.get(&cidr).is_none_or(|(_, ours)| *ours) {
             t.insert(cidr, (gateway, true));
         }
@@ -138,7 +138,7 @@ impl RouteTable for FakeRoutes {
     }
 
     fn remove(&self, cidr: IpNet) -> BoxFuture<'_, Result<(), HostNetError>> {
-        let mut t = self.table.lock().expect("lock");
+        let mut t = crate::locks::lock(&self.table);
         if t.get(&cidr).is_some_and(|(_, ours)| *ours) {
             t.remove(&cidr);
         }

@@ -48,7 +48,8 @@ impl Cluster {
     ) -> Result<(), KvError> {
         let kv = &*self.kv;
         if !published.node {
-            let record = serde_json::to_vec(&self.config.node).expect("node record serializes");
+            let record = serde_json::to_vec(&self.config.node)
+                .map_err(|e| KvError::Failed(format!("encoding the node record: {e}")))?;
             kv.put(&keys::node(&self.config.node.name), &record, Some(lease))?;
             published.node = true;
         }
@@ -78,12 +79,11 @@ impl Cluster {
             .ips
             .iter()
             .map(|r| {
-                (
-                    keys::ip(r.ip),
-                    serde_json::to_vec(r).expect("ip record serializes"),
-                )
+                serde_json::to_vec(r)
+                    .map(|v| (keys::ip(r.ip), v))
+                    .map_err(|e| KvError::Failed(format!("encoding an ip record: {e}")))
             })
-            .collect();
+            .collect::<Result<_, _>>()?;
         for (key, value) in &want {
             if published.ips.get(key) != Some(value) {
                 kv.put(key, value, Some(lease))?;
@@ -105,11 +105,13 @@ impl Cluster {
 }
 
 /// Runs the session until the cluster is stopped: lease, keep-alive, publishing, collection.
-pub fn spawn(cluster: Arc<Cluster>, local: Arc<dyn Local>) -> std::thread::JoinHandle<()> {
+pub fn spawn(
+    cluster: Arc<Cluster>,
+    local: Arc<dyn Local>,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
     std::thread::Builder::new()
         .name("weft-kv-session".into())
         .spawn(move || run(&cluster, &*local))
-        .expect("spawn the kvstore session thread")
 }
 
 fn run(cluster: &Cluster, local: &dyn Local) {
@@ -124,7 +126,7 @@ fn run(cluster: &Cluster, local: &dyn Local) {
         } else {
             match cluster.kv.grant_lease(ttl) {
                 Ok(l) => {
-                    *cluster.lease.lock().expect("lease lock") = Some(l);
+                    *crate::locks::lock(&cluster.lease) = Some(l);
                     published = Published::default();
                     last_keepalive = Instant::now();
                     tracing::info!(lease = l, ttl_s = ttl, "kvstore lease granted");
@@ -143,7 +145,7 @@ fn run(cluster: &Cluster, local: &dyn Local) {
                 Ok(true) => last_keepalive = Instant::now(),
                 Ok(false) => {
                     tracing::warn!(lease, "kvstore lease expired; publishing everything again");
-                    *cluster.lease.lock().expect("lease lock") = None;
+                    *crate::locks::lock(&cluster.lease) = None;
                     continue;
                 }
                 Err(e) => {
@@ -159,7 +161,7 @@ fn run(cluster: &Cluster, local: &dyn Local) {
             Err(e) => {
                 tracing::debug!("kvstore publish: {e}");
                 if matches!(e, KvError::Failed(ref m) if m.contains("lease")) {
-                    *cluster.lease.lock().expect("lease lock") = None;
+                    *crate::locks::lock(&cluster.lease) = None;
                 }
                 cluster.set_connected(!matches!(e, KvError::Unavailable(_)));
             }

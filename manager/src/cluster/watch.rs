@@ -56,7 +56,7 @@ impl Cluster {
                 return Ok(());
             };
             let Some(v) = value else {
-                let old = self.ips.lock().expect("ips lock").remove(&ip);
+                let old = crate::locks::lock(&self.ips).remove(&ip);
                 if let Some(old) = old {
                     remote.ip_deleted(&old);
                 }
@@ -66,7 +66,7 @@ impl Cluster {
                 key: key.into(),
                 detail: e.to_string(),
             })?;
-            let mut ips = self.ips.lock().expect("ips lock");
+            let mut ips = crate::locks::lock(&self.ips);
             if record.node == self.node_name() {
                 // Our own write echoed back; a record of another node we held is gone.
                 if let Some(old) = ips.remove(&ip) {
@@ -88,7 +88,7 @@ impl Cluster {
                 return Ok(());
             }
             let Some(v) = value else {
-                let old = self.nodes.lock().expect("nodes lock").remove(name);
+                let old = crate::locks::lock(&self.nodes).remove(name);
                 if let Some(old) = old {
                     remote.node_deleted(&old);
                 }
@@ -98,10 +98,7 @@ impl Cluster {
                 key: key.into(),
                 detail: e.to_string(),
             })?;
-            self.nodes
-                .lock()
-                .expect("nodes lock")
-                .insert(name.into(), record.clone());
+            crate::locks::lock(&self.nodes).insert(name.into(), record.clone());
             remote.node_put(&record);
         }
         Ok(())
@@ -140,11 +137,13 @@ impl Cluster {
 }
 
 /// Runs the watcher until the cluster is stopped.
-pub fn spawn(cluster: Arc<Cluster>, remote: Arc<dyn Remote>) -> std::thread::JoinHandle<()> {
+pub fn spawn(
+    cluster: Arc<Cluster>,
+    remote: Arc<dyn Remote>,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
     std::thread::Builder::new()
         .name("weft-kv-watch".into())
         .spawn(move || run(&cluster, &*remote))
-        .expect("spawn the kvstore watch thread")
 }
 
 fn run(cluster: &Cluster, remote: &dyn Remote) {

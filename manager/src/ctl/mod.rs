@@ -195,11 +195,16 @@ pub enum CtlError {
     },
 }
 
-fn print<T: serde::Serialize>(output: Output, value: &T, table: impl FnOnce(&T) -> String) {
+fn print<T: serde::Serialize>(
+    output: Output,
+    value: &T,
+    table: impl FnOnce(&T) -> String,
+) -> Result<(), CtlError> {
     match output {
         Output::Json => println!(
             "{}",
-            serde_json::to_string_pretty(value).expect("API types serialize")
+            serde_json::to_string_pretty(value)
+                .map_err(|e| CtlError::Local(format!("encoding the output as JSON: {e}")))?
         ),
         Output::Table => {
             let text = table(value);
@@ -208,6 +213,7 @@ fn print<T: serde::Serialize>(output: Output, value: &T, table: impl FnOnce(&T) 
             }
         }
     }
+    Ok(())
 }
 
 /// Runs one command.
@@ -222,29 +228,32 @@ pub async fn run(cli: Cli) -> Result<(), CtlError> {
             let kv: Value = client.get("/v1/kvstore").await?;
             match cli.output {
                 Output::Json => {
-                    let mut v = serde_json::to_value(&s).expect("API types serialize");
-                    v["kvstore"] = kv;
-                    print(cli.output, &v, |_| String::new());
+                    let mut v = serde_json::to_value(&s)
+                        .map_err(|e| CtlError::Local(format!("encoding the status: {e}")))?;
+                    if let Value::Object(fields) = &mut v {
+                        fields.insert("kvstore".into(), kv);
+                    }
+                    print(cli.output, &v, |_| String::new())?;
                 }
                 Output::Table => {
-                    print(cli.output, &s, render::status_table);
+                    print(cli.output, &s, render::status_table)?;
                     print!("{}", render::kvstore_line(&kv));
                 }
             }
         }
         Command::Endpoint(EndpointCmd::List) => {
             let eps: Vec<Endpoint> = client.get("/v1/endpoints").await?;
-            print(cli.output, &eps, |e| render::endpoint_table(e));
+            print(cli.output, &eps, |e| render::endpoint_table(e))?;
         }
         Command::Endpoint(EndpointCmd::Get { id }) => {
             let ep: Endpoint = client.get(&format!("/v1/endpoints/{id}")).await?;
             print(cli.output, &ep, |e| {
                 render::endpoint_table(std::slice::from_ref(e))
-            });
+            })?;
         }
         Command::Ipam(IpamCmd::List) => {
             let allocs: Vec<Allocation> = client.get("/v1/ipam").await?;
-            print(cli.output, &allocs, |a| render::ipam_table(a));
+            print(cli.output, &allocs, |a| render::ipam_table(a))?;
         }
         Command::Endpoint(EndpointCmd::Labels { id, add, remove }) => {
             let body = serde_json::json!({"add": add, "remove": remove});
@@ -253,24 +262,24 @@ pub async fn run(cli: Cli) -> Result<(), CtlError> {
                 .await?;
             print(cli.output, &ep, |e| {
                 render::endpoint_table(std::slice::from_ref(e))
-            });
+            })?;
         }
         Command::Policy(cmd) => policy(&client, cli.output, cmd).await?,
         Command::Identity(IdentityCmd::List) => {
             let v: Value = client.get("/v1/identities").await?;
-            print(cli.output, &v, render::identity_table);
+            print(cli.output, &v, render::identity_table)?;
         }
         Command::Node(NodeCmd::List) => {
             let v: Value = client.get("/v1/nodes").await?;
-            print(cli.output, &v, render::node_table);
+            print(cli.output, &v, render::node_table)?;
         }
         Command::Map(MapCmd::List) => {
             let v: Value = client.get("/v1/maps").await?;
-            print(cli.output, &v, render::map_list_table);
+            print(cli.output, &v, render::map_list_table)?;
         }
         Command::Map(MapCmd::Dump { name }) => {
             let v: Value = client.get(&format!("/v1/maps/{name}")).await?;
-            print(cli.output, &v, render::map_dump_lines);
+            print(cli.output, &v, render::map_dump_lines)?;
         }
         Command::Map(MapCmd::Verify) => {
             let v: Value = client.get("/v1/verify").await?;
@@ -296,8 +305,8 @@ pub async fn run(cli: Cli) -> Result<(), CtlError> {
                     .chain(problems.iter().map(|p| format!("  {}", p.escape_debug())))
                     .collect::<Vec<_>>()
                     .join("\n")
-            });
-            if v["consistent"] != Value::Bool(true) {
+            })?;
+            if v.get("consistent") != Some(&Value::Bool(true)) {
                 return Err(CtlError::Local(
                     "the kernel maps disagree with the control plane (see above)".into(),
                 ));
@@ -345,7 +354,7 @@ async fn policy(client: &Client, output: Output, cmd: PolicyCmd) -> Result<(), C
                 wait_revision(client, r.revision).await?;
             }
             match output {
-                Output::Json => print(output, &r, |_| String::new()),
+                Output::Json => print(output, &r, |_| String::new())?,
                 Output::Table => println!(
                     "revision {} ({} rules; {} endpoints regenerated in {:.2} ms)",
                     r.revision, r.rules, r.regenerated, r.elapsed_ms
@@ -354,7 +363,7 @@ async fn policy(client: &Client, output: Output, cmd: PolicyCmd) -> Result<(), C
         }
         PolicyCmd::List => {
             let v: Value = client.get("/v1/policies").await?;
-            print(output, &v, render::policy_table);
+            print(output, &v, render::policy_table)?;
         }
         PolicyCmd::Delete { labels, all } => {
             let path = if all {
@@ -364,7 +373,7 @@ async fn policy(client: &Client, output: Output, cmd: PolicyCmd) -> Result<(), C
             };
             let r: ImportResult = client.delete(&path).await?;
             match output {
-                Output::Json => print(output, &r, |_| String::new()),
+                Output::Json => print(output, &r, |_| String::new())?,
                 Output::Table => println!("revision {} ({} rules left)", r.revision, r.rules),
             }
         }
@@ -390,7 +399,7 @@ async fn policy(client: &Client, output: Output, cmd: PolicyCmd) -> Result<(), C
                     t.dst_identity,
                     t.ingress.as_deref().unwrap_or("not a local endpoint"),
                 )
-            });
+            })?;
         }
     }
     Ok(())
@@ -425,7 +434,8 @@ async fn monitor(client: &Client, output: Output) -> Result<(), CtlError> {
             pending.extend_from_slice(chunk);
             while let Some(pos) = pending.iter().position(|b| *b == b'\n') {
                 let line: Vec<u8> = pending.drain(..=pos).collect();
-                let text = String::from_utf8_lossy(&line[..line.len() - 1]).into_owned();
+                let text =
+                    String::from_utf8_lossy(line.strip_suffix(b"\n").unwrap_or(&line)).into_owned();
                 let out = match output {
                     Output::Json => text,
                     Output::Table => serde_json::from_str::<Value>(&text)

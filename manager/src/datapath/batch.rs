@@ -35,12 +35,13 @@ pub(crate) struct BatchError {
     pub(crate) source: io::Error,
 }
 
-fn attr(fd: BorrowedFd<'_>, count: usize) -> BatchAttr {
-    BatchAttr {
-        map_fd: u32::try_from(fd.as_raw_fd()).expect("fds are non-negative"),
-        count: u32::try_from(count).expect("chunks are small"),
+fn attr(fd: BorrowedFd<'_>, count: usize) -> io::Result<BatchAttr> {
+    Ok(BatchAttr {
+        map_fd: u32::try_from(fd.as_raw_fd())
+            .map_err(|_| io::Error::from_raw_os_error(libc::EBADF))?,
+        count: u32::try_from(count).map_err(|_| io::Error::from_raw_os_error(libc::E2BIG))?,
         ..BatchAttr::default()
-    }
+    })
 }
 
 fn sys_bpf(cmd: libc::c_long, attr: &mut BatchAttr) -> io::Result<()> {
@@ -80,9 +81,9 @@ pub(crate) fn update<K: Copy, V: Copy>(
     let mut done = 0;
     while done < keys.len() {
         let n = (keys.len() - done).min(CHUNK);
-        let mut a = attr(fd, n);
-        a.keys = keys[done..].as_ptr() as u64;
-        a.values = values[done..].as_ptr() as u64;
+        let mut a = attr(fd, n).map_err(|source| BatchError { done, source })?;
+        a.keys = keys.as_ptr().wrapping_add(done) as u64;
+        a.values = values.as_ptr().wrapping_add(done) as u64;
         if let Err(source) = sys_bpf(BPF_MAP_UPDATE_BATCH, &mut a) {
             return Err(BatchError {
                 done: done + processed(&a, n),
@@ -99,8 +100,8 @@ pub(crate) fn delete<K: Copy>(fd: BorrowedFd<'_>, keys: &[K]) -> Result<(), Batc
     let mut done = 0;
     while done < keys.len() {
         let n = (keys.len() - done).min(CHUNK);
-        let mut a = attr(fd, n);
-        a.keys = keys[done..].as_ptr() as u64;
+        let mut a = attr(fd, n).map_err(|source| BatchError { done, source })?;
+        a.keys = keys.as_ptr().wrapping_add(done) as u64;
         match sys_bpf(BPF_MAP_DELETE_BATCH, &mut a) {
             Ok(()) => done += n,
             // The generic batch stops at the first missing key: step over it and go on.
@@ -131,7 +132,7 @@ pub(crate) fn lookup_all<K: Copy + Default, V: Copy + Default>(
     let token_ptr = std::ptr::from_mut(&mut token) as u64;
     let mut first = true;
     loop {
-        let mut a = attr(fd, CHUNK);
+        let mut a = attr(fd, CHUNK)?;
         if !first {
             a.in_batch = token_ptr;
         }
@@ -144,12 +145,22 @@ pub(crate) fn lookup_all<K: Copy + Default, V: Copy + Default>(
             Ok(()) => {}
             // The end of the map; `n` elements came with it.
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
-                out.extend(keys[..n].iter().copied().zip(values[..n].iter().copied()));
+                out.extend(
+                    keys.iter()
+                        .take(n)
+                        .copied()
+                        .zip(values.iter().take(n).copied()),
+                );
                 return Ok(out);
             }
             Err(e) => return Err(e),
         }
-        out.extend(keys[..n].iter().copied().zip(values[..n].iter().copied()));
+        out.extend(
+            keys.iter()
+                .take(n)
+                .copied()
+                .zip(values.iter().take(n).copied()),
+        );
         first = false;
     }
 }

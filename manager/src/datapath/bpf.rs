@@ -79,7 +79,11 @@ impl BpfDatapath {
         maps.read_back()?;
         maps.install_world()?;
         let (events, _) = broadcast::channel(config.event_channel);
-        let reader = EventReader::spawn(ring, events.clone());
+        let reader =
+            EventReader::spawn(ring, events.clone()).map_err(|source| DatapathError::Syscall {
+                map: names::EVENTS,
+                source,
+            })?;
         Ok(Self {
             config,
             maps: Mutex::new(maps),

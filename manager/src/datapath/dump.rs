@@ -88,8 +88,8 @@ fn ipcache(maps: &Maps) -> Result<Vec<Value>, DatapathError> {
             "prefix": format!("{}/{len}", addr_from(data.family, &data.addr)),
             "identity": v.identity,
         });
-        if v.cidr_identity != 0 {
-            e["cidr_identity"] = json!(v.cidr_identity);
+        if let (true, Some(fields)) = (v.cidr_identity != 0, e.as_object_mut()) {
+            fields.insert("cidr_identity".into(), json!(v.cidr_identity));
         }
         out.push(e);
     }
@@ -100,7 +100,7 @@ fn ipcache(maps: &Maps) -> Result<Vec<Value>, DatapathError> {
 fn port_range(prefix_len: u32, dport_be: u16) -> (u16, u16) {
     let fixed = prefix_len.saturating_sub(abi::POLICY_PROTO_PREFIX).min(16);
     let lo = u16::from_be(dport_be);
-    let span = u16::try_from(0xffff_u32 >> fixed).expect("fits in 16 bits");
+    let span = u16::MAX.checked_shr(fixed).unwrap_or(0);
     (lo, lo | span)
 }
 

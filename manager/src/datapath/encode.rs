@@ -68,7 +68,11 @@ pub(crate) fn port_blocks(lo: u16, hi: u16) -> Vec<(u16, u32)> {
         while start + (1 << bits) - 1 > end {
             bits -= 1;
         }
-        out.push((u16::try_from(start).expect("start <= 65535"), bits));
+        // start <= end <= 65535: the conversion cannot fail; stopping is the safe answer anyway.
+        let Ok(port) = u16::try_from(start) else {
+            break;
+        };
+        out.push((port, bits));
         start += 1 << bits;
     }
     out

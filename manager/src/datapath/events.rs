@@ -20,7 +20,10 @@ pub(crate) struct EventReader {
 }
 
 impl EventReader {
-    pub(crate) fn spawn(mut ring: RingBuf<MapData>, tx: broadcast::Sender<DropEvent>) -> Self {
+    pub(crate) fn spawn(
+        mut ring: RingBuf<MapData>,
+        tx: broadcast::Sender<DropEvent>,
+    ) -> std::io::Result<Self> {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&stop);
         let thread = std::thread::Builder::new()
@@ -47,11 +50,11 @@ impl EventReader {
                     }
                 }
             })
-            .expect("spawning the event reader thread");
-        Self {
+?;
+        Ok(Self {
             stop,
             thread: Some(thread),
-        }
+        })
     }
 }
 

@@ -152,15 +152,21 @@ impl Maps {
             .collect();
         blocks.sort_unstable();
         for run in blocks.chunk_by(|a, b| a.0.key.endpoint_id == b.0.key.endpoint_id) {
-            self.installed
-                .insert(run[0].0.key.endpoint_id, run.iter().copied().collect());
+            if let Some(first) = run.first() {
+                self.installed
+                    .insert(first.0.key.endpoint_id, run.iter().copied().collect());
+            }
         }
         Ok(())
     }
 
     pub(crate) fn install_world(&mut self) -> Result<(), DatapathError> {
-        for prefix in ["0.0.0.0/0", "::/0"] {
-            let key = ipcache_key(prefix.parse().expect("valid prefix"));
+        // The two default routes (0.0.0.0/0 and ::/0).
+        for prefix in [
+            ipnet::Ipv4Net::default().into(),
+            ipnet::Ipv6Net::default().into(),
+        ] {
+            let key = ipcache_key(prefix);
             match self.ipcache.get(&key, 0) {
                 Ok(_) => {}
                 Err(MapError::KeyNotFound) => {
@@ -252,7 +258,7 @@ impl Maps {
                 .collect();
             let written = batch::update(self.policy_fd(), &keys, &values);
             let done = written.as_ref().map_or_else(|e| e.done, |()| upserts.len());
-            current.extend(upserts[..done].iter().copied());
+            current.extend(upserts.iter().take(done).copied());
             written.map_err(batch_error)?;
             if let Some(flags) = flags {
                 self.set_flags(endpoint_id, flags)?;
@@ -260,7 +266,7 @@ impl Maps {
             let keys: Vec<LpmKey> = removes.iter().map(LpmKey::of).collect();
             let deleted = batch::delete(self.policy_fd(), &keys);
             let done = deleted.as_ref().map_or_else(|e| e.done, |()| removes.len());
-            for block in &removes[..done] {
+            for block in removes.iter().take(done) {
                 current.remove(block);
             }
             deleted.map_err(batch_error)

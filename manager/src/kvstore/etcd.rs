@@ -124,14 +124,14 @@ impl EtcdKv {
         let timeout = self.timeout;
         self.rt.spawn(async move {
             let work = async {
-                let existing = cached.lock().expect("etcd client lock").clone();
+                let existing = crate::locks::lock(&cached).clone();
                 let client = if let Some(c) = existing {
                     c
                 } else {
                     let c = Client::connect(&endpoints, Some(options))
                         .await
                         .map_err(|e| KvError::Unavailable(e.to_string()))?;
-                    *cached.lock().expect("etcd client lock") = Some(c.clone());
+                    *crate::locks::lock(&cached) = Some(c.clone());
                     c
                 };
                 f(client).await

@@ -67,7 +67,8 @@ pub fn parse_labels(key: &str, value: &[u8]) -> Result<LabelSet, KvError> {
 /// The number of `labels`, allocating it cluster-wide if nobody has yet.
 pub fn allocate(kv: &dyn Kv, labels: &LabelSet) -> Result<Identity, ClusterIdentityError> {
     let master = keys::id_by_labels(labels);
-    let labels_json = serde_json::to_vec(labels).expect("label sets serialize");
+    let labels_json = serde_json::to_vec(labels)
+        .map_err(|e| KvError::Failed(format!("encoding the labels {labels}: {e}")))?;
     for _ in 0..ATTEMPTS {
         if let Some(e) = kv.get(&master)? {
             return Ok(parse_id(&master, &e.value)?);
@@ -144,7 +145,8 @@ pub fn publish_ref(
         });
     }
     let number = keys::id_by_number(id);
-    let labels_json = serde_json::to_vec(labels).expect("label sets serialize");
+    let labels_json = serde_json::to_vec(labels)
+        .map_err(|e| KvError::Failed(format!("encoding the labels {labels}: {e}")))?;
     let mut all = writes.to_vec();
     all.push(Op::Put {
         key: number.clone(),

@@ -124,12 +124,11 @@ pub(crate) fn datapath_view(ep: &Endpoint) -> Option<EndpointDatapath> {
 pub(crate) fn initial_ipcache(reg: &Registry, pol: &PolicyState) -> Ipcache {
     use weft_policy::mapstate::reserved;
     let mut c = Ipcache::new();
-    for world in ["0.0.0.0/0", "::/0"] {
-        c.set(
-            world.parse().expect("valid prefix"),
-            Source::Node,
-            reserved::WORLD,
-        );
+    for world in [
+        ipnet::Ipv4Net::default().into(),
+        ipnet::Ipv6Net::default().into(),
+    ] {
+        c.set(world, Source::Node, reserved::WORLD);
     }
     for pool in reg.pools() {
         c.set(

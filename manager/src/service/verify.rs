@@ -113,9 +113,9 @@ fn check_endpoints(
                 got.len(),
                 want.len(),
                 missing.len(),
-                &missing[..missing.len().min(MAX_DETAILS)],
+                missing.iter().take(MAX_DETAILS).collect::<Vec<_>>(),
                 extra.len(),
-                &extra[..extra.len().min(MAX_DETAILS)],
+                extra.iter().take(MAX_DETAILS).collect::<Vec<_>>(),
             ));
         }
     }
