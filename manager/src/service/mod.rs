@@ -455,6 +455,7 @@ impl Manager {
         req: &AllocateRequest,
         pod_labels: Option<weft_policy::labels::LabelSet>,
     ) -> Result<Endpoint, ManagerError> {
+        let t0 = std::time::Instant::now();
         validate::allocate(req)?;
         let labels = pod_labels.unwrap_or_else(|| {
             weft_policy::labels::LabelSet::for_pod(
@@ -516,6 +517,7 @@ impl Manager {
             ifname = %ep.ifname,
             identity,
             ips = ?ep.ips.iter().map(|i| i.address).collect::<Vec<_>>(),
+            us = t0.elapsed().as_micros(),
             "endpoint allocated"
         );
         Ok(ep)
@@ -524,6 +526,7 @@ impl Manager {
     /// Registers the plumbed veth: attaches the datapath, installs the endpoint's policy, and
     /// only then persists it `ready` (Cilium's `SyncBuildEndpoint`: ADD returns enforcing).
     pub fn register(&self, id: u32, req: &RegisterRequest) -> Result<Endpoint, ManagerError> {
+        let t_req = std::time::Instant::now();
         validate::register(req)?;
         let mut st = self.state();
         let mut ep = st.reg.prepare_ready(id, req)?;
@@ -580,6 +583,7 @@ impl Manager {
             policy_slot = view.policy_id,
             attach_us,
             datapath_us,
+            us = t_req.elapsed().as_micros(),
             "endpoint ready"
         );
         Ok(ep)
