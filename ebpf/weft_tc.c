@@ -55,6 +55,14 @@ struct {
 } policy SEC(".maps");
 
 struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(max_entries, 65536);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} policy_gen SEC(".maps");
+
+struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__type(key, struct ct_key);
 	__type(value, struct ct_value);
@@ -125,12 +133,12 @@ static __always_inline struct peer peer_identity(const struct flow *f, const __u
 	return p;
 }
 
-static __always_inline __u8 policy_verdict(__u32 endpoint_id, __u32 identity, __u8 dir,
+static __always_inline __u8 policy_verdict(__u32 policy_id, __u32 identity, __u8 dir,
 					   const struct flow *f)
 {
 	struct policy_key k = {
 		.prefixlen = WEFT_POLICY_FULL_PREFIX,
-		.endpoint_id = endpoint_id,
+		.policy_id = policy_id,
 		.identity = identity,
 		.direction = dir,
 		.proto = f->proto,
@@ -351,12 +359,12 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 	if (enforced) {
 		struct peer p = peer_identity(&f, dir == WEFT_DIR_INGRESS ? f.saddr : f.daddr);
 		__u32 peer = p.identity;
-		__u8 verdict = policy_verdict(endpoint_id, peer, dir, &f);
+		__u8 verdict = policy_verdict(ep->policy_id, peer, dir, &f);
 
 		/* A pod's address inside a Kubernetes ipBlock: only when its own identity decided
 		 * nothing (a deny for it, or for any peer, still wins). */
 		if (!verdict && p.cidr_identity)
-			verdict = policy_verdict(endpoint_id, p.cidr_identity | WEFT_IDENTITY_BY_IP,
+			verdict = policy_verdict(ep->policy_id, p.cidr_identity | WEFT_IDENTITY_BY_IP,
 						 dir, &f);
 
 		if (verdict != WEFT_VERDICT_ALLOW) {

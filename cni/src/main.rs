@@ -63,6 +63,7 @@ fn print_json(v: &serde_json::Value) {
 }
 
 fn run(stdin: &[u8]) -> Result<Option<serde_json::Value>, CniError> {
+    let t0 = std::time::Instant::now();
     let env = CniEnv::from_os_lookup(|k| std::env::var_os(k))?;
     if env.command == Command::Version {
         return Ok(Some(version::version_info(
@@ -82,6 +83,10 @@ fn run(stdin: &[u8]) -> Result<Option<serde_json::Value>, CniError> {
         .enable_io()
         .build()
         .map_err(|e| CniError::netlink("building the runtime", e))?;
+    tracing::debug!(
+        us = t0.elapsed().as_micros(),
+        "parsed, logging and runtime up"
+    );
     rt.block_on(async {
         match env.command {
             Command::Add => {

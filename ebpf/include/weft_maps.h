@@ -22,11 +22,17 @@
 #define WEFT_EP_HAS_IPV4 (1u << 2)
 #define WEFT_EP_HAS_IPV6 (1u << 3)
 
-/* endpoints: HASH, key = host-side ifindex (__u32). */
+/*
+ * endpoints: HASH, key = host-side ifindex (__u32). policy_id names the policy slot the
+ * endpoint enforces: endpoints with the same identity (and named ports) share one slot's
+ * entries in the policy trie. The enforcement flags are the slot's, copied here so that one
+ * update of this entry switches slot and flags together.
+ */
 struct endpoint_info {
 	__u32 endpoint_id;
 	__u32 identity;
 	__u32 flags;
+	__u32 policy_id;
 	__u8 mac[6];
 	__u8 pad[2];
 	__u8 ipv4[4];
@@ -64,14 +70,14 @@ struct ipcache_value {
 #define WEFT_IDENTITY_BY_IP (1u << 30)
 
 /*
- * policy: one global LPM_TRIE for every endpoint (see docs/DATAPATH.md). endpoint_id, identity
+ * policy: one global LPM_TRIE for every policy slot (see docs/DATAPATH.md). policy_id, identity
  * and direction are always in the prefix (72 bits); proto adds 8 bits unless it is a wildcard;
  * dport (network byte order, so its high bits come first) adds 0..16 bits for an aligned
  * power-of-two port block.
  */
 struct policy_key {
 	__u32 prefixlen;
-	__u32 endpoint_id;
+	__u32 policy_id;
 	__u32 identity;
 	__u8 direction;
 	__u8 proto;
@@ -80,6 +86,12 @@ struct policy_key {
 #define WEFT_POLICY_FIXED_PREFIX 72
 #define WEFT_POLICY_PROTO_PREFIX 80
 #define WEFT_POLICY_FULL_PREFIX 96
+
+/*
+ * policy_gen: HASH, key = policy_id (__u32), value = generation (__u64). Never read by the
+ * programs: the manager's crash-safe record of which slots it finished writing. A slot whose
+ * entries are being written holds 0; every slot that may have entries in the trie has a key.
+ */
 
 #define WEFT_VERDICT_ALLOW 1
 #define WEFT_VERDICT_DENY 2

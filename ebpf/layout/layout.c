@@ -49,6 +49,7 @@ int main(void)
 	FIELD(endpoint_info, endpoint_id);
 	FIELD(endpoint_info, identity);
 	FIELD(endpoint_info, flags);
+	FIELD(endpoint_info, policy_id);
 	FIELD(endpoint_info, mac);
 	FIELD(endpoint_info, ipv4);
 	FIELD(endpoint_info, ipv6);
@@ -59,7 +60,7 @@ int main(void)
 	FIELD(ipcache_value, identity);
 	FIELD(ipcache_value, cidr_identity);
 	SIZE(policy_key);
-	FIELD(policy_key, endpoint_id);
+	FIELD(policy_key, policy_id);
 	FIELD(policy_key, identity);
 	FIELD(policy_key, direction);
 	FIELD(policy_key, proto);

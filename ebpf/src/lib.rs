@@ -54,8 +54,12 @@ pub mod map_names {
     pub const FRAGS: &str = "frags";
     /// Ring buffer of [`super::DropEvent`].
     pub const EVENTS: &str = "events";
+    /// policy slot (`u32`) → generation (`u64`): the manager's record of finished slot writes.
+    pub const POLICY_GEN: &str = "policy_gen";
     /// All of them.
-    pub const ALL: [&str; 7] = [ENDPOINTS, IPCACHE, POLICY, CT, FRAGS, METRICS, EVENTS];
+    pub const ALL: [&str; 8] = [
+        ENDPOINTS, IPCACHE, POLICY, POLICY_GEN, CT, FRAGS, METRICS, EVENTS,
+    ];
 }
 
 /// Value of the `endpoints` map (key: host-side ifindex, `u32`).
@@ -68,6 +72,8 @@ pub struct EndpointInfo {
     pub identity: u32,
     /// `EP_*` flags.
     pub flags: u32,
+    /// Policy slot whose entries the endpoint enforces.
+    pub policy_id: u32,
     /// Pod-side MAC.
     pub mac: [u8; 6],
     /// Padding (zero).
@@ -106,8 +112,8 @@ pub struct IpcacheValue {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct PolicyKey {
-    /// Endpoint the entry belongs to.
-    pub endpoint_id: u32,
+    /// Policy slot the entry belongs to (shared by the endpoints of one identity).
+    pub policy_id: u32,
     /// Peer identity, 0 = any.
     pub identity: u32,
     /// `DIR_INGRESS` or `DIR_EGRESS`.

@@ -41,7 +41,7 @@ fn rust_layout_matches_c() {
         "endpoint_info",
         EndpointInfo,
         lpm_shift = 0,
-        [endpoint_id, identity, flags, mac, ipv4, ipv6]
+        [endpoint_id, identity, flags, policy_id, mac, ipv4, ipv6]
     );
     check!(
         c,
@@ -65,7 +65,7 @@ fn rust_layout_matches_c() {
         "policy_key",
         PolicyKey,
         lpm_shift = 4,
-        [endpoint_id, identity, direction, proto, dport]
+        [policy_id, identity, direction, proto, dport]
     );
     check!(
         c,

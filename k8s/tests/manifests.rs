@@ -106,12 +106,41 @@ fn daemonset_is_what_the_node_agent_needs() {
         .find(|(_, k, _)| k == "DaemonSet")
         .unwrap();
     let ds: DaemonSet = strict(v).unwrap();
-    let pod = ds.spec.unwrap().template.spec.unwrap();
+    let template = ds.spec.unwrap().template;
+    let annotations = template.metadata.unwrap().annotations.unwrap_or_default();
+    let pod = template.spec.unwrap();
     assert_eq!(pod.host_network, Some(true));
     assert_eq!(pod.service_account_name.as_deref(), Some("weft"));
     let c = &pod.containers[0];
     assert_eq!(c.security_context.as_ref().unwrap().privileged, Some(true));
     assert!(c.readiness_probe.is_some() && c.liveness_probe.is_some());
+    // Prometheus finds the metrics port by the annotations; it must be the one the manager
+    // listens on (metrics_listen in the ConfigMap).
+    let port = c
+        .ports
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|p| p.name.as_deref() == Some("prometheus"));
+    assert_eq!(port.map(|p| p.container_port), Some(9962));
+    assert_eq!(
+        annotations.get("prometheus.io/scrape").map(String::as_str),
+        Some("true")
+    );
+    assert_eq!(
+        annotations.get("prometheus.io/port").map(String::as_str),
+        Some("9962")
+    );
+    let (_, _, cm) = documents()
+        .into_iter()
+        .find(|(_, k, _)| k == "ConfigMap")
+        .unwrap();
+    let toml = cm["data"]["manager.toml"].as_str().unwrap();
+    assert!(
+        toml.lines()
+            .any(|l| l.trim() == "metrics_listen = \":9962\""),
+        "{toml}"
+    );
     let env = c.env.as_ref().unwrap();
     let node = env.iter().find(|e| e.name == "NODE_NAME").unwrap();
     let field = node

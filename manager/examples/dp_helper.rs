@@ -68,6 +68,7 @@ fn endpoint(ifname: &str, endpoint_id: u32, identity: u32, ips: Vec<IpAddr>) -> 
     EndpointDatapath {
         endpoint_id,
         identity,
+        policy_id: endpoint_id,
         host_ifindex,
         host_ifname: ifname.to_owned(),
         ips,
@@ -176,6 +177,7 @@ fn main() {
             let ep = EndpointDatapath {
                 endpoint_id,
                 identity: 0,
+                policy_id: endpoint_id,
                 host_ifindex: nix::net::if_::if_nametoindex(ifname.as_str()).unwrap_or(0),
                 host_ifname: ifname,
                 ips: Vec::new(),
@@ -193,7 +195,7 @@ fn main() {
         } => {
             let p = policy(peer, port, filler, ingress, egress);
             let t = Instant::now();
-            dp.apply_policy(endpoint_id, &p).expect("apply policy");
+            dp.apply_policy(endpoint_id, &p, 1).expect("apply policy");
             eprintln!(
                 "apply_policy: {} entries in {:.0} us",
                 p.entries.len(),

@@ -123,6 +123,7 @@ pub fn router(manager: Shared) -> Router {
         .route("/v1/verify", get(verify))
         .route("/v1/monitor", get(monitor))
         .route("/v1/metrics", get(metrics))
+        .route("/metrics", get(crate::prom::handler))
         .fallback(|| async {
             HttpError::new(
                 StatusCode::NOT_FOUND,
@@ -134,6 +135,10 @@ pub fn router(manager: Shared) -> Router {
             weft_api::MAX_REQUEST_BODY,
         ))
         .layer(axum::middleware::map_response(json_errors))
+        .layer(axum::middleware::from_fn_with_state(
+            manager.prom().clone(),
+            crate::prom::track_api,
+        ))
         .with_state(manager)
 }
 

@@ -123,6 +123,10 @@ pub struct Cli {
     /// masquerade table) and exits.
     #[arg(long)]
     pub uninstall: bool,
+    /// Also serve Prometheus metrics (`/metrics` and `/healthz` only, read-only) on this TCP
+    /// address: IP:PORT, or :PORT for every IPv4 address [default: off; the `DaemonSet` uses :9962].
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<String>,
 }
 
 /// Cluster state backends.
@@ -172,6 +176,7 @@ struct FileConfig {
     masquerade: Option<bool>,
     #[serde(default)]
     non_masquerade_cidrs: Vec<ipnet::IpNet>,
+    metrics_listen: Option<String>,
 }
 
 /// The resolved settings.
@@ -207,6 +212,8 @@ pub struct Config {
     pub non_masquerade_cidrs: Vec<ipnet::IpNet>,
     /// `--uninstall`: remove and exit.
     pub uninstall: bool,
+    /// TCP address serving `/metrics` (off when `None`).
+    pub metrics_listen: Option<std::net::SocketAddr>,
 }
 
 /// Kubernetes mode's settings.
@@ -268,6 +275,12 @@ impl Config {
                 cli.non_masquerade_cidrs
             },
             uninstall: cli.uninstall,
+            metrics_listen: cli
+                .metrics_listen
+                .or(file.metrics_listen)
+                .map(|s| crate::prom::parse_listen(&s))
+                .transpose()
+                .map_err(|e| ConfigError::Invalid(e.to_string()))?,
         };
         match (
             cli.install_cni_bin.or(file.install_cni_bin),

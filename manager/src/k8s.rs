@@ -86,6 +86,7 @@ pub async fn start(
     });
     let watchers = Watchers::new(conn.client, node_name, sink);
     manager.set_k8s_cache(watchers.cache.clone());
+    manager.prom().set_watch_stats(watchers.stats.clone());
     let tasks = watchers.spawn(conn.settings.cilium_policies);
     let expected = tasks.len();
     let t0 = Instant::now();

@@ -37,8 +37,10 @@ pub mod masquerade;
 pub mod node;
 pub mod nodenet;
 pub mod policy_state;
+pub mod prom;
 pub mod restore;
 pub mod service;
+pub mod slots;
 pub mod store;
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 
 use sled::Transactional;
 use sled::transaction::{ConflictableTransactionError, TransactionError};
+use std::collections::BTreeMap;
 use std::path::Path;
 use weft_api::Endpoint;
 use weft_policy::identity::IdentityKey;
@@ -77,7 +78,13 @@ pub struct Store {
     /// Policy rules, one record each so a change writes only what changed: sequence number
     /// (u64 BE) → `Rule` JSON, plus [`RULES_REVISION`] → the repository revision (u64 BE).
     rules: sled::Tree,
+    /// Policy slots (`crate::slots`): slot (u32 BE) → record JSON, plus [`SLOT_INPUTS`] → the
+    /// digest of the policy inputs the records were written under (u64 BE).
+    slots: sled::Tree,
 }
+
+/// Longer than a slot key, so it never collides with one.
+const SLOT_INPUTS: &[u8] = b"inputs";
 
 /// Shorter than a sequence number key, so it never collides with one.
 const RULES_REVISION: &[u8] = b"rev";
@@ -115,6 +122,7 @@ impl Store {
             meta: db.open_tree("meta")?,
             identities: db.open_tree("identities")?,
             rules: db.open_tree("rules")?,
+            slots: db.open_tree("slots")?,
             db,
         })
     }
@@ -201,6 +209,52 @@ impl Store {
         }
         batch.insert(RULES_REVISION, &revision.to_be_bytes());
         self.rules.apply_batch(batch)?;
+        self.db.flush()?;
+        Ok(())
+    }
+
+    /// Every slot record (undecodable ones are skipped: the slot is then not trusted) and the
+    /// inputs digest they were written under.
+    pub fn load_slots<T: serde::de::DeserializeOwned>(
+        &self,
+    ) -> Result<(BTreeMap<u32, T>, Option<u64>), StoreError> {
+        let mut out = BTreeMap::new();
+        let mut inputs = None;
+        for item in &self.slots {
+            let (k, v) = item?;
+            if k.as_ref() == SLOT_INPUTS {
+                inputs = v.as_ref().try_into().ok().map(u64::from_be_bytes);
+            } else if let (Ok(key), Ok(record)) = (
+                <[u8; 4]>::try_from(k.as_ref()),
+                serde_json::from_slice::<T>(&v),
+            ) {
+                out.insert(u32::from_be_bytes(key), record);
+            }
+        }
+        Ok((out, inputs))
+    }
+
+    /// Writes and removes slot records and sets (or, with `None`, removes) the inputs digest,
+    /// atomically, then flushes.
+    pub fn write_slots<T: serde::Serialize>(
+        &self,
+        put: &[(u32, &T)],
+        remove: &[u32],
+        inputs: Option<u64>,
+    ) -> Result<(), StoreError> {
+        let mut batch = sled::Batch::default();
+        for slot in remove {
+            batch.remove(&slot.to_be_bytes());
+        }
+        for (slot, record) in put {
+            let json = encode("policy slot record", record)?;
+            batch.insert(&slot.to_be_bytes(), json);
+        }
+        match inputs {
+            Some(d) => batch.insert(SLOT_INPUTS, &d.to_be_bytes()),
+            None => batch.remove(SLOT_INPUTS),
+        }
+        self.slots.apply_batch(batch)?;
         self.db.flush()?;
         Ok(())
     }

@@ -32,7 +32,7 @@ fn allowed_ports_pass_denied_ports_drop_with_an_event() {
         false,
         "ingress 1000 tcp 8080 allow; ingress 1000 udp 8080 allow",
     );
-    dp.apply_policy(w.pods[B].ep.endpoint_id, &p).unwrap();
+    dp.apply_policy(w.pods[B].ep.endpoint_id, &p, 1).unwrap();
     let mut rx = dp.subscribe_events();
     for (n, ip) in ips(&w, B).into_iter().enumerate() {
         let a = &w.pods[A].ns;
@@ -81,7 +81,7 @@ fn replies_of_pod_initiated_flows_pass_an_enforced_ingress() {
         true,
         "egress 1001 tcp 9000 allow; egress 1001 udp 9000 allow",
     );
-    dp.apply_policy(w.pods[A].ep.endpoint_id, &p).unwrap();
+    dp.apply_policy(w.pods[A].ep.endpoint_id, &p, 1).unwrap();
     for ip in ips(&w, B) {
         assert!(
             tcp_ok(&w.pods[A].ns, ip, 9000),
@@ -115,14 +115,14 @@ fn icmp_and_neighbour_discovery_follow_policy() {
         false,
         "ingress 1000 icmp 0-65535 allow; ingress 1000 icmpv6 0-65535 allow",
     );
-    dp.apply_policy(101, &allow_icmp).unwrap();
+    dp.apply_policy(101, &allow_icmp, 1).unwrap();
     for ip in ips(&w, B) {
         assert!(ping_ok(&w.pods[A].ns, ip), "ping {ip} allowed");
     }
     // Flush the node's neighbours: IPv6 ping now needs NDP through the enforcing programs.
     support::sh(&["ip", "-n", &w.node, "neigh", "flush", "all"]);
     let mut rx = dp.subscribe_events();
-    dp.apply_policy(101, &policy(true, false, "")).unwrap();
+    dp.apply_policy(101, &policy(true, false, ""), 1).unwrap();
     // ICMP ct entries are per echo id: a new ping process uses a new id.
     for ip in ips(&w, B) {
         assert!(!ping_ok(&w.pods[A].ns, ip), "ping {ip} must be dropped");
@@ -137,7 +137,7 @@ fn icmp_and_neighbour_discovery_follow_policy() {
     // into the pod (ICMPv6 135) must pass anyway, and the echo replies pass as ct replies.
     support::sh(&["ip", "-n", &w.node, "neigh", "flush", "all"]);
     let echo_only = "ingress 1000 icmp 8 allow; ingress 1000 icmpv6 128 allow";
-    dp.apply_policy(101, &policy(true, true, echo_only))
+    dp.apply_policy(101, &policy(true, true, echo_only), 1)
         .unwrap();
     for ip in ips(&w, B) {
         assert!(
@@ -166,7 +166,7 @@ fn peer_identities_come_from_the_ipcache_world_by_default() {
     let w = World::new();
     let dp = open_and_attach(&w);
     let from_host = "ingress 1 icmp 0-65535 allow";
-    dp.apply_policy(101, &policy(true, false, from_host))
+    dp.apply_policy(101, &policy(true, false, from_host), 1)
         .unwrap();
     let mut rx = dp.subscribe_events();
     let b4: IpAddr = w.pods[B].ip4.into();
@@ -186,14 +186,14 @@ fn enforcement_off_passes_everything() {
     let dp = open_and_attach(&w);
     echo_servers(&w.pods[B].ns, 7000);
     let deny_all = "ingress 0 any * deny";
-    dp.apply_policy(101, &policy(false, false, deny_all))
+    dp.apply_policy(101, &policy(false, false, deny_all), 1)
         .unwrap();
     for ip in ips(&w, B) {
         assert!(tcp_ok(&w.pods[A].ns, ip, 7000));
         assert!(udp_ok(&w.pods[A].ns, ip, 7000, 43_000));
         assert!(ping_ok(&w.pods[A].ns, ip));
     }
-    dp.apply_policy(101, &policy(true, false, deny_all))
+    dp.apply_policy(101, &policy(true, false, deny_all), 1)
         .unwrap();
     for ip in ips(&w, B) {
         assert!(
@@ -215,7 +215,7 @@ fn deny_beats_allow_and_port_ranges_match_inside_only() {
         false,
         "ingress 1000 tcp 9000-9010 allow; ingress 0 tcp 9100-9101 allow; ingress 1000 tcp 9101 deny; ingress 0 tcp 9005 deny",
     );
-    dp.apply_policy(101, &p).unwrap();
+    dp.apply_policy(101, &p, 1).unwrap();
     let mut rx = dp.subscribe_events();
     for ip in ips(&w, B) {
         let a = &w.pods[A].ns;
@@ -247,9 +247,9 @@ fn fragmented_datagrams_follow_the_first_fragment() {
     let dp = open_and_attach(&w);
     echo_servers(&w.pods[B].ns, 5000);
     // B admits UDP 5000 from A; A admits nothing: the fragmented echo must pass as a reply.
-    dp.apply_policy(101, &policy(true, false, "ingress 1000 udp 5000 allow"))
+    dp.apply_policy(101, &policy(true, false, "ingress 1000 udp 5000 allow"), 1)
         .unwrap();
-    dp.apply_policy(100, &policy(true, false, "")).unwrap();
+    dp.apply_policy(100, &policy(true, false, ""), 1).unwrap();
     for (n, ip) in ips(&w, B).into_iter().enumerate() {
         let local = 44_000 + u16::try_from(n).unwrap();
         assert!(
@@ -275,7 +275,7 @@ fn icmp_errors_of_a_flow_pass_as_related() {
     let w = World::new();
     let dp = open_and_attach(&w);
     // A admits nothing: B's port-unreachable for A's datagram must pass as related to A's flow.
-    dp.apply_policy(100, &policy(true, false, "")).unwrap();
+    dp.apply_policy(100, &policy(true, false, ""), 1).unwrap();
     for ip in ips(&w, B) {
         assert!(
             udp_refused(&w.pods[A].ns, ip, 5999),

@@ -16,13 +16,25 @@ stats() {
 }
 median() { read -r _ m _ _ <<<"$(stats "$@")"; echo "$m"; }
 
-# Pod i's labels: 25 apps, 3 tiers, 2 zones -> up to 150 label sets (identities) for 250 pods,
-# so selectors match several identities, as deployments do in a real cluster.
+# Pod i's labels. MIX=mixed (default): 25 apps, 3 tiers, 2 zones -> up to 150 label sets
+# (identities) for 250 pods, so selectors match several identities. MIX=deployment: 25
+# deployments whose replicas share all labels (tier and zone follow the app) -> 25 identities,
+# 10 replicas each at 250 pods: the common shape of a real node.
+# scripts/bench/all calls the default mix "today".
+MIX=${MIX:-mixed}
+case $MIX in today) MIX=mixed ;; mixed | deployment) ;; *) die "MIX must be mixed or deployment, not $MIX" ;; esac
 bench_pod_labels() {
   local i=$1
+  if [ "$MIX" = deployment ]; then
+    local d=$((i % 25))
+    printf '[{"key":"app","value":"a%d"},{"key":"tier","value":"t%d"},{"key":"zone","value":"z%d"}]' \
+      "$d" $((d % 3)) $((d % 2))
+    return
+  fi
   printf '[{"key":"app","value":"a%d"},{"key":"tier","value":"t%d"},{"key":"zone","value":"z%d"}]' \
     $((i % 25)) $((i % 3)) $(((i / 25) % 2))
 }
+
 
 # bench_make_pods N: pods p1..pN in their own netns via weft_add_pod (so lib.sh's cleanup trap
 # removes them). Sequential: this is set-up, not what is measured.
@@ -88,3 +100,20 @@ bench_gen_policy() {
 # The weft-manager process's resident set in KiB (lib.sh starts it with nsenter, which execs it:
 # the PID is the manager's own).
 manager_rss_kib() { awk '/^VmRSS:/ {print $2}' "/proc/$WEFT_MANAGER_PID/status"; }
+
+# result NAME FILE [scale] [key=value...]: the machine-readable line scripts/bench/all collects,
+#   RESULT name=NAME key=value... median=M p10=P p90=Q n=N
+# from one number per line in FILE, divided by scale. Nearest-rank percentiles, as `stats`.
+# An empty FILE prints nothing: the suite reports the missing figure instead of a fake one.
+result() {
+  local name=$1 file=$2 scale=${3:-1}
+  shift 3 2>/dev/null || shift $#
+  [ -s "$file" ] || return 0
+  sort -g "$file" | awk -v s="$scale" -v name="$name" -v extra="$*" '{a[NR]=$1}
+    END {
+      p10 = int(NR * 0.1 + 0.5); if (p10 < 1) p10 = 1
+      p90 = int(NR * 0.9 + 0.5); if (p90 < 1) p90 = 1
+      printf "RESULT name=%s%s median=%.4g p10=%.4g p90=%.4g n=%d\n", name, (extra == "" ? "" : " " extra),
+        a[int((NR+1)/2)]/s, a[p10]/s, a[p90]/s, NR
+    }'
+}

@@ -144,4 +144,25 @@ check "DELETED pushed" push /apis/networking.k8s.io/v1/networkpolicies \
 gone() { local i; for i in $(seq 100); do weftctl policy list | grep -q allow-serve-80 || return 0; sleep 0.05; done; return 1; }
 check "its rules are gone" gone
 check "ops -> server:81 allowed again" tcp_ok server client-c "$SRV" 81
+
+echo "== a rejected policy is visible in policy list and the metrics"
+np_egress_named() {
+  jq -nc '{apiVersion:"networking.k8s.io/v1",kind:"NetworkPolicy",
+    metadata:{name:"egress-named",namespace:"srv",uid:"uid-np-3",resourceVersion:"25",generation:1},
+    spec:{podSelector:{matchLabels:{app:"server"}},policyTypes:["Egress"],
+      egress:[{to:[{namespaceSelector:{}}],ports:[{port:"serve-80",protocol:"TCP"}]}]}}'
+}
+check "ADDED a policy with an egress named port pushed" push /apis/networking.k8s.io/v1/networkpolicies \
+  "$(jq -nc --argjson o "$(np_egress_named)" '{type:"ADDED",object:$o}')"
+rejected() { local i; for i in $(seq 100); do weftctl policy list | grep -q "egress-named.*not supported yet" && return 0; sleep 0.05; done; return 1; }
+check "policy list shows it rejected, saying why" rejected
+curl -sf --unix-socket "$WEFT_SOCK" http://weft/metrics >"$WEFT_TMP/metrics.txt" || die "scraping /metrics failed"
+sample() { awk -v k="$1" 'substr($0, 1, length(k) + 1) == k " " {print $NF}' "$WEFT_TMP/metrics.txt"; }
+check "weft_k8s_policies_rejected{kind=NetworkPolicy} = 1" test "$(sample 'weft_k8s_policies_rejected{kind="NetworkPolicy"}')" = 1
+check "weft_k8s_policy_rejections_total{kind=NetworkPolicy} = 1" test "$(sample 'weft_k8s_policy_rejections_total{kind="NetworkPolicy"}')" = 1
+np_events() { sample "weft_k8s_watch_events_total{resource=\"NetworkPolicy\",type=\"$1\"}"; }
+check "NetworkPolicy events: 1 listed, 2 applied, 2 deleted" test "$(np_events list) $(np_events apply) $(np_events delete)" = "1 2 2"
+check "3 namespaces listed" test "$(sample 'weft_k8s_watch_events_total{resource="namespaces",type="list"}')" = 3
+check "the namespace label change counted" test "$(sample 'weft_k8s_watch_events_total{resource="namespaces",type="apply"}')" -ge 1
+check "lists counted" test "$(sample weft_k8s_watch_lists_total)" -ge 4
 weft_summary

@@ -57,6 +57,8 @@ async fn allocate(
 
 /// Runs ADD and returns the result to print.
 pub async fn run(env: &CniEnv, conf: &NetConf) -> Result<CniResult, CniError> {
+    // Per-phase wall times, logged with `ready` (the ADD breakdown of docs/BENCHMARKS.md).
+    let t0 = std::time::Instant::now();
     let netns_path = super::netns_path(env)?;
     let netns_str = netns_path.to_string_lossy().into_owned();
     let netns = netns::open_pod_netns(netns_path)?;
@@ -65,6 +67,7 @@ pub async fn run(env: &CniEnv, conf: &NetConf) -> Result<CniResult, CniError> {
     let (host_mac, pod_mac) = veth_macs(&env.container_id, &env.ifname);
 
     let ep = allocate(env, conf, &client, &netns_str).await?;
+    let allocate_us = t0.elapsed().as_micros();
     let mut revert = RevertStack::new(revert::Node {
         socket: conf.socket.clone(),
     });
@@ -101,6 +104,7 @@ pub async fn run(env: &CniEnv, conf: &NetConf) -> Result<CniResult, CniError> {
         },
     )
     .await?;
+    let veth_us = t0.elapsed().as_micros();
 
     let pod_ips = ep.ips.clone();
     let egress = conf.bandwidth.egress;
@@ -118,6 +122,7 @@ pub async fn run(env: &CniEnv, conf: &NetConf) -> Result<CniResult, CniError> {
     let (pod, host) = futures::join!(pod, host);
     pod?;
     host?;
+    let plumb_us = t0.elapsed().as_micros();
 
     let host_mac_s = format_mac(&host_mac);
     let pod_mac_s = format_mac(&pod_mac);
@@ -134,7 +139,16 @@ pub async fn run(env: &CniEnv, conf: &NetConf) -> Result<CniResult, CniError> {
     )
     .await?;
     revert.disarm();
-    tracing::info!(endpoint = ep.id, host_ifname = %host_name, "ready");
+    // Cumulative µs since the ADD began, at the end of each phase.
+    tracing::info!(
+        endpoint = ep.id,
+        host_ifname = %host_name,
+        allocate_us,
+        veth_us,
+        plumb_us,
+        ready_us = t0.elapsed().as_micros(),
+        "ready"
+    );
 
     Ok(CniResult::build(
         &conf.cni_version,

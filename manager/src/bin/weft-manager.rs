@@ -39,9 +39,21 @@ fn main() {
         .build()
         .unwrap_or_else(|e| fail(&e));
     runtime.block_on(async {
+        // Bound first: a taken port fails before start-up changes anything.
+        let metrics = match config.metrics_listen {
+            Some(addr) => Some(
+                weft_manager::prom::bind(addr)
+                    .await
+                    .unwrap_or_else(|e| fail(&e)),
+            ),
+            None => None,
+        };
         let (manager, listener) = weft_manager::daemon::start(&config)
             .await
             .unwrap_or_else(|e| fail(&format!("cannot start: {e}")));
+        if let Some(l) = metrics {
+            tokio::spawn(weft_manager::prom::serve_tcp(l, manager.clone()));
+        }
         if let Some(i) = &config.cni_install {
             let plugin = weft_manager::cni_install::plugin_beside_manager()
                 .unwrap_or_else(|e| fail(&format!("cannot find weft-cni: {e}")));

@@ -291,8 +291,9 @@ pub async fn run(cli: Cli) -> Result<(), CtlError> {
                     .filter_map(Value::as_str)
                     .collect();
                 let head = format!(
-                    "{} endpoints, {} policy blocks, {} ipcache prefixes: {}",
+                    "{} endpoints, {} policy slots, {} policy blocks, {} ipcache prefixes: {}",
                     v["endpoints"],
+                    v["slots"],
                     v["policy_entries"],
                     v["ipcache_entries"],
                     if problems.is_empty() {

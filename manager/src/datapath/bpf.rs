@@ -44,6 +44,7 @@ impl BpfDatapath {
             .map_max_entries(names::ENDPOINTS, config.endpoints_max)
             .map_max_entries(names::IPCACHE, config.ipcache_max)
             .map_max_entries(names::POLICY, config.policy_max)
+            .map_max_entries(names::POLICY_GEN, config.endpoints_max)
             .map_max_entries(names::CT, config.ct_max)
             .map_max_entries(names::FRAGS, config.frags_max)
             .map_max_entries(names::METRICS, config.metrics_max)
@@ -68,12 +69,15 @@ impl BpfDatapath {
             endpoints: take(&mut ebpf, names::ENDPOINTS)?,
             ipcache: take(&mut ebpf, names::IPCACHE)?,
             policy: take(&mut ebpf, names::POLICY)?,
+            policy_gen: take(&mut ebpf, names::POLICY_GEN)?,
             ct: take(&mut ebpf, names::CT)?,
             frags: take(&mut ebpf, names::FRAGS)?,
             metrics: take(&mut ebpf, names::METRICS)?,
             ebpf,
             installed: HashMap::new(),
-            enforcement: HashMap::new(),
+            unloaded: BTreeSet::new(),
+            slot_flags: HashMap::new(),
+            slot_of: HashMap::new(),
             by_id: HashMap::new(),
         };
         maps.read_back()?;
@@ -115,12 +119,12 @@ impl Datapath for BpfDatapath {
         }
         let mut maps = self.lock();
         // Maps first: the moment the programs run, the endpoint's entries are in place.
-        let flags = maps.enforcement.get(&ep.endpoint_id).copied().unwrap_or(0);
+        let flags = maps.slot_flags.get(&ep.policy_id).copied().unwrap_or(0);
         maps.endpoints
             .insert(ifindex, endpoint_info(ep, flags), 0)
             .map_err(DatapathError::map(names::ENDPOINTS))?;
         maps.by_id.insert(ep.endpoint_id, ifindex);
-        maps.enforcement.insert(ep.endpoint_id, flags);
+        maps.slot_of.insert(ep.endpoint_id, ep.policy_id);
         attach::ensure_clsact(&ep.host_ifname)?;
         attach::attach(
             &mut maps.ebpf,
@@ -147,18 +151,40 @@ impl Datapath for BpfDatapath {
         from.and(to)
     }
 
-    fn apply_policy(&self, endpoint_id: u32, policy: &EndpointPolicy) -> Result<(), DatapathError> {
-        self.lock().apply(endpoint_id, policy)
+    fn apply_policy(
+        &self,
+        slot: u32,
+        policy: &EndpointPolicy,
+        generation: u64,
+    ) -> Result<u64, DatapathError> {
+        self.lock().apply(slot, policy, generation)
     }
 
     fn apply_policy_identities(
         &self,
-        endpoint_id: u32,
+        slot: u32,
         identities: &BTreeSet<u32>,
         entries: &BTreeMap<PolicyEntry, Verdict>,
-    ) -> Result<(), DatapathError> {
+        generation: u64,
+    ) -> Result<u64, DatapathError> {
         self.lock()
-            .apply_identities(endpoint_id, identities, entries)
+            .apply_identities(slot, identities, entries, generation)
+    }
+
+    fn switch_slot(&self, endpoint_id: u32, slot: u32) -> Result<(), DatapathError> {
+        self.lock().switch_slot(endpoint_id, slot)
+    }
+
+    fn release_slot(&self, slot: u32) -> Result<(), DatapathError> {
+        self.lock().release_slot(slot)
+    }
+
+    fn slot_generations(&self) -> Result<BTreeMap<u32, u64>, DatapathError> {
+        self.lock().generations()
+    }
+
+    fn load_slots(&self, slots: &BTreeSet<u32>) -> Result<(), DatapathError> {
+        self.lock().load_slots(slots)
     }
 
     fn upsert_ipcache(&self, prefix: ipnet::IpNet, v: IpcacheValue) -> Result<(), DatapathError> {
@@ -196,7 +222,8 @@ impl Datapath for BpfDatapath {
     }
 
     fn kernel_state(&self) -> Result<KernelState, DatapathError> {
-        let policy = self.lock().kernel_policy()?.into_iter().collect();
+        let policy = self.lock().kernel_policy(|_| true)?.into_iter().collect();
+        let generations = self.lock().generations()?;
         let ipcache = self.ipcache_entries()?;
         let maps = self.lock();
         let mut endpoints = BTreeMap::new();
@@ -214,6 +241,7 @@ impl Datapath for BpfDatapath {
                 KernelEndpoint {
                     ifindex,
                     identity: e.identity,
+                    policy_id: e.policy_id,
                     ingress_enforced: e.flags & abi::EP_INGRESS_ENFORCED != 0,
                     egress_enforced: e.flags & abi::EP_EGRESS_ENFORCED != 0,
                     mac: e.mac,
@@ -224,6 +252,7 @@ impl Datapath for BpfDatapath {
         Ok(KernelState {
             endpoints,
             policy,
+            generations,
             ipcache,
         })
     }
@@ -241,6 +270,15 @@ impl Datapath for BpfDatapath {
         Ok(ids)
     }
 
+    fn endpoint_slots(&self) -> Result<BTreeMap<u32, u32>, DatapathError> {
+        Ok(self
+            .lock()
+            .slot_of
+            .iter()
+            .map(|(&ep, &slot)| (ep, slot))
+            .collect())
+    }
+
     fn reconcile(&self, keep: &BTreeSet<u32>) -> Result<BTreeSet<u32>, DatapathError> {
         let mut maps = self.lock();
         let stale_eps: Vec<(u32, abi::EndpointInfo)> = maps
@@ -249,8 +287,7 @@ impl Datapath for BpfDatapath {
             .filter_map(Result::ok)
             .filter(|(_, info)| !keep.contains(&info.endpoint_id))
             .collect();
-        let mut stale: BTreeSet<u32> = stale_eps.iter().map(|(_, info)| info.endpoint_id).collect();
-        stale.extend(maps.installed.keys().filter(|id| !keep.contains(id)));
+        let stale: BTreeSet<u32> = stale_eps.iter().map(|(_, info)| info.endpoint_id).collect();
         for (ifindex, info) in stale_eps {
             if let Ok(name) = nix::net::if_::if_indextoname(ifindex) {
                 let name = name.to_string_lossy().into_owned();

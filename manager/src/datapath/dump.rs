@@ -34,6 +34,7 @@ pub(crate) fn list(maps: &Maps, pin_dir: &Path) -> Vec<MapSummary> {
                 names::ENDPOINTS => maps.endpoints.keys().count(),
                 names::IPCACHE => maps.ipcache.keys().count(),
                 names::POLICY => maps.policy.keys().count(),
+                names::POLICY_GEN => maps.policy_gen.keys().count(),
                 names::CT => maps.ct.keys().count(),
                 names::FRAGS => maps.frags.keys().count(),
                 names::METRICS => maps.metrics.keys().count(),
@@ -60,6 +61,7 @@ fn endpoints(maps: &Maps) -> Result<Vec<Value>, DatapathError> {
             "ifindex": ifindex,
             "endpoint_id": e.endpoint_id,
             "identity": e.identity,
+            "policy_id": e.policy_id,
             "ingress_enforced": e.flags & abi::EP_INGRESS_ENFORCED != 0,
             "egress_enforced": e.flags & abi::EP_EGRESS_ENFORCED != 0,
             "mac": mac(e.mac),
@@ -116,7 +118,7 @@ fn policy(maps: &Maps) -> Result<Vec<Value>, DatapathError> {
             port_range(k.prefix_len(), d.dport)
         };
         out.push(json!({
-            "endpoint_id": d.endpoint_id,
+            "policy_id": d.policy_id,
             "identity": d.identity,
             "direction": direction_name(d.direction),
             "proto": if any_proto { 0 } else { d.proto },
@@ -126,6 +128,14 @@ fn policy(maps: &Maps) -> Result<Vec<Value>, DatapathError> {
         }));
     }
     Ok(out)
+}
+
+fn policy_gen(maps: &Maps) -> Result<Vec<Value>, DatapathError> {
+    Ok(maps
+        .generations()?
+        .into_iter()
+        .map(|(slot, generation)| json!({"policy_id": slot, "generation": generation}))
+        .collect())
 }
 
 fn ct(maps: &Maps) -> Result<Vec<Value>, DatapathError> {
@@ -187,6 +197,7 @@ pub(crate) fn dump(maps: &Maps, name: &str) -> Result<Vec<Value>, DatapathError>
         names::ENDPOINTS => endpoints(maps),
         names::IPCACHE => ipcache(maps),
         names::POLICY => policy(maps),
+        names::POLICY_GEN => policy_gen(maps),
         names::CT => ct(maps),
         names::FRAGS => frags(maps),
         names::METRICS => metrics(maps),

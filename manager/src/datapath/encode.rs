@@ -1,6 +1,6 @@
 //! Encoding an [`EndpointPolicy`] into `policy` LPM trie entries, and diffing two encodings.
 //!
-//! Key = {endpoint id, identity, direction | proto | dport(be)}; the first three are always in
+//! Key = {policy slot, identity, direction | proto | dport(be)}; the first three are always in
 //! the prefix (72 bits). A wildcard protocol stops the prefix there (all protocols, all ports);
 //! otherwise the 8 proto bits follow and a port range becomes aligned power-of-two blocks, each a
 //! prefix over the high bits of the big-endian port. The datapath looks up the packet's exact
@@ -8,7 +8,7 @@
 //!
 //! Deny beats allow: an LPM lookup returns only the longest matching block, so a narrow allow
 //! inside a broad deny would win. Aligned blocks are either nested or disjoint, so the encoder
-//! stores every block that lies inside a deny block of the same (endpoint, identity, direction)
+//! stores every block that lies inside a deny block of the same (slot, identity, direction)
 //! as a deny. Then, per identity, the longest match is deny exactly when some deny covers the
 //! packet; across the two identities the datapath lets a deny from either win.
 
@@ -19,7 +19,7 @@ use weft_policy::mapstate::{Direction, EndpointPolicy, PolicyEntry, Verdict};
 /// One LPM entry of the `policy` map: prefix length and key data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct PolicyBlock {
-    /// Key data (dport in network byte order). First, so blocks sort by endpoint, then
+    /// Key data (dport in network byte order). First, so blocks sort by slot, then
     /// identity: one identity's blocks are a contiguous range.
     pub key: PolicyKey,
     /// Bits of `key` that must match (72, 80 or 80 + port prefix).
@@ -27,13 +27,13 @@ pub struct PolicyBlock {
 }
 
 impl PolicyBlock {
-    /// The blocks of one endpoint and peer identity in an [`Encoded`].
+    /// The blocks of one policy slot and peer identity in an [`Encoded`].
     pub(crate) fn identity_range(
-        endpoint_id: u32,
+        policy_id: u32,
         identity: u32,
     ) -> std::ops::RangeInclusive<PolicyBlock> {
         let key = |direction, proto, dport| PolicyKey {
-            endpoint_id,
+            policy_id,
             identity,
             direction,
             proto,
@@ -49,7 +49,7 @@ impl PolicyBlock {
     }
 }
 
-/// Encoded policy of an endpoint: block → `VERDICT_ALLOW` or `VERDICT_DENY`.
+/// Encoded policy of a slot: block → `VERDICT_ALLOW` or `VERDICT_DENY`.
 pub type Encoded = BTreeMap<PolicyBlock, u8>;
 
 pub(crate) fn dir_byte(d: Direction) -> u8 {
@@ -84,23 +84,23 @@ fn variable_bits(b: &PolicyBlock) -> (u32, u32) {
     (bits, b.prefix_len - abi::POLICY_FIXED_PREFIX)
 }
 
-/// True when `outer` contains `inner` (same endpoint, identity and direction assumed).
+/// True when `outer` contains `inner` (same slot, identity and direction assumed).
 fn contains(outer: &PolicyBlock, inner: &PolicyBlock) -> bool {
     let ((ob, on), (ib, inn)) = (variable_bits(outer), variable_bits(inner));
     on <= inn && (on == 0 || (ob >> (24 - on)) == (ib >> (24 - on)))
 }
 
-/// Encodes the entries of `policy` for `endpoint_id` (the enforcement flags live in the
+/// Encodes the entries of `policy` for `policy_id` (the enforcement flags live in the
 /// `endpoints` map, not here).
 #[must_use]
-pub fn encode_policy(endpoint_id: u32, policy: &EndpointPolicy) -> Encoded {
-    encode_entries(endpoint_id, &policy.entries)
+pub fn encode_policy(policy_id: u32, policy: &EndpointPolicy) -> Encoded {
+    encode_entries(policy_id, &policy.entries)
 }
 
 /// Encodes policy entries. The deny carving below only looks within one identity, so the
 /// entries of some identities encode to exactly those identities' blocks of the whole policy.
 #[must_use]
-pub fn encode_entries(endpoint_id: u32, entries: &BTreeMap<PolicyEntry, Verdict>) -> Encoded {
+pub fn encode_entries(policy_id: u32, entries: &BTreeMap<PolicyEntry, Verdict>) -> Encoded {
     let mut out = Encoded::new();
     for (entry, verdict) in entries {
         let verdict = match verdict {
@@ -108,7 +108,7 @@ pub fn encode_entries(endpoint_id: u32, entries: &BTreeMap<PolicyEntry, Verdict>
             Verdict::Deny => abi::VERDICT_DENY,
         };
         let key = PolicyKey {
-            endpoint_id,
+            policy_id,
             identity: entry.identity,
             direction: dir_byte(entry.direction),
             proto: entry.proto,
@@ -200,6 +200,41 @@ pub fn lookup_encoded(
         abi::VERDICT_DENY => Some(Verdict::Deny),
         _ => Some(Verdict::Allow),
     }
+}
+
+/// A digest of a slot's contents (its blocks and enforcement flags) that stays the same across
+/// builds (it is persisted): FNV-1a over the key bytes, prefix lengths and verdicts, in order.
+#[must_use]
+pub fn digest(encoded: &Encoded, flags: u32) -> u64 {
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut feed = |bytes: &[u8]| {
+        for &b in bytes {
+            h = (h ^ u64::from(b)).wrapping_mul(PRIME);
+        }
+    };
+    feed(&flags.to_le_bytes());
+    for (b, v) in encoded {
+        feed(&b.prefix_len.to_le_bytes());
+        feed(&b.key.identity.to_le_bytes());
+        feed(&[b.key.direction, b.key.proto]);
+        feed(&b.key.dport.to_le_bytes());
+        feed(&[*v]);
+    }
+    h
+}
+
+/// The [`digest`] a slot holding `policy` has.
+#[must_use]
+pub fn policy_digest(policy: &EndpointPolicy) -> u64 {
+    let mut flags = 0;
+    if policy.ingress_enforced {
+        flags |= abi::EP_INGRESS_ENFORCED;
+    }
+    if policy.egress_enforced {
+        flags |= abi::EP_EGRESS_ENFORCED;
+    }
+    digest(&encode_policy(0, policy), flags)
 }
 
 /// What to change to go from `old` to `new`: upserts (new or changed) to write first, then the

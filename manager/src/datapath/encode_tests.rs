@@ -215,7 +215,7 @@ fn diff_matches_a_lookup_per_block_on_random_maps() {
                 let r = next();
                 let block = PolicyBlock {
                     key: PolicyKey {
-                        endpoint_id: 7,
+                        policy_id: 7,
                         identity: (r % 5) as u32,
                         direction: ((r >> 8) % 2) as u8,
                         proto: 6,

@@ -15,10 +15,16 @@ pub enum FakeCall {
     Attach(u32),
     /// `detach_endpoint(endpoint_id)`.
     Detach(u32),
-    /// `apply_policy(endpoint_id)`.
+    /// `apply_policy(slot)`.
     ApplyPolicy(u32),
-    /// `apply_policy_identities(endpoint_id, identities)`.
+    /// `apply_policy_identities(slot, identities)`.
     ApplyPolicyIdentities(u32, BTreeSet<u32>),
+    /// `switch_slot(endpoint_id, slot)`.
+    SwitchSlot(u32, u32),
+    /// `release_slot(slot)`.
+    ReleaseSlot(u32),
+    /// `load_slots(slots)`.
+    LoadSlots(BTreeSet<u32>),
     /// `upsert_ipcache(prefix, identity)`.
     UpsertIpcache(ipnet::IpNet, u32),
     /// `remove_ipcache(prefix)`.
@@ -31,7 +37,9 @@ pub enum FakeCall {
 struct State {
     calls: Vec<FakeCall>,
     endpoints: BTreeMap<u32, EndpointDatapath>,
+    /// Policy per slot.
     policies: BTreeMap<u32, EndpointPolicy>,
+    generations: BTreeMap<u32, u64>,
     ipcache: BTreeMap<ipnet::IpNet, crate::ipcache::Value>,
     fail_attach: bool,
 }
@@ -64,10 +72,37 @@ impl FakeDatapath {
         self.state().calls.clone()
     }
 
-    /// The policy last applied to an endpoint.
+    /// The policy of the slot an attached endpoint points at.
     #[must_use]
     pub fn policy(&self, endpoint_id: u32) -> Option<EndpointPolicy> {
-        self.state().policies.get(&endpoint_id).cloned()
+        let s = self.state();
+        let slot = s.endpoints.get(&endpoint_id)?.policy_id;
+        s.policies.get(&slot).cloned()
+    }
+
+    /// The slot an attached endpoint points at.
+    #[must_use]
+    pub fn slot_of(&self, endpoint_id: u32) -> Option<u32> {
+        self.state()
+            .endpoints
+            .get(&endpoint_id)
+            .map(|e| e.policy_id)
+    }
+
+    /// Slots that hold a policy.
+    #[must_use]
+    pub fn slots(&self) -> BTreeSet<u32> {
+        self.state().policies.keys().copied().collect()
+    }
+
+    /// Overwrites a slot's generation (tests of the restart's trust decision).
+    pub fn set_generation(&self, slot: u32, generation: u64) {
+        self.state().generations.insert(slot, generation);
+    }
+
+    /// Forgets the calls recorded so far.
+    pub fn clear_calls(&self) {
+        self.state().calls.clear();
     }
 
     /// Attached endpoints.
@@ -115,33 +150,65 @@ impl Datapath for FakeDatapath {
         let mut s = self.state();
         s.calls.push(FakeCall::Detach(ep.endpoint_id));
         s.endpoints.remove(&ep.endpoint_id);
-        s.policies.remove(&ep.endpoint_id);
         Ok(())
     }
 
-    fn apply_policy(&self, endpoint_id: u32, policy: &EndpointPolicy) -> Result<(), DatapathError> {
+    fn apply_policy(
+        &self,
+        slot: u32,
+        policy: &EndpointPolicy,
+        generation: u64,
+    ) -> Result<u64, DatapathError> {
         let mut s = self.state();
-        s.calls.push(FakeCall::ApplyPolicy(endpoint_id));
-        s.policies.insert(endpoint_id, policy.clone());
-        Ok(())
+        s.calls.push(FakeCall::ApplyPolicy(slot));
+        s.policies.insert(slot, policy.clone());
+        s.generations.insert(slot, generation);
+        Ok(fake_digest(slot, policy))
     }
 
     fn apply_policy_identities(
         &self,
-        endpoint_id: u32,
+        slot: u32,
         identities: &BTreeSet<u32>,
         entries: &BTreeMap<PolicyEntry, Verdict>,
-    ) -> Result<(), DatapathError> {
+        generation: u64,
+    ) -> Result<u64, DatapathError> {
         let mut s = self.state();
-        s.calls.push(FakeCall::ApplyPolicyIdentities(
-            endpoint_id,
-            identities.clone(),
-        ));
-        let policy = s.policies.entry(endpoint_id).or_default();
+        s.calls
+            .push(FakeCall::ApplyPolicyIdentities(slot, identities.clone()));
+        let policy = s.policies.entry(slot).or_default();
         policy
             .entries
             .retain(|e, _| !identities.contains(&e.identity));
         policy.entries.extend(entries.iter().map(|(e, v)| (*e, *v)));
+        let print = fake_digest(slot, policy);
+        s.generations.insert(slot, generation);
+        Ok(print)
+    }
+
+    fn switch_slot(&self, endpoint_id: u32, slot: u32) -> Result<(), DatapathError> {
+        let mut s = self.state();
+        s.calls.push(FakeCall::SwitchSlot(endpoint_id, slot));
+        if let Some(ep) = s.endpoints.get_mut(&endpoint_id) {
+            ep.policy_id = slot;
+        }
+        Ok(())
+    }
+
+    fn release_slot(&self, slot: u32) -> Result<(), DatapathError> {
+        let mut s = self.state();
+        s.calls.push(FakeCall::ReleaseSlot(slot));
+        s.policies.remove(&slot);
+        s.generations.remove(&slot);
+        Ok(())
+    }
+
+    fn slot_generations(&self) -> Result<BTreeMap<u32, u64>, DatapathError> {
+        Ok(self.state().generations.clone())
+    }
+
+    fn load_slots(&self, slots: &BTreeSet<u32>) -> Result<(), DatapathError> {
+        self.state().calls.push(FakeCall::LoadSlots(slots.clone()));
         Ok(())
     }
 
@@ -176,12 +243,13 @@ impl Datapath for FakeDatapath {
             .endpoints
             .values()
             .map(|ep| {
-                let p = s.policies.get(&ep.endpoint_id);
+                let p = s.policies.get(&ep.policy_id);
                 (
                     ep.endpoint_id,
                     super::KernelEndpoint {
                         ifindex: ep.host_ifindex,
                         identity: ep.identity,
+                        policy_id: ep.policy_id,
                         ingress_enforced: p.is_some_and(|p| p.ingress_enforced),
                         egress_enforced: p.is_some_and(|p| p.egress_enforced),
                         mac: ep.pod_mac,
@@ -198,6 +266,7 @@ impl Datapath for FakeDatapath {
         Ok(super::KernelState {
             endpoints,
             policy,
+            generations: s.generations.clone(),
             ipcache: s.ipcache.clone(),
         })
     }
@@ -206,19 +275,26 @@ impl Datapath for FakeDatapath {
         Ok(self.state().endpoints.keys().copied().collect())
     }
 
+    fn endpoint_slots(&self) -> Result<BTreeMap<u32, u32>, DatapathError> {
+        Ok(self
+            .state()
+            .endpoints
+            .values()
+            .map(|e| (e.endpoint_id, e.policy_id))
+            .collect())
+    }
+
     fn reconcile(&self, keep: &BTreeSet<u32>) -> Result<BTreeSet<u32>, DatapathError> {
         let mut s = self.state();
         s.calls.push(FakeCall::Reconcile(keep.clone()));
         let stale: BTreeSet<u32> = s
             .endpoints
             .keys()
-            .chain(s.policies.keys())
             .filter(|id| !keep.contains(id))
             .copied()
             .collect();
         for id in &stale {
             s.endpoints.remove(id);
-            s.policies.remove(id);
         }
         Ok(stale)
     }
@@ -260,7 +336,7 @@ impl Datapath for FakeDatapath {
             "policy" => Ok(s
                 .policies
                 .iter()
-                .map(|(id, p)| serde_json::json!({"endpoint_id": id, "policy": p}))
+                .map(|(id, p)| serde_json::json!({"policy_id": id, "policy": p}))
                 .collect()),
             other => Err(DatapathError::UnknownMap(other.into())),
         }
@@ -271,6 +347,10 @@ impl Datapath for FakeDatapath {
     }
 }
 
+fn fake_digest(_slot: u32, policy: &EndpointPolicy) -> u64 {
+    super::policy_digest(policy)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -279,6 +359,7 @@ mod tests {
         EndpointDatapath {
             endpoint_id: id,
             identity: 300,
+            policy_id: id,
             host_ifindex: 10 + id,
             host_ifname: format!("weft{id}"),
             ips: vec!["10.0.0.5".parse().unwrap()],
@@ -293,7 +374,8 @@ mod tests {
         let _as_dyn: std::sync::Arc<dyn Datapath> = fake.clone();
         fake.attach_endpoint(&ep(1)).unwrap();
         fake.attach_endpoint(&ep(2)).unwrap();
-        fake.apply_policy(2, &EndpointPolicy::default()).unwrap();
+        fake.apply_policy(2, &EndpointPolicy::default(), 1).unwrap();
+        assert!(fake.policy(2).is_some());
         let removed = fake.reconcile(&BTreeSet::from([1])).unwrap();
         assert_eq!(removed, BTreeSet::from([2]));
         assert_eq!(fake.endpoint_ids().unwrap(), BTreeSet::from([1]));

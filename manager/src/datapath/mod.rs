@@ -22,7 +22,7 @@ mod types;
 pub use bpf::BpfDatapath;
 pub(crate) use bpffs::ensure as ensure_bpffs;
 pub use encode::Encoded;
-pub use encode::{PolicyBlock, encode_policy, lookup_encoded};
+pub use encode::{PolicyBlock, digest, encode_policy, lookup_encoded, policy_digest};
 pub use error::DatapathError;
 pub use fake::{FakeCall, FakeDatapath};
 pub use types::{
@@ -36,32 +36,58 @@ use weft_policy::mapstate::{EndpointPolicy, PolicyEntry, Verdict};
 /// Everything the manager asks of the datapath. Implementations are internally synchronised.
 pub trait Datapath: Send + Sync {
     /// Attaches both programs to the endpoint's host veth (the attachment outlives the manager)
-    /// and writes its `endpoints` entry. Its ipcache entries are the manager's business
-    /// (`crate::ipcache`: an address can have several owners). Calling it
-    /// again for an attached endpoint atomically replaces the programs with the loaded ones and
-    /// rewrites the entries: this is how a restarted manager re-adopts its endpoints. Enforcement
-    /// flags already installed for the endpoint are kept. On error, entries already written stay:
-    /// undo with [`Datapath::detach_endpoint`] (idempotent, tolerates a half-done attach).
+    /// and writes its `endpoints` entry, pointing at slot `ep.policy_id` with that slot's
+    /// enforcement flags (write the slot first). Its ipcache entries are the manager's business
+    /// (`crate::ipcache`: an address can have several owners). Calling it again for an attached
+    /// endpoint atomically replaces the programs with the loaded ones and rewrites the entry:
+    /// this is how a restarted manager re-adopts its endpoints. On error, entries already
+    /// written stay: undo with [`Datapath::detach_endpoint`] (idempotent, tolerates a half-done
+    /// attach).
     fn attach_endpoint(&self, ep: &EndpointDatapath) -> Result<(), DatapathError>;
 
     /// Detaches the programs (a missing veth counts as detached) and removes every map entry that
-    /// refers to the endpoint by id: endpoints, policy, ct and metrics.
+    /// refers to the endpoint by id: endpoints, ct and metrics. Its policy slot is the manager's
+    /// (other endpoints may share it): see [`Datapath::release_slot`].
     fn detach_endpoint(&self, ep: &EndpointDatapath) -> Result<(), DatapathError>;
 
-    /// Installs `policy` for the endpoint by diff against what is installed: new and changed
-    /// entries first, then the enforcement flags, then stale entries are removed, so a packet
-    /// allowed by both the old and the new policy is never dropped in between.
-    fn apply_policy(&self, endpoint_id: u32, policy: &EndpointPolicy) -> Result<(), DatapathError>;
+    /// Installs `policy` in policy slot `slot` by diff against what it holds: new and changed
+    /// entries first, then the enforcement flags of every endpoint pointing at the slot, then
+    /// stale entries are removed, so a packet allowed by both the old and the new policy is never
+    /// dropped in between. The slot's `policy_gen` is 0 during the write and `generation` after
+    /// it. Returns the digest ([`digest`]) of the slot's contents.
+    fn apply_policy(
+        &self,
+        slot: u32,
+        policy: &EndpointPolicy,
+        generation: u64,
+    ) -> Result<u64, DatapathError>;
 
     /// Like [`Datapath::apply_policy`] for the entries of some peer identities only: `entries`
-    /// (all of them keyed by one of `identities`) replace those identities' installed entries;
+    /// (all of them keyed by one of `identities`) replace those identities' entries in the slot;
     /// every other entry and the enforcement flags stay.
     fn apply_policy_identities(
         &self,
-        endpoint_id: u32,
+        slot: u32,
         identities: &BTreeSet<u32>,
         entries: &BTreeMap<PolicyEntry, Verdict>,
-    ) -> Result<(), DatapathError>;
+        generation: u64,
+    ) -> Result<u64, DatapathError>;
+
+    /// Points an attached endpoint at another (already written) slot: one update of its entry
+    /// changes slot and enforcement flags together.
+    fn switch_slot(&self, endpoint_id: u32, slot: u32) -> Result<(), DatapathError>;
+
+    /// Removes every entry of a slot no endpoint points at any more, then its generation.
+    fn release_slot(&self, slot: u32) -> Result<(), DatapathError>;
+
+    /// The `policy_gen` map: every slot that may have entries, with the generation of its last
+    /// complete write (0: a write did not finish).
+    fn slot_generations(&self) -> Result<BTreeMap<u32, u64>, DatapathError>;
+
+    /// Reads back the entries of `slots` from the kernel (one dump of the trie) as the base of
+    /// their next diff. Slots left by a previous run and not loaded here are read back the
+    /// first time one of them is written.
+    fn load_slots(&self, slots: &BTreeSet<u32>) -> Result<(), DatapathError>;
 
     /// Maps a prefix to an identity in the ipcache.
     fn upsert_ipcache(
@@ -84,7 +110,10 @@ pub trait Datapath: Send + Sync {
     /// Endpoint ids present in the `endpoints` map (what survived in the kernel).
     fn endpoint_ids(&self) -> Result<BTreeSet<u32>, DatapathError>;
 
-    /// Removes every entry of endpoints not in `keep` from endpoints, policy, ct and metrics
+    /// Endpoint id → the policy slot its `endpoints` entry points at.
+    fn endpoint_slots(&self) -> Result<BTreeMap<u32, u32>, DatapathError>;
+
+    /// Removes every entry of endpoints not in `keep` from endpoints, ct and metrics
     /// (restart reconciliation; the manager reconciles the ipcache itself). Returns the endpoint ids that were removed.
     fn reconcile(&self, keep: &BTreeSet<u32>) -> Result<BTreeSet<u32>, DatapathError>;
 

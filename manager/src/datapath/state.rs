@@ -2,7 +2,7 @@
 //! in-memory mirrors needed to diff policies and find endpoints by id.
 
 use super::batch;
-use super::encode::{Encoded, PolicyBlock, diff, encode_entries, encode_policy};
+use super::encode::{Encoded, PolicyBlock, diff, digest, encode_entries, encode_policy};
 use super::error::DatapathError;
 use super::types::EndpointDatapath;
 use aya::Ebpf;
@@ -19,14 +19,20 @@ pub(crate) struct Maps {
     pub(crate) endpoints: BpfHash<MapData, u32, abi::EndpointInfo>,
     pub(crate) ipcache: LpmTrie<MapData, abi::IpcacheKey, abi::IpcacheValue>,
     pub(crate) policy: LpmTrie<MapData, abi::PolicyKey, abi::PolicyValue>,
+    pub(crate) policy_gen: BpfHash<MapData, u32, u64>,
     pub(crate) ct: BpfHash<MapData, abi::CtKey, abi::CtValue>,
     pub(crate) frags: BpfHash<MapData, abi::FragKey, abi::FragValue>,
     pub(crate) metrics: PerCpuHashMap<MapData, abi::MetricsKey, abi::MetricsValue>,
-    /// What the policy map holds per endpoint (read back from the map at open, so a restarted
-    /// manager diffs against the kernel's state, not against nothing).
+    /// What the policy map holds per slot, for the slots whose entries were read back or
+    /// written by this process (the diff base of the next write).
     pub(crate) installed: HashMap<u32, Encoded>,
-    /// Enforcement flags per endpoint id, also for endpoints whose policy arrives before attach.
-    pub(crate) enforcement: HashMap<u32, u32>,
+    /// Slots a previous run left in the trie whose entries were not read back (a restart that
+    /// trusted them): read back together, with one dump, the first time one is written.
+    pub(crate) unloaded: BTreeSet<u32>,
+    /// Enforcement flags per slot (copied into each member's `endpoints` entry).
+    pub(crate) slot_flags: HashMap<u32, u32>,
+    /// endpoint id → slot, mirrors the endpoints map.
+    pub(crate) slot_of: HashMap<u32, u32>,
     /// endpoint id → host ifindex, mirrors the endpoints map.
     pub(crate) by_id: HashMap<u32, u32>,
 }
@@ -105,43 +111,21 @@ impl Maps {
         self.policy.map().fd().as_fd()
     }
 
-    /// Every policy block in the kernel, by endpoint id.
-    pub(crate) fn kernel_policy(&self) -> Result<HashMap<u32, Encoded>, DatapathError> {
+    /// Every policy block in the kernel, by slot, keeping only the slots `keep` accepts.
+    pub(crate) fn kernel_policy(
+        &self,
+        keep: impl Fn(u32) -> bool,
+    ) -> Result<HashMap<u32, Encoded>, DatapathError> {
         let entries: Vec<(LpmKey, abi::PolicyValue)> = batch::lookup_all(self.policy_fd())
             .map_err(|source| DatapathError::Syscall {
                 map: names::POLICY,
                 source,
             })?;
-        let mut out: HashMap<u32, Encoded> = HashMap::new();
-        for (key, value) in entries {
-            let block = PolicyBlock {
-                key: key.data,
-                prefix_len: key.prefix_len,
-            };
-            out.entry(block.key.endpoint_id)
-                .or_default()
-                .insert(block, value.verdict);
-        }
-        Ok(out)
-    }
-
-    /// Rebuilds the in-memory mirrors from the pinned maps (they may predate this process).
-    pub(crate) fn read_back(&mut self) -> Result<(), DatapathError> {
-        for item in &self.endpoints {
-            let (ifindex, info) = item.map_err(DatapathError::map(names::ENDPOINTS))?;
-            self.by_id.insert(info.endpoint_id, ifindex);
-            self.enforcement
-                .insert(info.endpoint_id, info.flags & ENFORCE_MASK);
-        }
-        let entries: Vec<(LpmKey, abi::PolicyValue)> = batch::lookup_all(self.policy_fd())
-            .map_err(|source| DatapathError::Syscall {
-                map: names::POLICY,
-                source,
-            })?;
-        // The trie hands entries back in its own order: sorted first, each endpoint's run is
-        // bulk-built into its map instead of inserted entry by entry (~900 000 at 1000 rules).
+        // The trie hands entries back in its own order: sorted first, each slot's run is
+        // bulk-built into its map instead of inserted entry by entry.
         let mut blocks: Vec<(PolicyBlock, u8)> = entries
             .into_iter()
+            .filter(|(key, _)| keep(key.data.policy_id))
             .map(|(key, value)| {
                 let block = PolicyBlock {
                     key: key.data,
@@ -151,13 +135,78 @@ impl Maps {
             })
             .collect();
         blocks.sort_unstable();
-        for run in blocks.chunk_by(|a, b| a.0.key.endpoint_id == b.0.key.endpoint_id) {
+        let mut out = HashMap::new();
+        for run in blocks.chunk_by(|a, b| a.0.key.policy_id == b.0.key.policy_id) {
             if let Some(first) = run.first() {
-                self.installed
-                    .insert(first.0.key.endpoint_id, run.iter().copied().collect());
+                out.insert(first.0.key.policy_id, run.iter().copied().collect());
             }
         }
+        Ok(out)
+    }
+
+    /// Rebuilds the small mirrors from the pinned maps (they may predate this process). The
+    /// policy trie is not read: every slot it may hold entries of has a `policy_gen` key, and
+    /// their entries are read back only when needed ([`Self::load_slots`]).
+    pub(crate) fn read_back(&mut self) -> Result<(), DatapathError> {
+        for item in &self.endpoints {
+            let (ifindex, info) = item.map_err(DatapathError::map(names::ENDPOINTS))?;
+            self.by_id.insert(info.endpoint_id, ifindex);
+            self.slot_of.insert(info.endpoint_id, info.policy_id);
+            self.slot_flags
+                .insert(info.policy_id, info.flags & ENFORCE_MASK);
+        }
+        for item in self.policy_gen.keys() {
+            self.unloaded
+                .insert(item.map_err(DatapathError::map(names::POLICY_GEN))?);
+        }
         Ok(())
+    }
+
+    /// The `policy_gen` map.
+    pub(crate) fn generations(&self) -> Result<BTreeMap<u32, u64>, DatapathError> {
+        let mut out = BTreeMap::new();
+        for item in &self.policy_gen {
+            let (slot, generation) = item.map_err(DatapathError::map(names::POLICY_GEN))?;
+            out.insert(slot, generation);
+        }
+        Ok(out)
+    }
+
+    /// Reads back the entries of the not yet loaded slots among `slots` (one dump of the trie).
+    pub(crate) fn load_slots(&mut self, slots: &BTreeSet<u32>) -> Result<(), DatapathError> {
+        let wanted: BTreeSet<u32> = slots.intersection(&self.unloaded).copied().collect();
+        if wanted.is_empty() {
+            return Ok(());
+        }
+        let t0 = std::time::Instant::now();
+        let mut read = self.kernel_policy(|slot| wanted.contains(&slot))?;
+        for slot in &wanted {
+            self.installed
+                .insert(*slot, read.remove(slot).unwrap_or_default());
+            self.unloaded.remove(slot);
+        }
+        tracing::info!(
+            slots = wanted.len(),
+            ms = t0.elapsed().as_secs_f64() * 1000.0,
+            "policy slots read back"
+        );
+        Ok(())
+    }
+
+    /// Before writing a slot: its entries must be known (a trusted slot's are read back now,
+    /// together with every other unloaded slot: one dump instead of one per slot).
+    fn ensure_loaded(&mut self, slot: u32) -> Result<(), DatapathError> {
+        if self.unloaded.contains(&slot) {
+            let all = self.unloaded.clone();
+            self.load_slots(&all)?;
+        }
+        Ok(())
+    }
+
+    fn set_generation(&mut self, slot: u32, generation: u64) -> Result<(), DatapathError> {
+        self.policy_gen
+            .insert(slot, generation, 0)
+            .map_err(DatapathError::map(names::POLICY_GEN))
     }
 
     pub(crate) fn install_world(&mut self) -> Result<(), DatapathError> {
@@ -184,8 +233,31 @@ impl Maps {
         Ok(())
     }
 
-    pub(crate) fn set_flags(&mut self, endpoint_id: u32, flags: u32) -> Result<(), DatapathError> {
-        self.enforcement.insert(endpoint_id, flags);
+    /// Gives every member of `slot` the slot's enforcement flags.
+    fn set_slot_flags(&mut self, slot: u32, flags: u32) -> Result<(), DatapathError> {
+        if self.slot_flags.insert(slot, flags) == Some(flags) {
+            return Ok(());
+        }
+        let members: Vec<u32> = self
+            .slot_of
+            .iter()
+            .filter(|&(_, &s)| s == slot)
+            .map(|(&ep, _)| ep)
+            .collect();
+        for ep in members {
+            self.rewrite_entry(ep, |info| {
+                info.flags = (info.flags & !ENFORCE_MASK) | flags;
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Read-modify-write of one endpoint's entry (a missing entry: nothing to do).
+    fn rewrite_entry(
+        &mut self,
+        endpoint_id: u32,
+        change: impl FnOnce(&mut abi::EndpointInfo),
+    ) -> Result<(), DatapathError> {
         let Some(&ifindex) = self.by_id.get(&endpoint_id) else {
             return Ok(());
         };
@@ -193,59 +265,79 @@ impl Maps {
             .endpoints
             .get(&ifindex, 0)
             .map_err(DatapathError::map(names::ENDPOINTS))?;
-        info.flags = (info.flags & !ENFORCE_MASK) | flags;
+        change(&mut info);
         self.endpoints
             .insert(ifindex, info, 0)
             .map_err(DatapathError::map(names::ENDPOINTS))
     }
 
+    /// Points an endpoint at another slot: one update of its entry carries the slot and the
+    /// slot's flags, so the datapath sees either the old policy or the new one.
+    pub(crate) fn switch_slot(&mut self, endpoint_id: u32, slot: u32) -> Result<(), DatapathError> {
+        let flags = self.slot_flags.get(&slot).copied().unwrap_or(0);
+        self.rewrite_entry(endpoint_id, |info| {
+            info.policy_id = slot;
+            info.flags = (info.flags & !ENFORCE_MASK) | flags;
+        })?;
+        self.slot_of.insert(endpoint_id, slot);
+        Ok(())
+    }
+
     pub(crate) fn apply(
         &mut self,
-        endpoint_id: u32,
+        slot: u32,
         policy: &EndpointPolicy,
-    ) -> Result<(), DatapathError> {
-        let new = encode_policy(endpoint_id, policy);
-        let current = self.installed.remove(&endpoint_id).unwrap_or_default();
+        generation: u64,
+    ) -> Result<u64, DatapathError> {
+        self.ensure_loaded(slot)?;
+        let new = encode_policy(slot, policy);
+        let current = self.installed.remove(&slot).unwrap_or_default();
         let (upserts, removes) = diff(&current, &new);
         self.write(
-            endpoint_id,
+            slot,
             current,
             &upserts,
             &removes,
             Some(enforcement_flags(policy)),
+            generation,
         )
     }
 
-    /// Replaces the entries of `identities` only; the rest of the endpoint's policy and its
+    /// Replaces the entries of `identities` only; the rest of the slot's policy and its
     /// enforcement flags stay as they are.
     pub(crate) fn apply_identities(
         &mut self,
-        endpoint_id: u32,
+        slot: u32,
         identities: &BTreeSet<u32>,
         entries: &BTreeMap<PolicyEntry, Verdict>,
-    ) -> Result<(), DatapathError> {
-        let new = encode_entries(endpoint_id, entries);
-        let current = self.installed.remove(&endpoint_id).unwrap_or_default();
+        generation: u64,
+    ) -> Result<u64, DatapathError> {
+        self.ensure_loaded(slot)?;
+        let new = encode_entries(slot, entries);
+        let current = self.installed.remove(&slot).unwrap_or_default();
         let old: Encoded = identities
             .iter()
-            .flat_map(|&id| current.range(PolicyBlock::identity_range(endpoint_id, id)))
+            .flat_map(|&id| current.range(PolicyBlock::identity_range(slot, id)))
             .map(|(b, v)| (*b, *v))
             .collect();
         let (upserts, removes) = diff(&old, &new);
-        self.write(endpoint_id, current, &upserts, &removes, None)
+        self.write(slot, current, &upserts, &removes, None, generation)
     }
 
     /// Writes a diff into the policy map and records in `installed` exactly what reached the
-    /// kernel, also after a failure half-way.
+    /// kernel, also after a failure half-way. The slot's generation is 0 while it is written
+    /// and `generation` once it is complete. Returns the digest of the slot's contents.
     fn write(
         &mut self,
-        endpoint_id: u32,
+        slot: u32,
         mut current: Encoded,
         upserts: &[(PolicyBlock, u8)],
         removes: &[PolicyBlock],
         flags: Option<u32>,
-    ) -> Result<(), DatapathError> {
+        generation: u64,
+    ) -> Result<u64, DatapathError> {
         let result = (|| {
+            self.set_generation(slot, 0)?;
             // Add-before-delete (Cilium #46927): the union of old and new never drops a packet
             // that both allow; the encoding guarantees no deny block covers such a packet.
             let keys: Vec<LpmKey> = upserts.iter().map(|(b, _)| LpmKey::of(b)).collect();
@@ -261,7 +353,7 @@ impl Maps {
             current.extend(upserts.iter().take(done).copied());
             written.map_err(batch_error)?;
             if let Some(flags) = flags {
-                self.set_flags(endpoint_id, flags)?;
+                self.set_slot_flags(slot, flags)?;
             }
             let keys: Vec<LpmKey> = removes.iter().map(LpmKey::of).collect();
             let deleted = batch::delete(self.policy_fd(), &keys);
@@ -269,22 +361,43 @@ impl Maps {
             for block in removes.iter().take(done) {
                 current.remove(block);
             }
-            deleted.map_err(batch_error)
+            deleted.map_err(batch_error)?;
+            self.set_generation(slot, generation)
         })();
-        self.installed.insert(endpoint_id, current);
-        result
+        let flags = self.slot_flags.get(&slot).copied().unwrap_or(0);
+        let print = digest(&current, flags);
+        self.installed.insert(slot, current);
+        result.map(|()| print)
     }
 
-    /// Removes the policy, ct and metrics entries of the given endpoints.
-    pub(crate) fn purge(&mut self, ids: &BTreeSet<u32>) -> Result<(), DatapathError> {
-        for id in ids {
-            if let Some(blocks) = self.installed.remove(id) {
-                for block in blocks.keys() {
-                    ignore_missing(self.policy.remove(&Key::new(block.prefix_len, block.key)))
-                        .map_err(DatapathError::map(names::POLICY))?;
+    /// Removes a slot's entries, then its generation (the key stays while entries may remain).
+    pub(crate) fn release_slot(&mut self, slot: u32) -> Result<(), DatapathError> {
+        self.ensure_loaded(slot)?;
+        self.set_generation(slot, 0)?;
+        let blocks: Vec<PolicyBlock> = self
+            .installed
+            .get(&slot)
+            .map(|e| e.keys().copied().collect())
+            .unwrap_or_default();
+        let keys: Vec<LpmKey> = blocks.iter().map(LpmKey::of).collect();
+        let deleted = batch::delete(self.policy_fd(), &keys);
+        if let Err(e) = deleted {
+            if let Some(current) = self.installed.get_mut(&slot) {
+                for block in blocks.iter().take(e.done) {
+                    current.remove(block);
                 }
             }
-            self.enforcement.remove(id);
+            return Err(batch_error(e));
+        }
+        self.installed.remove(&slot);
+        self.slot_flags.remove(&slot);
+        ignore_missing(self.policy_gen.remove(&slot)).map_err(DatapathError::map(names::POLICY_GEN))
+    }
+
+    /// Removes the ct and metrics entries of the given endpoints.
+    pub(crate) fn purge(&mut self, ids: &BTreeSet<u32>) -> Result<(), DatapathError> {
+        for id in ids {
+            self.slot_of.remove(id);
         }
         // Scans only live flows; an endpoint id reused by a new pod must not inherit them.
         let stale_ct: Vec<abi::CtKey> = self
@@ -339,6 +452,7 @@ pub(crate) fn endpoint_info(ep: &EndpointDatapath, flags: u32) -> abi::EndpointI
         endpoint_id: ep.endpoint_id,
         identity: ep.identity,
         flags,
+        policy_id: ep.policy_id,
         mac: ep.pod_mac,
         ..Default::default()
     };

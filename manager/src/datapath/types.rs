@@ -53,6 +53,8 @@ pub struct EndpointDatapath {
     pub endpoint_id: u32,
     /// Security identity.
     pub identity: u32,
+    /// Policy slot the endpoint enforces (shared with the endpoints of the same identity).
+    pub policy_id: u32,
     /// ifindex of the host-side veth (in the manager's netns).
     pub host_ifindex: u32,
     /// Name of the host-side veth.
@@ -70,6 +72,8 @@ pub struct KernelEndpoint {
     pub ifindex: u32,
     /// Security identity.
     pub identity: u32,
+    /// Policy slot.
+    pub policy_id: u32,
     /// Ingress policy enforced.
     pub ingress_enforced: bool,
     /// Egress policy enforced.
@@ -86,8 +90,10 @@ pub struct KernelEndpoint {
 pub struct KernelState {
     /// `endpoints`, by endpoint id.
     pub endpoints: std::collections::BTreeMap<u32, KernelEndpoint>,
-    /// `policy` blocks, by endpoint id.
+    /// `policy` blocks, by slot.
     pub policy: std::collections::BTreeMap<u32, super::encode::Encoded>,
+    /// `policy_gen`, by slot.
+    pub generations: std::collections::BTreeMap<u32, u64>,
     /// `ipcache`.
     pub ipcache: std::collections::BTreeMap<ipnet::IpNet, crate::ipcache::Value>,
 }

@@ -25,7 +25,6 @@ use weft_api::{
     AllocateRequest, Allocation, Attachment, DeleteResponse, Endpoint, EndpointState, GcResponse,
     PoolStatus, RegisterRequest, StatusResponse,
 };
-use weft_policy::mapstate::EndpointPolicy;
 use weft_policy::rule::NamedPorts;
 
 use crate::datapath::{Datapath, DatapathError, EndpointDatapath};
@@ -71,10 +70,12 @@ pub enum ManagerError {
 pub(crate) struct State {
     pub(crate) reg: Registry,
     pub(crate) pol: PolicyState,
-    /// Fingerprint of the policy last installed per endpoint: regeneration skips endpoints it
-    /// would not change. Only a hash: the datapath keeps the entries themselves (it diffs
-    /// against them), and a second full copy per endpoint would double the manager's memory.
-    pub(crate) installed: BTreeMap<u32, u64>,
+    /// Policy slots: which endpoints share which policy entries, and the digest of each
+    /// slot's last complete write (regeneration skips slots it would not change).
+    pub(crate) slots: crate::slots::SlotTable,
+    /// Set by a restart that found the policy inputs unchanged: its full regeneration skips
+    /// the slots it trusted.
+    pub(crate) trust_inputs: bool,
     /// Who wants which ipcache prefix; the kernel map shows the winners.
     pub(crate) ipcache: Ipcache,
 }
@@ -102,6 +103,8 @@ pub struct Manager {
     cluster: Option<ClusterLink>,
     /// Masquerade rules, kept in step with the node registry.
     masquerade: Option<Arc<crate::masquerade::Masquerader>>,
+    /// Prometheus families counted as things happen (`crate::prom`).
+    prom: Arc<crate::prom::Metrics>,
 }
 
 /// The datapath's view of a registered endpoint (`None` before registration).
@@ -111,6 +114,8 @@ pub(crate) fn datapath_view(ep: &Endpoint) -> Option<EndpointDatapath> {
     Some(EndpointDatapath {
         endpoint_id: ep.id,
         identity: ep.identity,
+        // The caller sets the slot (`State::slots`).
+        policy_id: 0,
         host_ifindex,
         host_ifname: ep.host_ifname.clone(),
         ips: ep.ips.iter().map(|i| i.address).collect(),
@@ -152,19 +157,6 @@ pub(crate) fn initial_ipcache(reg: &Registry, pol: &PolicyState) -> Ipcache {
         c.set(prefix, Source::Cidr, id);
     }
     c
-}
-
-/// A 64-bit digest of a computed policy, to notice when a regeneration would change nothing.
-pub(crate) fn fingerprint(policy: &EndpointPolicy) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    policy.ingress_enforced.hash(&mut h);
-    policy.egress_enforced.hash(&mut h);
-    for (entry, verdict) in &policy.entries {
-        entry.hash(&mut h);
-        verdict.hash(&mut h);
-    }
-    h.finish()
 }
 
 /// Hands memory freed by a large regeneration back to the kernel. Computing and encoding the
@@ -262,9 +254,10 @@ impl Manager {
             cidrs,
             state: Mutex::new(State {
                 ipcache: initial_ipcache(&reg, &pol),
+                slots: crate::slots::SlotTable::new(pol.store().clone()),
+                trust_inputs: false,
                 reg,
                 pol,
-                installed: BTreeMap::new(),
             }),
             reaper: LinkReaper::new(Arc::clone(&hostnet)),
             hostnet,
@@ -277,7 +270,13 @@ impl Manager {
             k8s_cache: std::sync::OnceLock::new(),
             cluster: None,
             masquerade: None,
+            prom: Arc::default(),
         }
+    }
+
+    /// The Prometheus metrics handle.
+    pub fn prom(&self) -> &Arc<crate::prom::Metrics> {
+        &self.prom
     }
 
     /// Kubernetes mode: endpoint labels come from `cache` from now on.
@@ -511,6 +510,7 @@ impl Manager {
         req: &AllocateRequest,
         pod_labels: Option<weft_policy::labels::LabelSet>,
     ) -> Result<Endpoint, ManagerError> {
+        let t0 = std::time::Instant::now();
         validate::allocate(req)?;
         let labels = pod_labels.unwrap_or_else(|| {
             weft_policy::labels::LabelSet::for_pod(
@@ -572,6 +572,7 @@ impl Manager {
             ifname = %ep.ifname,
             identity,
             ips = ?ep.ips.iter().map(|i| i.address).collect::<Vec<_>>(),
+            us = t0.elapsed().as_micros(),
             "endpoint allocated"
         );
         Ok(ep)
@@ -580,27 +581,29 @@ impl Manager {
     /// Registers the plumbed veth: attaches the datapath, installs the endpoint's policy, and
     /// only then persists it `ready` (Cilium's `SyncBuildEndpoint`: ADD returns enforcing).
     pub fn register(&self, id: u32, req: &RegisterRequest) -> Result<Endpoint, ManagerError> {
+        let t_req = std::time::Instant::now();
         validate::register(req)?;
         let mut st = self.state();
         let mut ep = st.reg.prepare_ready(id, req)?;
-        let view = datapath_view(&ep).ok_or_else(|| {
+        let mut view = datapath_view(&ep).ok_or_else(|| {
             ManagerError::Invalid(format!("pod_mac {:?} is not a MAC address", req.pod_mac))
         })?;
         let t0 = std::time::Instant::now();
-        self.datapath.attach_endpoint(&view)?;
+        // The slot first (a replica finds it written): the endpoint's entry points at complete
+        // entries with their enforcement flags from the moment it exists.
+        let labels = from_api_labels(&ep.labels);
+        view.policy_id =
+            self.prepare_slot(&mut st, ep.identity, &labels, &self.named_ports(&ep))?;
+        let attached = self.datapath.attach_endpoint(&view);
+        st.slots.join(ep.id, view.policy_id);
         let attach_us = t0.elapsed().as_micros();
-        let policy = st
-            .pol
-            .compute(&from_api_labels(&ep.labels), &self.named_ports(&ep));
         ep.policy_revision = st.pol.repo().revision();
         let owner = Source::LocalEndpoint(ep.id);
         for ip in &view.ips {
             st.ipcache
                 .set(ipnet::IpNet::from(*ip), owner.clone(), view.identity);
         }
-        let done = self
-            .datapath
-            .apply_policy(ep.id, &policy)
+        let done = attached
             .map_err(ManagerError::from)
             .and_then(|()| self.flush_ipcache(&mut st))
             .and_then(|()| Ok(st.reg.update(ep)?));
@@ -618,18 +621,24 @@ impl Manager {
                 if let Err(d) = self.datapath.detach_endpoint(&view) {
                     tracing::error!(endpoint_id = id, "undoing a failed register: {d}");
                 }
+                if let Some(slot) = st.slots.leave(id)
+                    && let Err(d) = self.release_if_unused(&mut st, slot)
+                {
+                    tracing::error!(endpoint_id = id, "undoing a failed register: {d}");
+                }
                 return Err(e);
             }
         };
         let datapath_us = t0.elapsed().as_micros();
-        st.installed.insert(ep.id, fingerprint(&policy));
         self.poke_cluster();
         tracing::info!(
             endpoint_id = ep.id,
             host_ifname = %ep.host_ifname,
             revision = ep.policy_revision,
+            policy_slot = view.policy_id,
             attach_us,
             datapath_us,
+            us = t_req.elapsed().as_micros(),
             "endpoint ready"
         );
         Ok(ep)
@@ -689,7 +698,9 @@ impl Manager {
                 .unset(ipnet::IpNet::from(ip.address), &Source::LocalEndpoint(id));
         }
         self.flush_ipcache(st)?;
-        st.installed.remove(&id);
+        if let Some(slot) = st.slots.leave(id) {
+            self.release_if_unused(st, slot)?;
+        }
         let deleted = st.reg.forget(id)?;
         if let Some(gone) = &deleted
             && gone.identity != 0
@@ -876,5 +887,7 @@ pub(crate) fn fake_manager(
     Manager::new("n".into(), cidr, reg, pol, net, dp)
 }
 
+#[cfg(test)]
+mod slot_tests;
 #[cfg(test)]
 mod tests;

@@ -171,7 +171,13 @@ impl Manager {
         let regenerated = self
             .regenerate_for_change(&mut st, change, effects)
             .and_then(|n| self.apply_effects_after(&mut st, effects).map(|()| n))
-            .inspect_err(|_| self.mark_needs_regeneration())?;
+            .inspect_err(|_| {
+                self.mark_needs_regeneration();
+                self.prom().policy_changed(t0.elapsed(), false);
+            })?;
+        // Before the answer: the next restart trusts the slots this change wrote.
+        self.persist_slots(&mut st);
+        self.prom().policy_changed(t0.elapsed(), true);
         let result = ImportResult {
             revision: st.pol.repo().revision(),
             rules: st.pol.repo().rules().len(),
@@ -333,9 +339,21 @@ impl Manager {
         };
         let mut programmed = self.regenerate_users(&mut st, &gained).map(|_| ());
         if programmed.is_ok()
-            && let (EndpointState::Ready, Some(view)) = (ep.state, datapath_view(&ep))
+            && let (EndpointState::Ready, Some(mut view)) = (ep.state, datapath_view(&ep))
         {
-            programmed = self.datapath.attach_endpoint(&view).map_err(Into::into);
+            // The new identity's slot is complete before the endpoint's entry switches to it:
+            // one update changes identity, slot and enforcement flags together; the old slot
+            // goes only after, if nobody else uses it.
+            programmed = self
+                .prepare_slot(&mut st, new_id, &new_labels, &self.named_ports(&ep))
+                .and_then(|slot| {
+                    view.policy_id = slot;
+                    self.datapath.attach_endpoint(&view)?;
+                    if let Some(old) = st.slots.join(ep.id, slot) {
+                        self.release_if_unused(&mut st, old)?;
+                    }
+                    Ok(())
+                });
             if programmed.is_ok() {
                 set_addresses(&mut st, new_id);
                 programmed = self.flush_ipcache(&mut st);

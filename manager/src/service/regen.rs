@@ -4,7 +4,7 @@
 //! Everything reaches the datapath as a map diff. Why restricting to identities is exact:
 //! docs/POLICY.md, "How the manager drives it".
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use weft_api::EndpointState;
@@ -19,6 +19,7 @@ use weft_policy::rule::{NamedPorts, Rule};
 use super::{Manager, ManagerError, State, from_api_labels};
 use crate::ipcache::Source;
 use crate::policy_state::Effects;
+use crate::slots::{SlotKey, SlotTable};
 
 impl Manager {
     /// Updates the endpoints an identity change affects (`effects`: identities that entered or
@@ -45,7 +46,7 @@ impl Manager {
         effects: &Effects,
     ) -> Result<usize, ManagerError> {
         let (identities, work) = change_work(self, st, change, effects);
-        let done: BTreeSet<u32> = work.iter().map(|(id, _)| *id).collect();
+        let done: BTreeSet<u32> = work.iter().map(|(slot, _)| *slot).collect();
         let n = self.apply_work(st, &identities, work)?
             + self.regenerate_identities(st, effects, &done)?;
         let rev = st.pol.repo().revision();
@@ -61,7 +62,7 @@ impl Manager {
         Ok(n)
     }
 
-    /// See [`Self::regenerate_users`]; endpoints in `skip` are left alone (the caller
+    /// See [`Self::regenerate_users`]; slots in `skip` are left alone (the caller
     /// has regenerated them).
     fn regenerate_identities(
         &self,
@@ -76,8 +77,8 @@ impl Manager {
         self.apply_work(st, &effects.identities, work)
     }
 
-    /// Installs per-endpoint work: the new entries of `identities` where given, a full
-    /// regeneration where not. Returns how many endpoints were updated.
+    /// Installs per-slot work: the new entries of `identities` where given, a full
+    /// regeneration where not. Returns how many endpoints had their policy changed.
     fn apply_work(
         &self,
         st: &mut State,
@@ -86,54 +87,201 @@ impl Manager {
     ) -> Result<usize, ManagerError> {
         let mut full = Vec::new();
         let mut n = 0;
-        for (id, update) in work {
+        for (slot, update) in work {
             match update {
-                Update::Whole => full.push(id),
+                Update::Whole => full.extend(st.slots.members(slot)),
                 Update::Identities(entries) => {
-                    self.apply_identities(st, id, identities, &entries)?;
-                    n += 1;
+                    self.apply_identities(st, slot, identities, &entries)?;
+                    n += st.slots.members(slot).len();
                 }
             }
         }
         Ok(n + self.regenerate(st, &full)?)
     }
 
-    /// Replaces the entries of `identities` in an endpoint's maps.
+    /// Replaces the entries of `identities` in a slot.
     fn apply_identities(
         &self,
         st: &mut State,
-        id: u32,
+        slot: u32,
         identities: &BTreeSet<Identity>,
         entries: &BTreeMap<PolicyEntry, Verdict>,
     ) -> Result<(), ManagerError> {
-        // The fingerprint describes the whole old policy: once the maps may have changed, a
-        // later full regeneration must not skip this endpoint because its policy matches it.
-        st.installed.remove(&id);
         let t0 = std::time::Instant::now();
-        self.datapath
-            .apply_policy_identities(id, identities, entries)?;
+        let generation = st.slots.begin_write(slot);
+        let digest = self
+            .datapath
+            .apply_policy_identities(slot, identities, entries, generation)
+            .inspect_err(|_| self.prom.regeneration_failed())?;
+        self.prom.regenerated(t0.elapsed());
+        st.slots.written(slot, generation, digest);
         tracing::debug!(
-            endpoint_id = id,
+            slot,
             identities = identities.len(),
             entries = entries.len(),
             us = t0.elapsed().as_micros(),
-            "endpoint regenerated (changed identities)"
+            "slot regenerated (changed identities)"
         );
         self.regenerations.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
+    /// Writes a whole policy into a slot (diffed by the datapath against what it holds).
+    pub(crate) fn write_slot(
+        &self,
+        st: &mut State,
+        slot: u32,
+        policy: &EndpointPolicy,
+    ) -> Result<(), ManagerError> {
+        let t0 = std::time::Instant::now();
+        let generation = st.slots.begin_write(slot);
+        let digest = self
+            .datapath
+            .apply_policy(slot, policy, generation)
+            .inspect_err(|_| self.prom.regeneration_failed())?;
+        self.prom.regenerated(t0.elapsed());
+        st.slots.written(slot, generation, digest);
+        tracing::debug!(
+            slot,
+            entries = policy.entries.len(),
+            us = t0.elapsed().as_micros(),
+            "slot regenerated"
+        );
+        self.regenerations.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Points an endpoint at `slot` (written already), then releases the slot it leaves if
+    /// nobody else uses it: the old entries go only once no endpoint can look them up.
+    pub(crate) fn move_to_slot(
+        &self,
+        st: &mut State,
+        endpoint_id: u32,
+        slot: u32,
+    ) -> Result<(), ManagerError> {
+        if st.slots.slot_of(endpoint_id) == Some(slot) {
+            return Ok(());
+        }
+        self.datapath.switch_slot(endpoint_id, slot)?;
+        if let Some(old) = st.slots.join(endpoint_id, slot) {
+            self.release_if_unused(st, old)?;
+        }
+        Ok(())
+    }
+
+    /// Frees a slot without members (its entries, then its generation, then its record).
+    pub(crate) fn release_if_unused(&self, st: &mut State, slot: u32) -> Result<(), ManagerError> {
+        if st.slots.is_unused(slot) {
+            self.datapath.release_slot(slot)?;
+            st.slots.remove(slot);
+        }
+        Ok(())
+    }
+
+    /// The slot an endpoint with these labels' identity and `named` ports must use, created
+    /// and written when there is none yet or its last write did not complete. A slot with
+    /// members and a complete write is up to date: every change regenerates it.
+    pub(crate) fn prepare_slot(
+        &self,
+        st: &mut State,
+        identity: Identity,
+        labels: &LabelSet,
+        named: &NamedPorts,
+    ) -> Result<u32, ManagerError> {
+        let (slot, created) = st.slots.ensure(SlotKey::new(identity, named));
+        if created || st.slots.digest(slot).is_none() || st.slots.is_unused(slot) {
+            let policy = st.pol.compute(labels, named);
+            let written = self.write_slot(st, slot, &policy);
+            if written.is_err() && st.slots.is_unused(slot) {
+                // Nobody points at it: remove what may have been written.
+                let _ = self.release_if_unused(st, slot);
+            }
+            written?;
+        }
+        Ok(slot)
+    }
+
+    /// Persists the slot records changed since the last call, with the inputs digest unless a
+    /// regeneration failed (then the slots may not match the inputs: the next restart must
+    /// recompute them). A failure costs only restart time: unpersisted slots are read back.
+    pub(crate) fn persist_slots(&self, st: &mut State) {
+        if !st.slots.needs_persist() {
+            return;
+        }
+        let inputs =
+            (!self.needs_regeneration.load(Ordering::SeqCst)).then(|| st.pol.inputs_digest());
+        if let Err(e) = st.slots.persist(inputs) {
+            tracing::warn!(
+                "cannot persist policy slot records (the next restart reads them back): {e}"
+            );
+        }
+    }
+
+    /// Persists changed slot records, if any (housekeeping).
+    pub fn persist_slot_records(&self) {
+        let mut st = self.state();
+        self.persist_slots(&mut st);
+    }
+
     /// Re-attaches every ready endpoint after a restart: the programs are replaced atomically
     /// (the veth never runs without one) and the endpoint/ipcache entries rewritten in place.
+    /// First the policy slots are restored: each endpoint keeps the slot the kernel has it
+    /// pointing at; slots whose last write is not known to be complete, and slots nobody uses
+    /// any more, are read back (one dump of the trie, none when every slot is trusted); the
+    /// unused ones are then released.
     pub fn readopt(&self) -> Result<usize, ManagerError> {
-        let st = self.state();
+        let mut st = self.state();
+        let t0 = std::time::Instant::now();
+        let generations = self.datapath.slot_generations()?;
+        let kernel_slots = self.datapath.endpoint_slots()?;
+        let inputs = st.pol.inputs_digest();
+        let (table, restored) = SlotTable::restore(st.pol.store().clone(), &generations, inputs)
+            .map_err(crate::policy_state::PolicyStateError::from)?;
+        st.slots = table;
+        let ready: Vec<weft_api::Endpoint> = st
+            .reg
+            .list()
+            .filter(|ep| ep.state == EndpointState::Ready)
+            .cloned()
+            .collect();
         let mut n = 0;
-        for ep in st.reg.list().filter(|ep| ep.state == EndpointState::Ready) {
-            if let Some(view) = super::datapath_view(ep) {
+        for ep in &ready {
+            let slot = match kernel_slots.get(&ep.id) {
+                Some(s) if generations.contains_key(s) => *s,
+                _ => {
+                    st.slots
+                        .ensure(SlotKey::new(ep.identity, &self.named_ports(ep)))
+                        .0
+                }
+            };
+            st.slots.join(ep.id, slot);
+            if let Some(mut view) = super::datapath_view(ep) {
+                view.policy_id = slot;
                 self.datapath.attach_endpoint(&view)?;
                 n += 1;
             }
         }
+        let unused = st.slots.unused();
+        let read_back: BTreeSet<u32> = restored
+            .untrusted
+            .iter()
+            .copied()
+            .chain(unused.iter().copied())
+            .filter(|s| generations.contains_key(s))
+            .collect();
+        self.datapath.load_slots(&read_back)?;
+        for slot in unused {
+            self.release_if_unused(&mut st, slot)?;
+        }
+        st.trust_inputs = restored.inputs_unchanged;
+        tracing::info!(
+            slots = st.slots.len(),
+            trusted = restored.trusted.len(),
+            read_back = read_back.len(),
+            inputs_unchanged = restored.inputs_unchanged,
+            ms = t0.elapsed().as_secs_f64() * 1000.0,
+            "policy slots restored"
+        );
         Ok(n)
     }
 
@@ -164,10 +312,14 @@ impl Manager {
         let n = {
             let mut st = self.state();
             let ids: Vec<u32> = st.reg.list().map(|ep| ep.id).collect();
-            let n = self.regenerate(&mut st, &ids)?;
+            // At restart, slots trusted under unchanged inputs are what a computation gives.
+            let trust = std::mem::take(&mut st.trust_inputs);
+            let n = self.regenerate_with(&mut st, &ids, trust)?;
+            st.slots.forget_trust();
             let cidrs = st.pol.cidr_identities();
             st.ipcache.replace_source(&Source::Cidr, &cidrs);
             self.flush_ipcache(&mut st)?;
+            self.persist_slots(&mut st);
             n
         };
         super::release_freed_memory();
@@ -211,52 +363,78 @@ impl Manager {
         Ok(writes.len())
     }
 
-    /// Recomputes the policy of `ids` and installs what changed. Returns how many endpoints
-    /// had their maps changed.
+    /// Recomputes the policy of `ids`' slots and installs what changed; an endpoint whose
+    /// identity or named ports no longer match its slot's moves to the right one. Returns how
+    /// many endpoints had their policy changed.
     pub(crate) fn regenerate(&self, st: &mut State, ids: &[u32]) -> Result<usize, ManagerError> {
+        self.regenerate_with(st, ids, false)
+    }
+
+    fn regenerate_with(
+        &self,
+        st: &mut State,
+        ids: &[u32],
+        trust: bool,
+    ) -> Result<usize, ManagerError> {
         let rev = st.pol.repo().revision();
         let mut changed = 0;
-        // Endpoints with the same labels (replicas) have the same policy: compute it once.
-        // Named ports are part of the key: replicas share them, other pods may not.
-        let mut computed: HashMap<(LabelSet, NamedPorts), Arc<(EndpointPolicy, u64)>> =
-            HashMap::new();
+        // Slots already brought up to date by this call.
+        let mut current: BTreeSet<u32> = BTreeSet::new();
         for &id in ids {
-            let Some(ep) = st.reg.get(id) else { continue };
+            let Some(ep) = st.reg.get(id).cloned() else {
+                continue;
+            };
             if ep.state != EndpointState::Ready {
                 continue;
             }
-            let result = computed
-                .entry((from_api_labels(&ep.labels), self.named_ports(ep)))
-                .or_insert_with_key(|(labels, named)| {
-                    let policy = st.pol.compute(labels, named);
-                    let print = super::fingerprint(&policy);
-                    Arc::new((policy, print))
-                })
-                .clone();
-            let (policy, print) = (&result.0, result.1);
-            if st.installed.get(&id) != Some(&print) {
-                // Forgotten first: a write that fails half-way leaves maps matching neither.
-                st.installed.remove(&id);
-                let t0 = std::time::Instant::now();
-                self.datapath.apply_policy(id, policy)?;
-                tracing::debug!(
-                    endpoint_id = id,
-                    entries = policy.entries.len(),
-                    us = t0.elapsed().as_micros(),
-                    "endpoint regenerated"
-                );
-                st.installed.insert(id, print);
+            let named = self.named_ports(&ep);
+            let key = SlotKey::new(ep.identity, &named);
+            let old = st.slots.slot_of(id);
+            let slot = match old {
+                Some(s) if st.slots.key(s) == Some(key) => s,
+                _ => st.slots.ensure(key).0,
+            };
+            if current.insert(slot) && !(trust && st.slots.trusted(slot)) {
+                let policy = st.pol.compute(&from_api_labels(&ep.labels), &named);
+                if st.slots.digest(slot) != Some(crate::datapath::policy_digest(&policy)) {
+                    self.write_slot(st, slot, &policy)?;
+                    changed += st.slots.members(slot).len();
+                }
+            }
+            if old != Some(slot) {
+                self.move_to_slot(st, id, slot)?;
                 changed += 1;
             }
             st.reg.set_revision(id, rev);
         }
-        self.regenerations
-            .fetch_add(changed as u64, Ordering::Relaxed);
         Ok(changed)
     }
 }
 
-/// Which ready endpoints (not in `skip`) an identity change touches, and what each needs.
+/// One ready endpoint of every slot (not in `skip`): the labels and named ports its policy is
+/// computed from.
+fn slot_representatives<'a>(
+    m: &Manager,
+    st: &'a State,
+    skip: &BTreeSet<u32>,
+) -> BTreeMap<u32, (&'a weft_api::Endpoint, NamedPorts)> {
+    let mut out = BTreeMap::new();
+    for ep in st.reg.list() {
+        if ep.state != EndpointState::Ready {
+            continue;
+        }
+        let Some(slot) = st.slots.slot_of(ep.id) else {
+            continue;
+        };
+        if skip.contains(&slot) || out.contains_key(&slot) {
+            continue;
+        }
+        out.insert(slot, (ep, m.named_ports(ep)));
+    }
+    out
+}
+
+/// Which slots (not in `skip`) an identity change touches, and what each needs.
 /// Computed once
 /// per distinct label set, from only the rules that can matter: those using a changed selector
 /// (the only ones whose peers can match a changed identity) and those with a wildcard peer
@@ -277,39 +455,36 @@ fn identity_work(
             (uses || has_wildcard_peer(r)).then_some((r, uses))
         })
         .collect();
-    let mut by_labels: HashMap<(LabelSet, NamedPorts), Option<Update>> = HashMap::new();
     let mut work = Vec::new();
-    for ep in st.reg.list() {
-        if ep.state != EndpointState::Ready || skip.contains(&ep.id) {
-            continue;
-        }
-        let update = by_labels
-            .entry((from_api_labels(&ep.labels), m.named_ports(ep)))
-            .or_insert_with_key(|(labels, named)| {
-                let relevant: Vec<(&Rule, bool)> = candidates
-                    .iter()
-                    .copied()
-                    .filter(|(r, _)| r.endpoint_selector.matches(labels))
-                    .collect();
-                if !relevant.iter().any(|(_, uses)| *uses) {
-                    return None; // no rule of this endpoint uses a changed selector
-                }
-                let rules: Vec<&Rule> = relevant.iter().map(|(r, _)| *r).collect();
-                let entries = (!effects.identities.is_empty())
-                    .then(|| {
-                        compute_identities(
-                            &rules,
-                            named,
-                            st.pol.cache(),
-                            st.pol.options(),
-                            &effects.identities,
-                        )
-                    })
-                    .flatten();
-                Some(entries.map_or(Update::Whole, |e| Update::Identities(Arc::new(e))))
-            });
+    for (slot, (ep, named)) in slot_representatives(m, st, skip) {
+        let labels = from_api_labels(&ep.labels);
+        let update = (|| {
+            let labels = &labels;
+            let named = &named;
+            let relevant: Vec<(&Rule, bool)> = candidates
+                .iter()
+                .copied()
+                .filter(|(r, _)| r.endpoint_selector.matches(labels))
+                .collect();
+            if !relevant.iter().any(|(_, uses)| *uses) {
+                return None; // no rule of this endpoint uses a changed selector
+            }
+            let rules: Vec<&Rule> = relevant.iter().map(|(r, _)| *r).collect();
+            let entries = (!effects.identities.is_empty())
+                .then(|| {
+                    compute_identities(
+                        &rules,
+                        named,
+                        st.pol.cache(),
+                        st.pol.options(),
+                        &effects.identities,
+                    )
+                })
+                .flatten();
+            Some(entries.map_or(Update::Whole, |e| Update::Identities(Arc::new(e))))
+        })();
         if let Some(update) = update {
-            work.push((ep.id, update.clone()));
+            work.push((slot, update));
         }
     }
     work
@@ -324,7 +499,7 @@ enum Update {
     Identities(Arc<BTreeMap<PolicyEntry, Verdict>>),
 }
 
-/// The identities a repository change touches, and the ready endpoints its rules select with
+/// The identities a repository change touches, and the slots its rules select with
 /// what each needs: the new entries of those identities, or a whole recomputation when a
 /// changed rule has a wildcard peer (identity 0 carves every identity), or the change moves
 /// the endpoint's enforcement (flags, allow-all, allow-from-host). Computed once per distinct
@@ -354,55 +529,52 @@ fn change_work(
             }
         }
     }
-    let mut by_labels: HashMap<(LabelSet, NamedPorts), Option<Update>> = HashMap::new();
     let mut work = Vec::new();
-    for ep in st.reg.list() {
-        if ep.state != EndpointState::Ready {
-            continue;
-        }
-        let update = by_labels
-            .entry((from_api_labels(&ep.labels), m.named_ports(ep)))
-            .or_insert_with_key(|(labels, named)| {
-                if !change.selects(labels) {
-                    return None;
-                }
-                if !sliceable {
-                    return Some(Update::Whole);
-                }
-                let selecting: Vec<&Rule> = st.pol.repo().selecting(labels).collect();
-                let mut now = EnforcementCounts::default();
-                for r in &selecting {
-                    now.add(r, 1);
-                }
-                let mut before = now;
-                for r in change
-                    .added
-                    .iter()
-                    .filter(|r| r.endpoint_selector.matches(labels))
-                {
-                    before.add(r, -1);
-                }
-                for r in change
-                    .removed
-                    .iter()
-                    .filter(|r| r.endpoint_selector.matches(labels))
-                {
-                    before.add(r, 1);
-                }
-                if before.shape() != now.shape() {
-                    return Some(Update::Whole);
-                }
-                let policy = compute_restricted(
-                    &selecting,
-                    named,
-                    st.pol.cache(),
-                    st.pol.options(),
-                    &identities,
-                );
-                Some(Update::Identities(Arc::new(policy.entries)))
-            });
+    for (slot, (ep, named)) in slot_representatives(m, st, &BTreeSet::new()) {
+        let labels = from_api_labels(&ep.labels);
+        let update = (|| {
+            let labels = &labels;
+            let named = &named;
+            if !change.selects(labels) {
+                return None;
+            }
+            if !sliceable {
+                return Some(Update::Whole);
+            }
+            let selecting: Vec<&Rule> = st.pol.repo().selecting(labels).collect();
+            let mut now = EnforcementCounts::default();
+            for r in &selecting {
+                now.add(r, 1);
+            }
+            let mut before = now;
+            for r in change
+                .added
+                .iter()
+                .filter(|r| r.endpoint_selector.matches(labels))
+            {
+                before.add(r, -1);
+            }
+            for r in change
+                .removed
+                .iter()
+                .filter(|r| r.endpoint_selector.matches(labels))
+            {
+                before.add(r, 1);
+            }
+            if before.shape() != now.shape() {
+                return Some(Update::Whole);
+            }
+            let policy = compute_restricted(
+                &selecting,
+                named,
+                st.pol.cache(),
+                st.pol.options(),
+                &identities,
+            );
+            Some(Update::Identities(Arc::new(policy.entries)))
+        })();
         if let Some(update) = update {
-            work.push((ep.id, update.clone()));
+            work.push((slot, update));
         }
     }
     (identities, work)

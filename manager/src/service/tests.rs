@@ -426,7 +426,7 @@ async fn identity_changes_rewrite_only_their_entries_and_match_a_full_recompute(
     let updates = identity_updates(&w, mark);
     assert!(
         updates.contains(&FakeCall::ApplyPolicyIdentities(
-            a.id,
+            w.dp.slot_of(a.id).unwrap(),
             [newcomer.identity].into()
         )),
         "a's entries for the new identity only: {updates:?}"
@@ -463,11 +463,12 @@ async fn identity_changes_rewrite_only_their_entries_and_match_a_full_recompute(
     )
     .unwrap();
     let calls = w.dp.calls()[mark..].to_vec();
+    let a_slot = w.dp.slot_of(a.id).unwrap();
     assert!(
         calls
             .iter()
-            .any(|c| matches!(c, FakeCall::ApplyPolicyIdentities(id, _) if *id == a.id))
-            && !calls.contains(&FakeCall::ApplyPolicy(a.id)),
+            .any(|c| matches!(c, FakeCall::ApplyPolicyIdentities(s, _) if *s == a_slot))
+            && !calls.contains(&FakeCall::ApplyPolicy(a_slot)),
         "{calls:?}"
     );
     assert_installed_is_complete(&w, "rule edited");
@@ -479,7 +480,8 @@ async fn identity_changes_rewrite_only_their_entries_and_match_a_full_recompute(
              "ingress":[{"fromEndpoints":[{"matchLabels":{"id":"app1"}}]}]}]"#,
     )
     .unwrap();
-    assert!(w.dp.calls()[mark..].contains(&FakeCall::ApplyPolicy(third.id)));
+    let third_slot = w.dp.slot_of(third.id).unwrap();
+    assert!(w.dp.calls()[mark..].contains(&FakeCall::ApplyPolicy(third_slot)));
     assert_installed_is_complete(&w, "enforcement changed");
 }
 

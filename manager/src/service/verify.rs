@@ -8,6 +8,7 @@ use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 use weft_api::EndpointState;
 use weft_policy::compute::compute;
+use weft_policy::mapstate::EndpointPolicy;
 
 use super::{Manager, ManagerError, State, from_api_labels, initial_ipcache};
 use crate::datapath::{KernelState, encode_policy};
@@ -20,6 +21,8 @@ pub struct VerifyReport {
     pub consistent: bool,
     /// Ready endpoints checked.
     pub endpoints: usize,
+    /// Policy slots in use.
+    pub slots: usize,
     /// Policy blocks expected in the kernel.
     pub policy_entries: usize,
     /// ipcache prefixes expected.
@@ -60,8 +63,9 @@ impl Manager {
     }
 }
 
-/// The endpoints and policy maps: one entry and one fresh policy per Ready endpoint, nothing
-/// of unknown endpoints.
+/// The `endpoints`, `policy` and `policy_gen` maps: one entry per Ready endpoint, pointing at a slot
+/// that holds exactly a fresh computation of the endpoint's policy and whose last write
+/// completed; no entries of unknown endpoints, no slot nobody points at.
 fn check_endpoints(
     st: &State,
     kernel: &KernelState,
@@ -70,45 +74,62 @@ fn check_endpoints(
 ) {
     let cache = st.pol.fresh_cache();
     let mut ready = BTreeSet::new();
+    let mut policies: BTreeMap<weft_policy::labels::LabelSet, EndpointPolicy> = BTreeMap::new();
+    // (slot, labels) pairs already compared: replicas share both.
+    let mut compared: BTreeSet<(u32, weft_policy::labels::LabelSet)> = BTreeSet::new();
     for ep in st.reg.list().filter(|ep| ep.state == EndpointState::Ready) {
         ready.insert(ep.id);
-        let policy = compute(
-            &from_api_labels(&ep.labels),
-            st.pol.repo(),
-            &cache,
-            st.pol.options(),
-        );
-        let want = encode_policy(ep.id, &policy);
-        r.policy_entries += want.len();
-        match kernel.endpoints.get(&ep.id) {
-            None => r
-                .problems
-                .push(format!("endpoint {}: no endpoints map entry", ep.id)),
-            Some(k) => {
-                let ips: Vec<_> = ep.ips.iter().map(|i| i.address).collect();
-                let agrees = Some(k.ifindex) == ep.host_ifindex
-                    && k.identity == ep.identity
-                    && (k.ingress_enforced, k.egress_enforced)
-                        == (policy.ingress_enforced, policy.egress_enforced)
-                    && k.ips.iter().all(|ip| ips.contains(ip));
-                if !agrees {
-                    r.problems.push(format!(
-                        "endpoint {}: endpoints entry {k:?} disagrees (identity {}, ifindex {:?}, enforced in/eg {}/{}, ips {ips:?})",
-                        ep.id,
-                        ep.identity,
-                        ep.host_ifindex,
-                        policy.ingress_enforced,
-                        policy.egress_enforced
-                    ));
-                }
-            }
+        let labels = from_api_labels(&ep.labels);
+        let policy = policies
+            .entry(labels.clone())
+            .or_insert_with(|| compute(&labels, st.pol.repo(), &cache, st.pol.options()));
+        let Some(k) = kernel.endpoints.get(&ep.id) else {
+            r.problems
+                .push(format!("endpoint {}: no endpoints map entry", ep.id));
+            continue;
+        };
+        let ips: Vec<_> = ep.ips.iter().map(|i| i.address).collect();
+        let agrees = Some(k.ifindex) == ep.host_ifindex
+            && k.identity == ep.identity
+            && (k.ingress_enforced, k.egress_enforced)
+                == (policy.ingress_enforced, policy.egress_enforced)
+            && k.ips.iter().all(|ip| ips.contains(ip));
+        if !agrees {
+            r.problems.push(format!(
+                "endpoint {}: endpoints entry {k:?} disagrees (identity {}, ifindex {:?}, enforced in/eg {}/{}, ips {ips:?})",
+                ep.id,
+                ep.identity,
+                ep.host_ifindex,
+                policy.ingress_enforced,
+                policy.egress_enforced
+            ));
         }
-        let got = kernel.policy.get(&ep.id).cloned().unwrap_or_default();
+        let slot = k.policy_id;
+        if st.slots.slot_of(ep.id) != Some(slot) {
+            r.problems.push(format!(
+                "endpoint {}: the kernel points it at slot {slot}, the manager's table at {:?}",
+                ep.id,
+                st.slots.slot_of(ep.id)
+            ));
+        }
+        match kernel.generations.get(&slot) {
+            Some(0) => r.problems.push(format!(
+                "slot {slot}: a write did not complete (generation 0)"
+            )),
+            None => r.problems.push(format!("slot {slot}: no policy_gen entry")),
+            Some(_) => {}
+        }
+        if !compared.insert((slot, labels)) {
+            continue;
+        }
+        let want = encode_policy(slot, policy);
+        r.policy_entries += want.len();
+        let got = kernel.policy.get(&slot).cloned().unwrap_or_default();
         if got != want {
             let missing: Vec<_> = want.iter().filter(|(b, v)| got.get(b) != Some(v)).collect();
             let extra: Vec<_> = got.iter().filter(|(b, v)| want.get(b) != Some(v)).collect();
             r.problems.push(format!(
-                "endpoint {}: policy map has {} blocks, a fresh computation {}; {} missing or different (e.g. {:?}), {} extra (e.g. {:?})",
+                "endpoint {} (slot {slot}): policy map has {} blocks, a fresh computation {}; {} missing or different (e.g. {:?}), {} extra (e.g. {:?})",
                 ep.id,
                 got.len(),
                 want.len(),
@@ -125,11 +146,20 @@ fn check_endpoints(
             "endpoints map has an entry for unknown endpoint {id}"
         ));
     }
-    for id in kernel.policy.keys().filter(|id| !known(id)) {
-        r.problems
-            .push(format!("policy map has blocks of unknown endpoint {id}"));
+    let used: BTreeSet<u32> = kernel.endpoints.values().map(|k| k.policy_id).collect();
+    for slot in kernel
+        .policy
+        .keys()
+        .chain(kernel.generations.keys())
+        .filter(|s| !used.contains(s))
+        .collect::<BTreeSet<_>>()
+    {
+        r.problems.push(format!(
+            "policy slot {slot} is in the maps but no endpoint uses it"
+        ));
     }
     r.endpoints = ready.len();
+    r.slots = used.len();
 }
 
 /// The ipcache: exactly the winners of a fresh owner table (registry, repository, and the

@@ -9,7 +9,7 @@ fn survives_manager_exit_reopens_same_maps_and_detach_removes_everything() {
     echo_servers(&w.pods[B].ns, 6000);
     echo_servers(&w.pods[B].ns, 6001);
     let p = policy(true, false, "ingress 1000 tcp 6000 allow");
-    dp.apply_policy(101, &p).unwrap();
+    dp.apply_policy(101, &p, 1).unwrap();
     let map_id = |name: &str| {
         aya::maps::MapInfo::from_pin(w.pin_dir.join(name))
             .unwrap()
@@ -44,7 +44,7 @@ fn survives_manager_exit_reopens_same_maps_and_detach_removes_everything() {
     assert_eq!(dp.endpoint_ids().unwrap(), BTreeSet::from([100, 101]));
     // Re-adopt: replaces the program in place; the same policy diff is a no-op.
     in_ns(&w.node, || dp.attach_endpoint(&w.pods[B].ep)).unwrap();
-    dp.apply_policy(101, &p).unwrap();
+    dp.apply_policy(101, &p, 1).unwrap();
     let filters = w.tc_filters(B, "egress");
     assert_eq!(
         filters.matches(" handle ").count(),
@@ -62,15 +62,28 @@ fn survives_manager_exit_reopens_same_maps_and_detach_removes_everything() {
     );
     assert!(tcp_ok(&w.pods[A].ns, b_ip, 6000));
 
-    for map in ["endpoints", "policy", "ct", "metrics"] {
+    for map in ["endpoints", "ct", "metrics"] {
         let dump = dp.map_dump(map).unwrap();
         assert!(
             dump.iter().any(|e| e["endpoint_id"] == 101),
             "{map} has entries of 101 before detach"
         );
     }
+    let slot_entries = |dp: &BpfDatapath| {
+        dp.map_dump("policy")
+            .unwrap()
+            .iter()
+            .filter(|e| e["policy_id"] == 101)
+            .count()
+    };
+    assert!(slot_entries(&dp) > 0);
     in_ns(&w.node, || dp.detach_endpoint(&w.pods[B].ep)).unwrap();
     assert_endpoint_gone(&w, &dp, B);
+    // The slot is the manager's to free (other endpoints may share it).
+    assert!(slot_entries(&dp) > 0);
+    dp.release_slot(101).unwrap();
+    assert_eq!(slot_entries(&dp), 0);
+    assert!(!dp.slot_generations().unwrap().contains_key(&101));
     assert!(
         tcp_ok(&w.pods[A].ns, b_ip, 6001),
         "no program, no enforcement"
@@ -96,6 +109,7 @@ fn maps_are_listed_and_decoded_and_reconcile_removes_stale_endpoints() {
             "endpoints",
             "ipcache",
             "policy",
+            "policy_gen",
             "ct",
             "frags",
             "metrics",
@@ -132,7 +146,7 @@ fn maps_are_listed_and_decoded_and_reconcile_removes_stale_endpoints() {
             .iter()
             .any(|e| e["prefix"] == "192.0.2.0/24")
     );
-    dp.apply_policy(101, &policy(true, false, "ingress 0 tcp 80-83 allow"))
+    dp.apply_policy(101, &policy(true, false, "ingress 0 tcp 80-83 allow"), 1)
         .unwrap();
     let pol = dp.map_dump("policy").unwrap();
     assert_eq!(pol.len(), 1, "80-83 is one aligned block: {pol:#?}");
@@ -144,6 +158,8 @@ fn maps_are_listed_and_decoded_and_reconcile_removes_stale_endpoints() {
     let removed = in_ns(&w.node, || dp.reconcile(&BTreeSet::from([100]))).unwrap();
     assert_eq!(removed, BTreeSet::from([101]));
     assert_eq!(dp.endpoint_ids().unwrap(), BTreeSet::from([100]));
+    // Slots are the manager's: it releases the ones nobody uses any more.
+    dp.release_slot(101).unwrap();
     assert!(dp.map_dump("policy").unwrap().is_empty());
     assert!(!w.tc_filters(B, "egress").contains("weft"));
 }
@@ -160,7 +176,7 @@ fn policy_updates_never_drop_what_both_versions_allow() {
         false,
         "ingress 1000 udp 5952-6015 allow; ingress 0 udp 7000 deny",
     );
-    dp.apply_policy(101, &exact).unwrap();
+    dp.apply_policy(101, &exact, 1).unwrap();
     let mut rx = dp.subscribe_events();
     let (stop, sent) = (AtomicBool::new(false), AtomicU64::new(0));
     let dst = std::net::SocketAddr::new(w.pods[B].ip4.into(), 6000);
@@ -183,7 +199,7 @@ fn policy_updates_never_drop_what_both_versions_allow() {
             } else {
                 &exact
             };
-            dp.apply_policy(101, next).unwrap();
+            dp.apply_policy(101, next, 1).unwrap();
             swaps += 1;
         }
         assert!(
@@ -259,7 +275,7 @@ fn replacing_one_identitys_entries_leaves_the_rest_and_equals_a_full_apply() {
         false,
         "ingress 1000 tcp 6001 allow; ingress 1005 udp 53 allow; ingress 0 tcp 7000 deny",
     );
-    dp.apply_policy(101, &before).unwrap();
+    dp.apply_policy(101, &before, 1).unwrap();
     let b_ip: IpAddr = w.pods[B].ip4.into();
     assert!(tcp_ok(&w.pods[A].ns, b_ip, 6000));
     let only_a = after
@@ -268,7 +284,7 @@ fn replacing_one_identitys_entries_leaves_the_rest_and_equals_a_full_apply() {
         .filter(|(e, _)| e.identity == ID_A)
         .map(|(e, v)| (*e, *v))
         .collect();
-    dp.apply_policy_identities(101, &BTreeSet::from([ID_A]), &only_a)
+    dp.apply_policy_identities(101, &BTreeSet::from([ID_A]), &only_a, 1)
         .unwrap();
     assert!(
         tcp_ok(&w.pods[A].ns, b_ip, 6001),
@@ -280,7 +296,7 @@ fn replacing_one_identitys_entries_leaves_the_rest_and_equals_a_full_apply() {
         sliced.iter().any(|e| e["identity"] == 1005),
         "other identities untouched: {sliced:#?}"
     );
-    dp.apply_policy(101, &after).unwrap();
+    dp.apply_policy(101, &after, 1).unwrap();
     assert_eq!(
         dp.map_dump("policy").unwrap(),
         sliced,
@@ -299,13 +315,13 @@ fn a_reopened_datapath_reads_back_and_rewrites_policies_larger_than_one_batch() 
             .collect::<Vec<_>>()
             .join("; ")
     };
-    dp.apply_policy(101, &policy(true, false, &rules(9000)))
+    dp.apply_policy(101, &policy(true, false, &rules(9000)), 1)
         .unwrap();
     assert_eq!(dp.map_dump("policy").unwrap().len(), 9000);
     drop(dp);
     let dp = BpfDatapath::open(w.config()).expect("reopen");
     // Only a diff against the read-back state removes the 7000 entries the new policy lacks.
-    dp.apply_policy(101, &policy(true, false, &rules(2000)))
+    dp.apply_policy(101, &policy(true, false, &rules(2000)), 1)
         .unwrap();
     let left = dp.map_dump("policy").unwrap();
     assert_eq!(left.len(), 2000);

@@ -119,6 +119,8 @@ impl World {
             ep: EndpointDatapath {
                 endpoint_id: 100 + u32::from(i),
                 identity: 1000 + u32::from(i),
+                // Each test endpoint has its own policy slot, numbered like the endpoint.
+                policy_id: 100 + u32::from(i),
                 host_ifindex: 0,
                 host_ifname: host_if.clone(),
                 ips: vec![ip4.into(), ip6.into()],

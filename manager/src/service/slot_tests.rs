@@ -1,0 +1,248 @@
+//! Policy slots through the manager's operations, over the fake datapath: sharing by identity,
+//! reference counting, the order of a label change's switch, and the restart's trust decision.
+
+use super::*;
+use crate::datapath::{FakeCall, FakeDatapath};
+use crate::hostnet::FakeHostNet;
+use crate::store::Store;
+use std::collections::BTreeSet;
+use weft_api::Label;
+
+const RULES: &str = r#"[{"labels":[{"key":"r","value":"1"}],"endpointSelector":{"matchLabels":{"id":"web"}},
+  "ingress":[{"fromEndpoints":[{"matchLabels":{"id":"db"}}],"toPorts":[{"ports":[{"port":"80","protocol":"TCP"}]}]}]},
+ {"labels":[{"key":"r","value":"2"}],"endpointSelector":{"matchLabels":{"id":"db"}},
+  "ingress":[{"fromEndpoints":[{"matchLabels":{"id":"web"}}],"toPorts":[{"ports":[{"port":"5432","protocol":"TCP"}]}]}]}]"#;
+
+fn manager_on(store: &Store, dp: &Arc<FakeDatapath>) -> Manager {
+    let cidr = crate::node::select(
+        &crate::node::NodeManifest::default(),
+        &["10.0.1.0/24".into()],
+    )
+    .expect("a valid CIDR")
+    .cidrs();
+    let reg = Registry::open(store.clone(), vec![crate::ipam::Pool::new(cidr[0].cidr)])
+        .expect("registry");
+    let labels: Vec<_> = reg.list().map(|ep| from_api_labels(&ep.labels)).collect();
+    let (pol, _) = PolicyState::restore(store.clone(), &labels).expect("policy state");
+    Manager::new(
+        "n".into(),
+        cidr,
+        reg,
+        pol,
+        Arc::new(FakeHostNet::default()),
+        dp.clone(),
+    )
+}
+
+fn pod(m: &Manager, c: &str, app: &str) -> Endpoint {
+    let ep = m
+        .allocate(&AllocateRequest {
+            container_id: c.into(),
+            ifname: "eth0".into(),
+            netns: "/x".into(),
+            pod_namespace: Some("default".into()),
+            pod_name: Some(c.into()),
+            labels: vec![Label {
+                key: "id".into(),
+                value: app.into(),
+            }],
+        })
+        .unwrap();
+    m.register(
+        ep.id,
+        &RegisterRequest {
+            container_id: ep.container_id.clone(),
+            host_ifname: ep.host_ifname.clone(),
+            host_ifindex: 9 + ep.id,
+            host_mac: "02:00:00:00:00:01".into(),
+            pod_mac: "02:00:00:00:00:02".into(),
+        },
+    )
+    .unwrap()
+}
+
+fn assert_consistent(m: &Manager, step: &str) {
+    let r = m.verify().unwrap();
+    assert!(r.consistent, "{step}: {:?}", r.problems);
+}
+
+fn position(calls: &[FakeCall], call: &FakeCall) -> usize {
+    calls
+        .iter()
+        .position(|c| c == call)
+        .unwrap_or_else(|| panic!("{call:?} not in {calls:?}"))
+}
+
+#[test]
+fn replicas_share_one_slot_and_the_last_one_frees_it() {
+    let dp = Arc::new(FakeDatapath::default());
+    let m = manager_on(&Store::temporary().unwrap(), &dp);
+    m.import_policy("p.json", RULES).unwrap();
+    let web: Vec<Endpoint> = (0..3).map(|i| pod(&m, &format!("w{i}"), "web")).collect();
+    let db = pod(&m, "d", "db");
+    let slot = dp.slot_of(web[0].id).unwrap();
+    assert!(web.iter().all(|ep| dp.slot_of(ep.id) == Some(slot)));
+    assert_ne!(dp.slot_of(db.id), Some(slot));
+    assert_eq!(dp.slots().len(), 2, "one slot per identity");
+    let writes = |calls: &[FakeCall]| {
+        calls
+            .iter()
+            .filter(|c| matches!(c, FakeCall::ApplyPolicy(s) if *s == slot))
+            .count()
+    };
+    assert_eq!(writes(&dp.calls()), 1, "replicas find their slot written");
+    assert_consistent(&m, "shared");
+
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    for (i, ep) in web.iter().enumerate() {
+        dp.clear_calls();
+        rt.block_on(m.delete(&ep.container_id, "eth0")).unwrap();
+        let released = dp.calls().contains(&FakeCall::ReleaseSlot(slot));
+        assert_eq!(
+            released,
+            i == web.len() - 1,
+            "released only by the last user"
+        );
+        assert_consistent(&m, "after a delete");
+    }
+    assert_eq!(dp.slots().len(), 1);
+}
+
+#[test]
+fn a_label_change_writes_the_new_slot_switches_then_releases_the_old() {
+    let dp = Arc::new(FakeDatapath::default());
+    let m = manager_on(&Store::temporary().unwrap(), &dp);
+    m.import_policy("p.json", RULES).unwrap();
+    let a = pod(&m, "a", "web");
+    let b = pod(&m, "b", "web");
+    let _db = pod(&m, "d", "db");
+    let old = dp.slot_of(a.id).unwrap();
+
+    dp.clear_calls();
+    m.set_labels(a.id, &["id=db".into()], &[]).unwrap();
+    let new = dp.slot_of(a.id).unwrap();
+    assert_ne!(new, old);
+    assert_eq!(dp.slot_of(b.id), Some(old), "the replica stays");
+    assert!(!dp.calls().contains(&FakeCall::ReleaseSlot(old)));
+    assert_consistent(&m, "first replica moved");
+
+    // The other replica moves into a new identity: its slot is written before the endpoint's
+    // entry points at it, and the old slot goes after.
+    dp.clear_calls();
+    m.set_labels(b.id, &["id=cache".into()], &[]).unwrap();
+    let calls = dp.calls();
+    let slot = dp.slot_of(b.id).unwrap();
+    let write = position(&calls, &FakeCall::ApplyPolicy(slot));
+    let switch = position(&calls, &FakeCall::Attach(b.id));
+    let release = position(&calls, &FakeCall::ReleaseSlot(old));
+    assert!(write < switch && switch < release, "{calls:?}");
+    assert!(!dp.slots().contains(&old));
+    assert_consistent(&m, "last replica moved");
+}
+
+/// Restarts a manager over the same store and fake kernel, the way the daemon does.
+fn restart(store: &Store, dp: &Arc<FakeDatapath>) -> Manager {
+    let m = manager_on(store, dp);
+    dp.clear_calls();
+    m.readopt().unwrap();
+    m.reconcile_datapath().unwrap();
+    m.regenerate_all().unwrap();
+    m.reconcile_ipcache().unwrap();
+    m
+}
+
+fn loaded(dp: &FakeDatapath) -> BTreeSet<u32> {
+    dp.calls()
+        .iter()
+        .filter_map(|c| match c {
+            FakeCall::LoadSlots(s) => Some(s.clone()),
+            _ => None,
+        })
+        .flatten()
+        .collect()
+}
+
+fn slot_writes(dp: &FakeDatapath) -> usize {
+    dp.calls()
+        .iter()
+        .filter(|c| {
+            matches!(
+                c,
+                FakeCall::ApplyPolicy(_) | FakeCall::ApplyPolicyIdentities(..)
+            )
+        })
+        .count()
+}
+
+#[test]
+fn a_restart_trusts_complete_slots_and_reads_back_the_others() {
+    let store = Store::temporary().unwrap();
+    let dp = Arc::new(FakeDatapath::default());
+    let m = manager_on(&store, &dp);
+    m.import_policy("p.json", RULES).unwrap();
+    let web = pod(&m, "w", "web");
+    let db = pod(&m, "d", "db");
+    m.persist_slot_records();
+    drop(m);
+
+    // Nothing changed: no slot read back, none recomputed or written.
+    let m = restart(&store, &dp);
+    assert!(loaded(&dp).is_empty(), "{:?}", dp.calls());
+    assert_eq!(slot_writes(&dp), 0, "{:?}", dp.calls());
+    assert_consistent(&m, "trusted restart");
+    drop(m);
+
+    // The kernel's generation of one slot disagrees with its record (a write finished there
+    // after the record was persisted, or the map was tampered with): that slot is read back
+    // and rewritten, the other is still trusted.
+    let web_slot = dp.slot_of(web.id).unwrap();
+    dp.set_generation(web_slot, 999_999);
+    let m = restart(&store, &dp);
+    assert_eq!(loaded(&dp), BTreeSet::from([web_slot]));
+    assert_eq!(
+        dp.calls()
+            .iter()
+            .filter(|c| matches!(c, FakeCall::ApplyPolicy(_)))
+            .collect::<Vec<_>>(),
+        vec![&FakeCall::ApplyPolicy(web_slot)]
+    );
+    assert_consistent(&m, "one slot distrusted");
+    m.persist_slot_records();
+    drop(m);
+
+    // A write that never finished (generation 0) is distrusted too.
+    let db_slot = dp.slot_of(db.id).unwrap();
+    dp.set_generation(db_slot, 0);
+    let m = restart(&store, &dp);
+    assert_eq!(loaded(&dp), BTreeSet::from([db_slot]));
+    assert_consistent(&m, "unfinished write");
+    m.persist_slot_records();
+    drop(m);
+
+    // The inputs changed while down (a rule removed from the store directly stands for any
+    // change the previous run did not finish applying): every slot is recomputed, and only
+    // those whose policy changed are written.
+    {
+        let (mut pol, _) = PolicyState::restore(
+            store.clone(),
+            &[from_api_labels(&web.labels), from_api_labels(&db.labels)],
+        )
+        .unwrap();
+        let filter = [weft_policy::labels::Label::parse_filter("r=2").unwrap()];
+        pol.delete_rules(&filter, false).unwrap();
+    }
+    let m = restart(&store, &dp);
+    assert!(loaded(&dp).is_empty());
+    assert_eq!(
+        dp.calls()
+            .iter()
+            .filter(|c| matches!(c, FakeCall::ApplyPolicy(_)))
+            .collect::<Vec<_>>(),
+        vec![&FakeCall::ApplyPolicy(db_slot)],
+        "only db's policy changed"
+    );
+    assert_consistent(&m, "inputs changed");
+}

@@ -1,0 +1,356 @@
+//! Policy slots: endpoints with the same identity and named ports have the same policy, so they
+//! share one set of entries in the policy trie (a slot), referenced from each endpoint's
+//! `endpoints` entry. Map entries, regeneration work and restart read-back then grow with the
+//! distinct (identity, named ports) pairs on the node, not with its endpoints.
+//!
+//! This module is the bookkeeping: which slot stands for which key, which endpoints point at it,
+//! and, per slot, the generation and digest of its last complete write. Those are persisted so
+//! that a restarted manager trusts a slot whose generation in the kernel (`policy_gen`, 0 while a
+//! write is under way) equals the recorded one, and does not read it back. docs/DATAPATH.md,
+//! "Policy slots".
+
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use weft_policy::mapstate::Identity;
+use weft_policy::rule::NamedPorts;
+
+use crate::store::{Store, StoreError};
+
+/// What makes two endpoints' policies equal: identity and the named ports of the pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct SlotKey {
+    /// Security identity.
+    pub identity: Identity,
+    /// Digest of the pod's named ports (0: none).
+    pub ports: u64,
+}
+
+impl SlotKey {
+    /// The key of an endpoint with `identity` and `named` ports.
+    #[must_use]
+    pub fn new(identity: Identity, named: &NamedPorts) -> Self {
+        let ports = if named.is_empty() {
+            0
+        } else {
+            let mut bytes = Vec::new();
+            for ((name, proto), port) in named {
+                bytes.extend_from_slice(name.as_bytes());
+                bytes.push(0);
+                bytes.push(*proto);
+                bytes.extend_from_slice(&port.to_le_bytes());
+            }
+            fnv(&bytes)
+        };
+        Self { identity, ports }
+    }
+}
+
+fn fnv(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// The persisted part of a slot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Record {
+    key: SlotKey,
+    generation: u64,
+    digest: u64,
+}
+
+#[derive(Debug, Clone)]
+struct Slot {
+    /// `None`: a slot found in the kernel without a record (nobody will be given it).
+    key: Option<SlotKey>,
+    members: BTreeSet<u32>,
+    /// Digest of the contents, when known to be complete.
+    digest: Option<u64>,
+    /// Generation of the last complete write (0: none yet, or one failed).
+    generation: u64,
+    /// Restored from a previous run with a matching generation: its entries are what that
+    /// run wrote completely.
+    trusted: bool,
+}
+
+/// What a restore found.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Restored {
+    /// Slots whose kernel generation equals their record's.
+    pub trusted: BTreeSet<u32>,
+    /// Slots that may hold entries but cannot be trusted (a write did not finish, no record, or
+    /// a record of another generation): read back and diffed.
+    pub untrusted: BTreeSet<u32>,
+    /// The persisted inputs digest equals the current one: trusted slots need no recompute.
+    pub inputs_unchanged: bool,
+}
+
+/// Every slot of the node.
+pub struct SlotTable {
+    store: Store,
+    slots: BTreeMap<u32, Slot>,
+    by_key: HashMap<SlotKey, u32>,
+    of: HashMap<u32, u32>,
+    next_generation: u64,
+    /// Slots whose record must be rewritten (or removed) at the next persist.
+    unpersisted: BTreeSet<u32>,
+}
+
+impl SlotTable {
+    /// An empty table (a node whose kernel maps hold no slot).
+    #[must_use]
+    pub fn new(store: Store) -> Self {
+        Self {
+            store,
+            slots: BTreeMap::new(),
+            by_key: HashMap::new(),
+            of: HashMap::new(),
+            next_generation: 1,
+            unpersisted: BTreeSet::new(),
+        }
+    }
+
+    /// Rebuilds the table from the persisted records and the kernel's `policy_gen` map.
+    /// `inputs` is the current inputs digest ([`crate::policy_state::PolicyState::inputs_digest`]).
+    pub fn restore(
+        store: Store,
+        kernel: &BTreeMap<u32, u64>,
+        inputs: u64,
+    ) -> Result<(Self, Restored), StoreError> {
+        let (records, persisted_inputs) = store.load_slots::<Record>()?;
+        let mut t = Self::new(store);
+        let mut r = Restored {
+            inputs_unchanged: persisted_inputs == Some(inputs),
+            ..Restored::default()
+        };
+        let max_record = records
+            .values()
+            .map(|rec| rec.generation)
+            .max()
+            .unwrap_or(0);
+        let max_kernel = kernel.values().copied().max().unwrap_or(0);
+        t.next_generation = max_record.max(max_kernel) + 1;
+        for (&slot, &generation) in kernel {
+            let record = records.get(&slot);
+            let trusted = generation != 0 && record.is_some_and(|rec| rec.generation == generation);
+            let key = record.map(|rec| rec.key);
+            if let Some(k) = key {
+                t.by_key.entry(k).or_insert(slot);
+            }
+            t.slots.insert(
+                slot,
+                Slot {
+                    key,
+                    members: BTreeSet::new(),
+                    digest: record.filter(|_| trusted).map(|rec| rec.digest),
+                    generation: if trusted { generation } else { 0 },
+                    trusted,
+                },
+            );
+            if trusted {
+                r.trusted.insert(slot);
+            } else {
+                r.untrusted.insert(slot);
+                t.unpersisted.insert(slot);
+            }
+        }
+        // Records of slots the kernel no longer has (maps recreated): removed at next persist.
+        t.unpersisted
+            .extend(records.keys().filter(|s| !kernel.contains_key(s)));
+        Ok((t, r))
+    }
+
+    /// The slot an endpoint points at.
+    #[must_use]
+    pub fn slot_of(&self, endpoint_id: u32) -> Option<u32> {
+        self.of.get(&endpoint_id).copied()
+    }
+
+    /// The slot standing for `key`, if any.
+    #[must_use]
+    pub fn find(&self, key: &SlotKey) -> Option<u32> {
+        self.by_key.get(key).copied()
+    }
+
+    /// The key a slot stands for.
+    #[must_use]
+    pub fn key(&self, slot: u32) -> Option<SlotKey> {
+        self.slots.get(&slot).and_then(|s| s.key)
+    }
+
+    /// The slot for `key`, created empty (no entries, no members) when there is none.
+    /// Returns it and whether it was created.
+    pub fn ensure(&mut self, key: SlotKey) -> (u32, bool) {
+        if let Some(&slot) = self.by_key.get(&key) {
+            return (slot, false);
+        }
+        // Lowest free id above 0: ids stay small and a freed one is reused.
+        // There are never 2^32 slots (the maps hold 65 536 endpoints).
+        let slot = (1..=u32::MAX)
+            .find(|id| !self.slots.contains_key(id))
+            .unwrap_or(u32::MAX);
+        self.slots.insert(
+            slot,
+            Slot {
+                key: Some(key),
+                members: BTreeSet::new(),
+                digest: None,
+                generation: 0,
+                trusted: false,
+            },
+        );
+        self.by_key.insert(key, slot);
+        (slot, true)
+    }
+
+    /// Records that an endpoint points at `slot` now. Returns the slot it pointed at before.
+    pub fn join(&mut self, endpoint_id: u32, slot: u32) -> Option<u32> {
+        let old = self.of.insert(endpoint_id, slot);
+        if let Some(old) = old.filter(|&o| o != slot)
+            && let Some(s) = self.slots.get_mut(&old)
+        {
+            s.members.remove(&endpoint_id);
+        }
+        if let Some(s) = self.slots.get_mut(&slot) {
+            s.members.insert(endpoint_id);
+        }
+        old.filter(|&o| o != slot)
+    }
+
+    /// Records that an endpoint is gone. Returns its slot.
+    pub fn leave(&mut self, endpoint_id: u32) -> Option<u32> {
+        let slot = self.of.remove(&endpoint_id)?;
+        if let Some(s) = self.slots.get_mut(&slot) {
+            s.members.remove(&endpoint_id);
+        }
+        Some(slot)
+    }
+
+    /// The endpoints pointing at `slot`.
+    #[must_use]
+    pub fn members(&self, slot: u32) -> Vec<u32> {
+        self.slots
+            .get(&slot)
+            .map(|s| s.members.iter().copied().collect())
+            .unwrap_or_default()
+    }
+
+    /// Slots no endpoint points at (to release).
+    #[must_use]
+    pub fn unused(&self) -> Vec<u32> {
+        self.slots
+            .iter()
+            .filter(|(_, s)| s.members.is_empty())
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
+    /// Whether `slot` has no member.
+    #[must_use]
+    pub fn is_unused(&self, slot: u32) -> bool {
+        self.slots.get(&slot).is_some_and(|s| s.members.is_empty())
+    }
+
+    /// Forgets a released slot.
+    pub fn remove(&mut self, slot: u32) {
+        if let Some(s) = self.slots.remove(&slot)
+            && let Some(k) = s.key
+            && self.by_key.get(&k) == Some(&slot)
+        {
+            self.by_key.remove(&k);
+        }
+        self.unpersisted.insert(slot);
+    }
+
+    /// Starts a write of `slot`: its contents are unknown until [`Self::written`]. Returns the
+    /// generation to write.
+    pub fn begin_write(&mut self, slot: u32) -> u64 {
+        let generation = self.next_generation;
+        self.next_generation += 1;
+        if let Some(s) = self.slots.get_mut(&slot) {
+            s.digest = None;
+            s.generation = 0;
+            s.trusted = false;
+        }
+        self.unpersisted.insert(slot);
+        generation
+    }
+
+    /// A write of `slot` completed at `generation`, leaving contents with `digest`.
+    pub fn written(&mut self, slot: u32, generation: u64, digest: u64) {
+        if let Some(s) = self.slots.get_mut(&slot) {
+            s.digest = Some(digest);
+            s.generation = generation;
+        }
+    }
+
+    /// The digest of a slot's complete contents, if known.
+    #[must_use]
+    pub fn digest(&self, slot: u32) -> Option<u64> {
+        self.slots.get(&slot).and_then(|s| s.digest)
+    }
+
+    /// Whether a restore trusted `slot` and nothing wrote it since.
+    #[must_use]
+    pub fn trusted(&self, slot: u32) -> bool {
+        self.slots.get(&slot).is_some_and(|s| s.trusted)
+    }
+
+    /// Ends the restart's use of trust: from now on every slot is recomputed when asked.
+    pub fn forget_trust(&mut self) {
+        for s in self.slots.values_mut() {
+            s.trusted = false;
+        }
+    }
+
+    /// Number of slots.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Whether there is no slot.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+
+    /// Writes the records changed since the last call, and `inputs` (the digest the slots are
+    /// now complete for; `None` when they may not be: the next restart recomputes them all).
+    pub fn persist(&mut self, inputs: Option<u64>) -> Result<(), StoreError> {
+        let mut put = Vec::new();
+        let mut remove = Vec::new();
+        for slot in &self.unpersisted {
+            match self.slots.get(slot) {
+                Some(s) => match (s.key, s.digest) {
+                    (Some(key), Some(digest)) if s.generation != 0 => put.push((
+                        *slot,
+                        Record {
+                            key,
+                            generation: s.generation,
+                            digest,
+                        },
+                    )),
+                    _ => remove.push(*slot),
+                },
+                None => remove.push(*slot),
+            }
+        }
+        let refs: Vec<(u32, &Record)> = put.iter().map(|(s, r)| (*s, r)).collect();
+        self.store.write_slots(&refs, &remove, inputs)?;
+        self.unpersisted.clear();
+        Ok(())
+    }
+
+    /// Whether records changed since the last persist.
+    #[must_use]
+    pub fn needs_persist(&self) -> bool {
+        !self.unpersisted.is_empty()
+    }
+}
+
+#[cfg(test)]
+#[path = "slots_tests.rs"]
+mod tests;

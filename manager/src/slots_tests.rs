@@ -1,0 +1,102 @@
+use super::*;
+
+fn key(identity: Identity) -> SlotKey {
+    SlotKey::new(identity, &NamedPorts::new())
+}
+
+#[test]
+fn same_key_shares_a_slot_and_named_ports_split_it() {
+    let mut t = SlotTable::new(Store::temporary().unwrap());
+    let (a, created) = t.ensure(key(300));
+    assert!(created);
+    assert_eq!(t.ensure(key(300)), (a, false));
+    let mut named = NamedPorts::new();
+    named.insert(("http".into(), 6), 8080);
+    let (b, created) = t.ensure(SlotKey::new(300, &named));
+    assert!(created && b != a);
+    assert_ne!(t.ensure(key(301)).0, a);
+}
+
+#[test]
+fn members_are_counted_and_the_last_one_leaves_it_unused() {
+    let mut t = SlotTable::new(Store::temporary().unwrap());
+    let (a, _) = t.ensure(key(300));
+    assert_eq!(t.join(1, a), None);
+    assert_eq!(t.join(2, a), None);
+    assert_eq!(t.members(a), vec![1, 2]);
+    assert_eq!(t.leave(1), Some(a));
+    assert!(!t.is_unused(a));
+    let (b, _) = t.ensure(key(301));
+    // Moving to another slot reports the one left.
+    assert_eq!(t.join(2, b), Some(a));
+    assert!(t.is_unused(a));
+    assert_eq!(t.unused(), vec![a]);
+    t.remove(a);
+    assert_eq!(t.find(&key(300)), None);
+    // A freed id is reused.
+    assert_eq!(t.ensure(key(302)).0, a);
+}
+
+#[test]
+#[expect(
+    clippy::many_single_char_names,
+    reason = "slots a, b, c of the table t"
+)]
+fn restore_trusts_only_matching_complete_generations() {
+    let store = Store::temporary().unwrap();
+    let mut t = SlotTable::new(store.clone());
+    let (a, _) = t.ensure(key(300));
+    let (b, _) = t.ensure(key(301));
+    let (c, _) = t.ensure(key(302));
+    let mut kernel = BTreeMap::new();
+    for slot in [a, b, c] {
+        let generation = t.begin_write(slot);
+        t.written(slot, generation, 7);
+        kernel.insert(slot, generation);
+    }
+    t.persist(Some(42)).unwrap();
+    // b: a write started after the records were persisted and did not finish.
+    kernel.insert(b, 0);
+    // c: a later write finished in the kernel, but its record never reached the store.
+    *kernel.get_mut(&c).unwrap() += 10;
+    // d: a slot the kernel has and no record describes.
+    kernel.insert(9, 5);
+    let (r, restored) = SlotTable::restore(store.clone(), &kernel, 42).unwrap();
+    assert_eq!(restored.trusted, BTreeSet::from([a]));
+    assert_eq!(restored.untrusted, BTreeSet::from([b, c, 9]));
+    assert!(restored.inputs_unchanged);
+    assert!(r.trusted(a) && !r.trusted(b));
+    assert_eq!(r.digest(a), Some(7));
+    assert_eq!(r.digest(c), None);
+    assert_eq!(r.find(&key(300)), Some(a));
+    assert_eq!(r.key(9), None);
+    // New generations are above every one seen, in the store or in the kernel.
+    let mut r = r;
+    assert!(r.begin_write(a) > kernel[&c]);
+    // Other inputs: nothing is trusted without recompute.
+    let (_, restored) = SlotTable::restore(store, &kernel, 43).unwrap();
+    assert!(!restored.inputs_unchanged);
+}
+
+#[test]
+fn a_failed_write_is_never_persisted_as_complete() {
+    let store = Store::temporary().unwrap();
+    let mut t = SlotTable::new(store.clone());
+    let (a, _) = t.ensure(key(300));
+    let g1 = t.begin_write(a);
+    t.written(a, g1, 1);
+    t.persist(Some(1)).unwrap();
+    // A second write starts and fails: no `written`.
+    let _g2 = t.begin_write(a);
+    t.persist(None).unwrap();
+    let kernel = BTreeMap::from([(a, g1)]);
+    let (_, restored) = SlotTable::restore(store, &kernel, 1).unwrap();
+    assert!(
+        restored.trusted.is_empty(),
+        "record removed, slot untrusted"
+    );
+    assert!(
+        !restored.inputs_unchanged,
+        "inputs cleared by persist(None)"
+    );
+}

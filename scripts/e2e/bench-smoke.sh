@@ -1,0 +1,5 @@
+#!/usr/bin/env bash
+# The benchmark suite at tiny sizes (scripts/bench/all --smoke): every part must still run and
+# print its RESULT lines, and every scaling plot must come out as a PNG. Writes to a temp dir,
+# never to docs/. Asserts nothing about speed. Prints `bench-smoke: N passed, M failed`.
+exec bash "$(dirname "$0")/../bench/all" --smoke --no-setup
