@@ -167,8 +167,18 @@ fn main() {
             identity,
             ips,
         } => {
-            dp.attach_endpoint(&endpoint(&ifname, endpoint_id, identity, ips))
+            dp.attach_endpoint(&endpoint(&ifname, endpoint_id, identity, ips.clone()))
                 .expect("attach");
+            // Since the ipcache owner table (issue #13) the manager, not attach, maps an
+            // endpoint's addresses to its identity: without it peers are "world".
+            for ip in ips {
+                let value = weft_manager::ipcache::Value {
+                    identity,
+                    cidr_identity: 0,
+                };
+                dp.upsert_ipcache(ipnet::IpNet::from(ip), value)
+                    .expect("ipcache");
+            }
         }
         Cmd::Detach {
             ifname,
