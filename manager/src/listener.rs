@@ -118,6 +118,31 @@ fn admit_peer(
     })
 }
 
+/// Serves one admitted connection on its own task; `slot` is held until the connection ends,
+/// so the caller's limit counts it. The header timeout bounds a client that never finishes.
+pub(crate) fn spawn_connection<S, T>(
+    stream: S,
+    app: &axum::Router,
+    slot: T,
+    header_timeout: Duration,
+    what: &'static str,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    T: Send + 'static,
+{
+    let service = TowerToHyperService::new(app.clone());
+    tokio::spawn(async move {
+        let _slot = slot;
+        let conn = hyper::server::conn::http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(header_timeout)
+            .serve_connection(TokioIo::new(stream), service);
+        if let Err(e) = conn.await {
+            tracing::debug!("{what} connection ended: {e}");
+        }
+    });
+}
+
 /// Serves `app` on `listener` until `shutdown` resolves; then waits up to 5 s for requests in
 /// flight.
 pub async fn serve(
@@ -152,17 +177,7 @@ pub async fn serve(
                 continue;
             }
         };
-        let service = TowerToHyperService::new(app.clone());
-        tokio::spawn(async move {
-            let _slot = slot;
-            let conn = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(limits.header_timeout)
-                .serve_connection(TokioIo::new(stream), service);
-            if let Err(e) = conn.await {
-                tracing::debug!("API connection ended: {e}");
-            }
-        });
+        spawn_connection(stream, &app, slot, limits.header_timeout, "API");
     }
     for _ in 0..50 {
         if counts.lock().unwrap_or_else(PoisonError::into_inner).total == 0 {

@@ -12,8 +12,6 @@ use axum::Router;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::get;
-use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 
 use crate::service::Manager;
@@ -107,16 +105,6 @@ pub async fn serve_tcp(listener: TcpListener, manager: Arc<Manager>) {
             }
             continue;
         };
-        let service = TowerToHyperService::new(app.clone());
-        tokio::spawn(async move {
-            let _slot = slot;
-            let conn = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(HEADER_TIMEOUT)
-                .serve_connection(TokioIo::new(stream), service);
-            if let Err(e) = conn.await {
-                tracing::debug!("metrics connection ended: {e}");
-            }
-        });
+        crate::listener::spawn_connection(stream, &app, slot, HEADER_TIMEOUT, "metrics");
     }
 }

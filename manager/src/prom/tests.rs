@@ -10,11 +10,11 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use weft_api::{AllocateRequest, Label, RegisterRequest};
 
 use crate::datapath::FakeDatapath;
 use crate::hostnet::FakeHostNet;
 use crate::service::Manager;
+use crate::service::test_support::{pod_request, ready_pod};
 
 /// `name{labels}` → value, after checking the exposition's shape: every sample belongs to a
 /// family declared by a `# TYPE` line before it (with the suffixes its type allows), every value
@@ -61,33 +61,8 @@ fn value(samples: &BTreeMap<String, f64>, key: &str) -> f64 {
         .unwrap_or_else(|| panic!("{key} missing from {samples:#?}"))
 }
 
-fn request(c: &str, app: &str) -> AllocateRequest {
-    AllocateRequest {
-        container_id: c.into(),
-        ifname: "eth0".into(),
-        netns: "/x".into(),
-        pod_namespace: Some("default".into()),
-        pod_name: Some(c.into()),
-        labels: vec![Label {
-            key: "id".into(),
-            value: app.into(),
-        }],
-    }
-}
-
 fn pod(m: &Manager, c: &str, app: &str) {
-    let ep = m.allocate(&request(c, app)).unwrap();
-    m.register(
-        ep.id,
-        &RegisterRequest {
-            container_id: c.into(),
-            host_ifname: ep.host_ifname.clone(),
-            host_ifindex: 9 + ep.id,
-            host_mac: "02:00:00:00:00:01".into(),
-            pod_mac: "02:00:00:00:00:02".into(),
-        },
-    )
-    .unwrap();
+    ready_pod(m, c, app);
 }
 
 const RULE: &str = r#"[{"labels":[{"key":"name","value":"r"}],"endpointSelector":{"matchLabels":{"id":"app1"}},"ingress":[{"fromEndpoints":[{"matchLabels":{"id":"app2"}}],"toPorts":[{"ports":[{"port":"80","protocol":"TCP"}]}]}]}]"#;
@@ -110,7 +85,7 @@ fn the_exposition_reports_what_happened() {
     pod(&m, "a", "app1");
     pod(&m, "b", "app2");
     pod(&m, "c", "app2");
-    m.allocate(&request("d", "app3")).unwrap(); // ADD still in progress
+    m.allocate(&pod_request("d", "app3")).unwrap(); // ADD still in progress
     let r = m.import_policy("r.json", RULE).unwrap();
     let r2 = m.import_policy("c.json", CIDR_RULE).unwrap();
     assert!(r.regenerated > 0 && r2.revision > r.revision);
@@ -245,7 +220,7 @@ async fn api_requests_are_counted_by_route_template_and_the_tcp_port_only_reads(
         std::future::pending(),
     ));
     let unix = || async { tokio::net::UnixStream::connect(&sock).await.unwrap() };
-    let add = serde_json::to_string(&request("a", "app1")).unwrap();
+    let add = serde_json::to_string(&pod_request("a", "app1")).unwrap();
     assert_eq!(
         http(unix().await, "POST", "/v1/endpoints", &add).await.0,
         200

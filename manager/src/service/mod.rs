@@ -868,26 +868,12 @@ impl Manager {
     }
 }
 
-/// A manager over the fakes with one IPv4 pool, 10.0.1.0/24 (unit tests).
 #[cfg(test)]
-pub(crate) fn fake_manager(
-    net: Arc<crate::hostnet::FakeHostNet>,
-    dp: Arc<crate::datapath::FakeDatapath>,
-) -> Manager {
-    let cidr = crate::node::select(
-        &crate::node::NodeManifest::default(),
-        &["10.0.1.0/24".into()],
-    )
-    .expect("a valid CIDR")
-    .cidrs();
-    let store = crate::store::Store::temporary().expect("temporary store");
-    let reg = Registry::open(store.clone(), vec![crate::ipam::Pool::new(cidr[0].cidr)])
-        .expect("registry");
-    let (pol, _) = PolicyState::restore(store, []).expect("policy state");
-    Manager::new("n".into(), cidr, reg, pol, net, dp)
-}
+pub(crate) use test_support::fake_manager;
 
 #[cfg(test)]
 mod slot_tests;
+#[cfg(test)]
+pub(crate) mod test_support;
 #[cfg(test)]
 mod tests;

@@ -1,12 +1,12 @@
 //! Policy slots through the manager's operations, over the fake datapath: sharing by identity,
 //! reference counting, the order of a label change's switch, and the restart's trust decision.
 
+use super::test_support::{fake_manager_on, ready_pod};
 use super::*;
 use crate::datapath::{FakeCall, FakeDatapath};
 use crate::hostnet::FakeHostNet;
 use crate::store::Store;
 use std::collections::BTreeSet;
-use weft_api::Label;
 
 const RULES: &str = r#"[{"labels":[{"key":"r","value":"1"}],"endpointSelector":{"matchLabels":{"id":"web"}},
   "ingress":[{"fromEndpoints":[{"matchLabels":{"id":"db"}}],"toPorts":[{"ports":[{"port":"80","protocol":"TCP"}]}]}]},
@@ -14,51 +14,11 @@ const RULES: &str = r#"[{"labels":[{"key":"r","value":"1"}],"endpointSelector":{
   "ingress":[{"fromEndpoints":[{"matchLabels":{"id":"web"}}],"toPorts":[{"ports":[{"port":"5432","protocol":"TCP"}]}]}]}]"#;
 
 fn manager_on(store: &Store, dp: &Arc<FakeDatapath>) -> Manager {
-    let cidr = crate::node::select(
-        &crate::node::NodeManifest::default(),
-        &["10.0.1.0/24".into()],
-    )
-    .expect("a valid CIDR")
-    .cidrs();
-    let reg = Registry::open(store.clone(), vec![crate::ipam::Pool::new(cidr[0].cidr)])
-        .expect("registry");
-    let labels: Vec<_> = reg.list().map(|ep| from_api_labels(&ep.labels)).collect();
-    let (pol, _) = PolicyState::restore(store.clone(), &labels).expect("policy state");
-    Manager::new(
-        "n".into(),
-        cidr,
-        reg,
-        pol,
-        Arc::new(FakeHostNet::default()),
-        dp.clone(),
-    )
+    fake_manager_on(store, Arc::new(FakeHostNet::default()), dp.clone())
 }
 
 fn pod(m: &Manager, c: &str, app: &str) -> Endpoint {
-    let ep = m
-        .allocate(&AllocateRequest {
-            container_id: c.into(),
-            ifname: "eth0".into(),
-            netns: "/x".into(),
-            pod_namespace: Some("default".into()),
-            pod_name: Some(c.into()),
-            labels: vec![Label {
-                key: "id".into(),
-                value: app.into(),
-            }],
-        })
-        .unwrap();
-    m.register(
-        ep.id,
-        &RegisterRequest {
-            container_id: ep.container_id.clone(),
-            host_ifname: ep.host_ifname.clone(),
-            host_ifindex: 9 + ep.id,
-            host_mac: "02:00:00:00:00:01".into(),
-            pod_mac: "02:00:00:00:00:02".into(),
-        },
-    )
-    .unwrap()
+    ready_pod(m, c, app)
 }
 
 fn assert_consistent(m: &Manager, step: &str) {

@@ -1,9 +1,9 @@
 //! Unit tests of the manager's operations over fake host plumbing and a fake datapath.
 
+use super::test_support::{make_ready, pod_request};
 use super::*;
 use crate::datapath::{FakeCall, FakeDatapath};
 use crate::hostnet::FakeHostNet;
-use weft_api::Label;
 use weft_policy::mapstate::{Direction, PolicyEntry, Verdict, proto};
 
 struct World {
@@ -38,32 +38,7 @@ fn bare_request(c: &str) -> AllocateRequest {
 }
 
 fn alloc(m: &Manager, c: &str, app: &str) -> Endpoint {
-    m.allocate(&AllocateRequest {
-        container_id: c.into(),
-        ifname: "eth0".into(),
-        netns: "/x".into(),
-        pod_namespace: Some("default".into()),
-        pod_name: Some(c.into()),
-        labels: vec![Label {
-            key: "id".into(),
-            value: app.into(),
-        }],
-    })
-    .unwrap()
-}
-
-fn make_ready(m: &Manager, ep: &Endpoint) -> Endpoint {
-    m.register(
-        ep.id,
-        &RegisterRequest {
-            container_id: ep.container_id.clone(),
-            host_ifname: ep.host_ifname.clone(),
-            host_ifindex: 9 + ep.id,
-            host_mac: "02:00:00:00:00:01".into(),
-            pod_mac: "02:00:00:00:00:02".into(),
-        },
-    )
-    .unwrap()
+    m.allocate(&pod_request(c, app)).unwrap()
 }
 
 fn pod(w: &World, c: &str, app: &str) -> Endpoint {
