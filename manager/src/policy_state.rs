@@ -30,6 +30,9 @@ pub enum PolicyStateError {
     /// Store.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// A rule text that parsed before does not any more (cannot happen: parsing is pure).
+    #[error("policy rule no longer parses: {0}")]
+    Reparse(String),
     /// In kvstore mode a new label set needs a number from the cluster, and none was given.
     #[error("a new identity for {0} must be allocated through the kvstore")]
     NeedsCluster(String),
@@ -125,11 +128,13 @@ impl RuleRecords {
         let repo: Repository = store.get_meta(LEGACY_REPO_KEY)?.unwrap_or_default();
         let add: Vec<(u64, &Rule)> = repo.rules().iter().map(|r| (records.add(r), r)).collect();
         store.write_rules(repo.revision(), None, &add)?;
+        store.flush()?;
         store.remove_meta(LEGACY_REPO_KEY)?;
         Ok((records, repo))
     }
 
-    /// Persists a repository change: its removed and added rules and the new revision. The
+    /// Persists a repository change (unflushed: the caller flushes the store before it answers):
+    /// its removed and added rules and the new revision. The
     /// record map changes only once the store has the change, so a failed write (disk full)
     /// leaves both as they were; a removed rule without a record (cannot happen unless they
     /// diverged) makes it rewrite every rule of `repo` instead.
@@ -437,6 +442,18 @@ impl PolicyState {
         rules: Vec<Rule>,
     ) -> Result<(RepoChange, Effects), PolicyStateError> {
         let change = self.repo.add(rules);
+        self.after_repo_change(change)
+    }
+
+    /// Adds an imported file's rules as [`weft_policy::parse::memo::ParseMemo`] gave them:
+    /// rules seen before are taken from the repository, not parsed or compared again.
+    pub fn add_pieces(
+        &mut self,
+        pieces: Vec<weft_policy::parse::memo::Piece<'_>>,
+    ) -> Result<(RepoChange, Effects), PolicyStateError> {
+        let incoming = weft_policy::parse::memo::incoming(pieces, &self.repo)
+            .map_err(PolicyStateError::Reparse)?;
+        let change = self.repo.add_reusing(incoming);
         self.after_repo_change(change)
     }
 

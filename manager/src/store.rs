@@ -183,7 +183,8 @@ impl Store {
     }
 
     /// Removes the rules numbered `remove` (every stored rule for `None`), adds `add` and
-    /// records `revision`, atomically, flushed.
+    /// records `revision`, atomically; not flushed: the caller flushes ([`Self::flush`]) before
+    /// it reports the change done, overlapping the fsync with other work.
     pub fn write_rules(
         &self,
         revision: u64,
@@ -209,7 +210,6 @@ impl Store {
         }
         batch.insert(RULES_REVISION, &revision.to_be_bytes());
         self.rules.apply_batch(batch)?;
-        self.db.flush()?;
         Ok(())
     }
 
@@ -235,7 +235,8 @@ impl Store {
     }
 
     /// Writes and removes slot records and sets (or, with `None`, removes) the inputs digest,
-    /// atomically, then flushes.
+    /// atomically; not flushed (a lost record only costs a read-back at restart): the caller
+    /// flushes when it must ([`Self::flush`]).
     pub fn write_slots<T: serde::Serialize>(
         &self,
         put: &[(u32, &T)],
@@ -255,6 +256,11 @@ impl Store {
             None => batch.remove(SLOT_INPUTS),
         }
         self.slots.apply_batch(batch)?;
+        Ok(())
+    }
+
+    /// Makes every write so far durable (fsync).
+    pub fn flush(&self) -> Result<(), StoreError> {
         self.db.flush()?;
         Ok(())
     }

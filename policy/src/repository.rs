@@ -35,6 +35,15 @@ impl RepoChange {
     }
 }
 
+/// A rule given to [`Repository::add_reusing`].
+#[derive(Debug, Clone)]
+pub enum Incoming {
+    /// A rule.
+    New(Rule),
+    /// A rule identical to the one at this position of the repository.
+    Existing(usize),
+}
+
 /// Rules plus a revision; serializable so the manager can persist it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Repository {
@@ -141,13 +150,38 @@ impl Repository {
     /// returned change: re-importing a file with one rule edited regenerates only the endpoints
     /// that rule selects.
     pub fn add(&mut self, rules: Vec<Rule>) -> RepoChange {
+        self.add_reusing(rules.into_iter().map(Incoming::New).collect())
+    }
+
+    /// Positions of the rules by [`Rule::content_hash`] (the first of identical ones), for
+    /// [`Incoming::Existing`].
+    #[must_use]
+    pub fn positions_by_hash(&self) -> HashMap<u64, usize> {
+        let mut out = HashMap::with_capacity(self.rules.len());
+        for (i, r) in self.rules.iter().enumerate() {
+            out.entry(r.content_hash()).or_insert(i);
+        }
+        out
+    }
+
+    /// [`Self::add`], where an incoming rule may be given as the position of an identical
+    /// rule already here: exactly the same change, without parsing, cloning or comparing that
+    /// rule (a re-imported file with one rule edited costs that one rule).
+    pub fn add_reusing(&mut self, rules: Vec<Incoming>) -> RepoChange {
+        let old = std::mem::take(&mut self.rules);
+        fn resolve<'a>(old: &'a [Rule], r: &'a Incoming) -> Option<&'a Rule> {
+            match r {
+                Incoming::New(r) => Some(r),
+                Incoming::Existing(i) => old.get(*i),
+            }
+        }
         let keys: BTreeSet<Vec<Label>> = rules
             .iter()
+            .filter_map(|r| resolve(&old, r))
             .map(replace_key)
             .filter(|k| !k.is_empty())
             .collect();
         let index = ReplaceIndex::new(&keys);
-        let old = std::mem::take(&mut self.rules);
         let replaced: Vec<usize> = (0..old.len())
             .filter(|&i| old.get(i).is_some_and(|r| index.replaces(&r.labels)))
             .collect();
@@ -160,7 +194,11 @@ impl Repository {
         let mut hint = 0;
         let mut added = Vec::new();
         for r in rules {
-            let same = |slot: &Option<usize>| slot.is_some_and(|i| old.get(i) == Some(&r));
+            let same = |slot: &Option<usize>| match (&r, slot) {
+                (_, None) => false,
+                (Incoming::Existing(i), Some(j)) if i == j => true,
+                (r, Some(j)) => old.get(*j).is_some() && old.get(*j) == resolve(&old, r),
+            };
             match (hint..unpaired.len())
                 .chain(0..hint)
                 .find(|&k| unpaired.get(k).is_some_and(same))
@@ -171,7 +209,10 @@ impl Repository {
                     }
                     hint = k + 1;
                 }
-                None => added.push(r),
+                None => match r {
+                    Incoming::New(r) => added.push(r),
+                    Incoming::Existing(i) => added.extend(old.get(i).cloned()),
+                },
             }
         }
         let gone: BTreeSet<usize> = unpaired.into_iter().flatten().collect();

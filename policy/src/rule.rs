@@ -247,6 +247,16 @@ pub struct Rule {
 }
 
 impl Rule {
+    /// A 64-bit hash of the whole rule (std's SipHash, fixed keys): equal rules hash equal.
+    /// Used to find a rule's identical twin without comparing every rule.
+    #[must_use]
+    pub fn content_hash(&self) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        self.hash(&mut h);
+        h.finish()
+    }
+
     /// A rule selecting `selector` with nothing in it; it applies in no direction.
     #[must_use]
     pub fn new(endpoint_selector: Selector, labels: LabelSet) -> Self {

@@ -105,6 +105,8 @@ pub struct Manager {
     masquerade: Option<Arc<crate::masquerade::Masquerader>>,
     /// Prometheus families counted as things happen (`crate::prom`).
     prom: Arc<crate::prom::Metrics>,
+    /// Rule texts parsed before: a re-imported file parses only its changed rules.
+    parse_memo: Mutex<weft_policy::parse::memo::ParseMemo>,
 }
 
 /// The datapath's view of a registered endpoint (`None` before registration).
@@ -169,12 +171,17 @@ pub(crate) fn initial_ipcache(reg: &Registry, pol: &PolicyState) -> Ipcache {
 /// deleting 50 000 rules the live heap is ~5 MiB but ~150 MiB of those late frees stayed
 /// resident (docs/BENCHMARKS.md "Memory after a large delete"), so a background thread trims
 /// again on [`LATE_TRIMS`]' schedule, restarted by every new request.
+///
+/// Every trim runs on that thread, never on the request's: a trim of a large heap takes
+/// milliseconds, which a one-rule import (≤ 10 ms, issue #10) cannot afford to wait for.
 pub(crate) fn release_freed_memory() {
-    trim_now();
-    schedule_late_trims();
+    if !TRIMMER.request() {
+        trim_now(); // no thread: trim here rather than never
+    }
 }
 
-/// Pauses before each follow-up trim: trims at 0.5, 1.5, 3.5 and 7.5 s after the last request.
+/// Pauses before each follow-up trim: trims at 0, 0.5, 1.5, 3.5 and 7.5 s after the last
+/// request.
 const LATE_TRIMS: [std::time::Duration; 4] = [
     std::time::Duration::from_millis(500),
     std::time::Duration::from_secs(1),
@@ -192,39 +199,67 @@ fn trim_now() {
     tracing::debug!(us = t0.elapsed().as_micros(), "freed memory released");
 }
 
-/// Bumped by every request; the one late-trim thread reruns its schedule while it changes.
-static TRIM_GENERATION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-static TRIM_THREAD_RUNNING: std::sync::atomic::AtomicBool =
-    std::sync::atomic::AtomicBool::new(false);
+/// The trim thread's mailbox: a request counter it waits on.
+struct Trimmer {
+    requests: std::sync::Mutex<u64>,
+    wake: std::sync::Condvar,
+    started: std::sync::OnceLock<bool>,
+}
 
-fn schedule_late_trims() {
-    use std::sync::atomic::Ordering::SeqCst;
-    TRIM_GENERATION.fetch_add(1, SeqCst);
-    if TRIM_THREAD_RUNNING.swap(true, SeqCst) {
-        return; // the running thread sees the new generation and starts over
+static TRIMMER: Trimmer = Trimmer {
+    requests: std::sync::Mutex::new(0),
+    wake: std::sync::Condvar::new(),
+    started: std::sync::OnceLock::new(),
+};
+
+impl Trimmer {
+    fn lock(&self) -> std::sync::MutexGuard<'_, u64> {
+        self.requests
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
-    let spawned = std::thread::Builder::new()
-        .name("late-trim".into())
-        .spawn(|| {
-            loop {
-                let generation = TRIM_GENERATION.load(SeqCst);
-                for delay in LATE_TRIMS {
-                    std::thread::sleep(delay);
-                    trim_now();
-                }
-                TRIM_THREAD_RUNNING.store(false, SeqCst);
-                // A request between the load above and the store: run again unless that
-                // request started its own thread.
-                if TRIM_GENERATION.load(SeqCst) == generation
-                    || TRIM_THREAD_RUNNING.swap(true, SeqCst)
-                {
-                    return;
-                }
+
+    /// Asks the thread for a trim now and the late ones after; false when it cannot run.
+    fn request(&'static self) -> bool {
+        *self.lock() += 1;
+        self.wake.notify_one();
+        *self.started.get_or_init(|| {
+            std::thread::Builder::new()
+                .name("trim".into())
+                .spawn(move || self.run())
+                .inspect_err(|e| {
+                    tracing::warn!(error = %e, "cannot start the trim thread; trimming inline");
+                })
+                .is_ok()
+        })
+    }
+
+    fn run(&self) {
+        let mut seen = 0;
+        loop {
+            let mut n = self.lock();
+            while *n == seen {
+                n = self
+                    .wake
+                    .wait(n)
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
             }
-        });
-    if let Err(e) = spawned {
-        TRIM_THREAD_RUNNING.store(false, SeqCst);
-        tracing::warn!(error = %e, "cannot start the late-trim thread; freed memory may stay resident");
+            seen = *n;
+            drop(n);
+            trim_now();
+            for delay in LATE_TRIMS {
+                let n = self.lock();
+                let (n, _) = self
+                    .wake
+                    .wait_timeout_while(n, delay, |n| *n == seen)
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                if *n != seen {
+                    break; // a new request: trim at once and start the schedule over
+                }
+                drop(n);
+                trim_now();
+            }
+        }
     }
 }
 
@@ -271,6 +306,7 @@ impl Manager {
             cluster: None,
             masquerade: None,
             prom: Arc::default(),
+            parse_memo: Mutex::default(),
         }
     }
 
@@ -871,6 +907,8 @@ impl Manager {
 #[cfg(test)]
 pub(crate) use test_support::fake_manager;
 
+#[cfg(test)]
+mod reimport_tests;
 #[cfg(test)]
 mod slot_tests;
 #[cfg(test)]

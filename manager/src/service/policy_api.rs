@@ -128,9 +128,17 @@ impl Manager {
     /// revision.
     pub fn import_policy(&self, file: &str, text: &str) -> Result<ImportResult, ManagerError> {
         let t0 = std::time::Instant::now();
-        let rules = weft_policy::parse::parse_policy_file(file, text)
+        // Outside the state lock: only rules whose text is new are parsed.
+        let pieces = self
+            .parse_memo
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .parse(file, text)
             .map_err(|e| ManagerError::Invalid(e.to_string()))?;
-        self.import_rules(file, rules, t0)
+        let parsed = t0.elapsed();
+        let mut st = self.state();
+        let (change, effects) = st.pol.add_pieces(pieces)?;
+        self.finish_import(file, st, &change, &effects, t0, parsed)
     }
 
     /// Adds parsed rules (same labels replace, as on import). `t0`: when the request started.
@@ -143,8 +151,20 @@ impl Manager {
         let parsed = t0.elapsed();
         let mut st = self.state();
         let (change, effects) = st.pol.add_rules(rules)?;
+        self.finish_import(file, st, &change, &effects, t0, parsed)
+    }
+
+    fn finish_import(
+        &self,
+        file: &str,
+        st: std::sync::MutexGuard<'_, State>,
+        change: &weft_policy::repository::RepoChange,
+        effects: &Effects,
+        t0: std::time::Instant,
+        parsed: std::time::Duration,
+    ) -> Result<ImportResult, ManagerError> {
         let stored = t0.elapsed();
-        let result = self.enforce_change(st, &change, &effects, t0)?;
+        let result = self.enforce_change(st, change, effects, t0)?;
         let ms = |d: std::time::Duration| d.as_secs_f64() * 1000.0;
         tracing::info!(
             file,
@@ -168,14 +188,29 @@ impl Manager {
         effects: &Effects,
         t0: std::time::Instant,
     ) -> Result<ImportResult, ManagerError> {
-        let regenerated = self
-            .regenerate_for_change(&mut st, change, effects)
-            .and_then(|n| self.apply_effects_after(&mut st, effects).map(|()| n))
+        // The repository change is written but not yet durable: its fsync (milliseconds on a
+        // busy disk) runs on another thread while the maps are written, and the answer waits
+        // for both. A kill before it ends loses an unanswered change: the restart's slot
+        // read-back repairs the maps to whichever repository was stored.
+        let store = st.pol.store().clone();
+        let (regenerated, flushed) = std::thread::scope(|s| {
+            let flush = s.spawn(|| store.flush());
+            let regenerated = self
+                .regenerate_for_change(&mut st, change, effects)
+                .and_then(|n| self.apply_effects_after(&mut st, effects).map(|()| n));
+            (regenerated, flush.join())
+        });
+        let flushed = flushed
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            .map_err(|e| ManagerError::from(crate::policy_state::PolicyStateError::from(e)));
+        let regenerated = regenerated
+            .and_then(|n| flushed.map(|()| n))
             .inspect_err(|_| {
                 self.mark_needs_regeneration();
                 self.prom().policy_changed(t0.elapsed(), false);
             })?;
-        // Before the answer: the next restart trusts the slots this change wrote.
+        // Before the answer (durable within sled's next flush): the next restart trusts the
+        // slots this change wrote.
         self.persist_slots(&mut st);
         self.prom().policy_changed(t0.elapsed(), true);
         let result = ImportResult {

@@ -201,7 +201,8 @@ impl Manager {
         Ok(slot)
     }
 
-    /// Persists the slot records changed since the last call, with the inputs digest unless a
+    /// Persists (unflushed: sled's own flush within 0.5 s, or the caller's, makes them durable)
+    /// the slot records changed since the last call, with the inputs digest unless a
     /// regeneration failed (then the slots may not match the inputs: the next restart must
     /// recompute them). A failure costs only restart time: unpersisted slots are read back.
     pub(crate) fn persist_slots(&self, st: &mut State) {
@@ -217,10 +218,15 @@ impl Manager {
         }
     }
 
-    /// Persists changed slot records, if any (housekeeping).
+    /// Persists changed slot records, if any (housekeeping), durably.
     pub fn persist_slot_records(&self) {
         let mut st = self.state();
         self.persist_slots(&mut st);
+        if let Err(e) = st.pol.store().flush() {
+            tracing::warn!(
+                "cannot flush policy slot records (the next restart reads them back): {e}"
+            );
+        }
     }
 
     /// Re-attaches every ready endpoint after a restart: the programs are replaced atomically
@@ -320,6 +326,10 @@ impl Manager {
             st.ipcache.replace_source(&Source::Cidr, &cidrs);
             self.flush_ipcache(&mut st)?;
             self.persist_slots(&mut st);
+            st.pol
+                .store()
+                .flush()
+                .map_err(crate::policy_state::PolicyStateError::from)?;
             n
         };
         super::release_freed_memory();

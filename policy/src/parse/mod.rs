@@ -7,6 +7,7 @@
 
 mod cilium;
 mod k8s;
+pub mod memo;
 mod walk;
 
 use crate::rule::Rule;
