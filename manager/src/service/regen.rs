@@ -218,11 +218,18 @@ impl Manager {
         }
     }
 
-    /// Persists changed slot records, if any (housekeeping), durably.
+    /// Persists changed slot records, if any (housekeeping), durably: the fsync runs after the
+    /// state lock is released, so a policy change never waits for it.
     pub fn persist_slot_records(&self) {
-        let mut st = self.state();
-        self.persist_slots(&mut st);
-        if let Err(e) = st.pol.store().flush() {
+        let store = {
+            let mut st = self.state();
+            if !st.slots.needs_persist() {
+                return;
+            }
+            self.persist_slots(&mut st);
+            st.pol.store().clone()
+        };
+        if let Err(e) = store.flush() {
             tracing::warn!(
                 "cannot flush policy slot records (the next restart reads them back): {e}"
             );
