@@ -168,13 +168,13 @@ impl Repository {
     /// rule already here: exactly the same change, without parsing, cloning or comparing that
     /// rule (a re-imported file with one rule edited costs that one rule).
     pub fn add_reusing(&mut self, rules: Vec<Incoming>) -> RepoChange {
-        let old = std::mem::take(&mut self.rules);
         fn resolve<'a>(old: &'a [Rule], r: &'a Incoming) -> Option<&'a Rule> {
             match r {
                 Incoming::New(r) => Some(r),
                 Incoming::Existing(i) => old.get(*i),
             }
         }
+        let old = std::mem::take(&mut self.rules);
         let keys: BTreeSet<Vec<Label>> = rules
             .iter()
             .filter_map(|r| resolve(&old, r))

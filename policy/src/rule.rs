@@ -247,7 +247,7 @@ pub struct Rule {
 }
 
 impl Rule {
-    /// A 64-bit hash of the whole rule (std's SipHash, fixed keys): equal rules hash equal.
+    /// A 64-bit hash of the whole rule (std's `SipHash`, fixed keys): equal rules hash equal.
     /// Used to find a rule's identical twin without comparing every rule.
     #[must_use]
     pub fn content_hash(&self) -> u64 {

@@ -34,7 +34,7 @@ pub struct ParseMemo {
     by_text: HashMap<u64, u64>,
 }
 
-/// Nesting deeper than this takes the full parser: serde_json's recursion limit counts the
+/// Nesting deeper than this takes the full parser: `serde_json`'s recursion limit counts the
 /// enclosing array, so an element alone could parse where the file does not.
 const MAX_DEPTH: usize = 100;
 
@@ -145,7 +145,7 @@ fn string_end(b: &[u8], mut i: usize) -> Option<usize> {
 }
 
 /// End of the value starting at `b[i]`: strings and brackets are matched (string-aware);
-/// scalars run to the next separator. Validation is left to serde_json: an element is parsed
+/// scalars run to the next separator. Validation is left to `serde_json`: an element is parsed
 /// alone, or is byte for byte an element that parsed before.
 fn value_end(b: &[u8], mut i: usize) -> Option<usize> {
     match b.get(i)? {
