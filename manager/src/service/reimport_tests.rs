@@ -72,7 +72,7 @@ proptest! {
         }
         // (port, peer, kind) of each rule, in file order; None: dropped.
         let mut rules: Vec<Option<(u16, usize, u8)>> =
-            (0..8).map(|n| Some((1 + (n % 3) as u16, n % 3, (n % 4) as u8))).collect();
+            (0u8..8).map(|n| Some((1 + u16::from(n % 3), usize::from(n % 3), n % 4))).collect();
         let mut extra: Vec<usize> = Vec::new();
         let mut slow = Repository::new();
         for step in 0..=edits.len() {
