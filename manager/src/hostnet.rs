@@ -46,6 +46,11 @@ pub trait HostNet: Send + Sync {
     ) -> BoxFuture<'a, Result<(), HostNetError>>;
     /// The ifindex of `name`, if it exists.
     fn link_index<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<u32>, HostNetError>>;
+    /// Every link's name → ifindex, from one dump (start-up validates all endpoints at once
+    /// instead of one request per veth).
+    fn link_indexes(
+        &self,
+    ) -> BoxFuture<'_, Result<std::collections::HashMap<String, u32>, HostNetError>>;
     /// Deletes `name`; a missing link is success (cleanup is idempotent).
     fn delete_link<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<(), HostNetError>>;
     /// The node netns's addresses and main-table routes, to refuse a pod CIDR that would take
@@ -284,6 +289,19 @@ impl NetlinkHostNet {
         Ok(out)
     }
 
+    async fn indexes(&self) -> Result<std::collections::HashMap<String, u32>, HostNetError> {
+        let mut links = self.handle.link().get().execute();
+        let mut out = std::collections::HashMap::new();
+        while let Some(link) = links.try_next().await.map_err(nl("list links"))? {
+            for attr in &link.attributes {
+                if let netlink_packet_route::link::LinkAttribute::IfName(name) = attr {
+                    out.insert(name.clone(), link.header.index);
+                }
+            }
+        }
+        Ok(out)
+    }
+
     async fn delete(&self, name: &str) -> Result<(), HostNetError> {
         let Some(index) = self.index(name).await? else {
             return Ok(());
@@ -306,6 +324,12 @@ impl HostNet for NetlinkHostNet {
 
     fn link_index<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<u32>, HostNetError>> {
         Box::pin(self.index(name))
+    }
+
+    fn link_indexes(
+        &self,
+    ) -> BoxFuture<'_, Result<std::collections::HashMap<String, u32>, HostNetError>> {
+        Box::pin(self.indexes())
     }
 
     fn delete_link<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<(), HostNetError>> {
@@ -356,6 +380,16 @@ impl HostNet for FakeHostNet {
     fn link_index<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<u32>, HostNetError>> {
         let idx = crate::locks::lock(&self.links).get(name).copied();
         Box::pin(async move { Ok(idx) })
+    }
+
+    fn link_indexes(
+        &self,
+    ) -> BoxFuture<'_, Result<std::collections::HashMap<String, u32>, HostNetError>> {
+        let all = crate::locks::lock(&self.links)
+            .iter()
+            .map(|(n, i)| (n.clone(), *i))
+            .collect();
+        Box::pin(async move { Ok(all) })
     }
 
     fn delete_link<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<(), HostNetError>> {
