@@ -141,6 +141,9 @@ impl NetlinkHostNet {
                 .await
                 .map_err(nl(format!("set {HOST_DEVICE} up")))?;
         }
+        // One dump of the main table serves the existence check below and remove_stale (the
+        // routes added in between are the routers', which remove_stale keeps anyway).
+        let main_table = crate::nodenet::main_routes(&self.handle).await?;
         for (router, cidr) in routers {
             let host_len = if router.is_ipv4() { 32 } else { 128 };
             let mut req = self
@@ -166,6 +169,12 @@ impl NetlinkHostNet {
                 })?
                 .output_interface(index)
                 .build();
+            if main_table
+                .iter()
+                .any(|(dest, oif, _)| dest == cidr && *oif == Some(index))
+            {
+                continue;
+            }
             // Never `replace`: a route Weft does not own must stay as it is.
             match self.handle.route().add(route).execute().await {
                 Ok(()) => {}
@@ -173,7 +182,7 @@ impl NetlinkHostNet {
                 Err(e) => return Err(nl(format!("route {cidr} dev {HOST_DEVICE}"))(e)),
             }
         }
-        self.remove_stale(index, routers).await?;
+        self.remove_stale(index, routers, main_table).await?;
         // /proc/sys/net is per network namespace: this enables forwarding only where the
         // manager runs (the node's namespace).
         for path in [
@@ -211,6 +220,11 @@ impl NetlinkHostNet {
         &self,
         index: u32,
         routers: &[(IpAddr, IpNet)],
+        main_table: Vec<(
+            IpNet,
+            Option<u32>,
+            netlink_packet_route::route::RouteMessage,
+        )>,
     ) -> Result<(), HostNetError> {
         let is_link_local =
             |ip: IpAddr| matches!(ip, IpAddr::V6(v6) if v6.segments()[0] & 0xffc0 == 0xfe80);
@@ -240,7 +254,7 @@ impl NetlinkHostNet {
                 .await
                 .map_err(nl(format!("remove {ip} from {HOST_DEVICE}")))?;
         }
-        for (dest, oif, msg) in crate::nodenet::main_routes(&self.handle).await? {
+        for (dest, oif, msg) in main_table {
             if oif != Some(index)
                 || is_link_local(dest.network())
                 || routers.iter().any(|(_, c)| *c == dest)
