@@ -11,7 +11,6 @@ use super::{Datapath, attach, bpffs, dump};
 use crate::ipcache::Value as IpcacheValue;
 use aya::maps::{MapData, MapError, RingBuf};
 use aya::programs::TcAttachType;
-use aya::{Ebpf, EbpfLoader};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use tokio::sync::broadcast;
@@ -47,10 +46,10 @@ fn filter_error(source: std::io::Error) -> DatapathError {
 }
 
 fn take<T: TryFrom<aya::maps::Map, Error = MapError>>(
-    ebpf: &mut Ebpf,
+    maps: &mut HashMap<&'static str, aya::maps::Map>,
     name: &'static str,
 ) -> Result<T, DatapathError> {
-    let map = ebpf.take_map(name).ok_or(DatapathError::Missing(name))?;
+    let map = maps.remove(name).ok_or(DatapathError::Missing(name))?;
     T::try_from(map).map_err(DatapathError::map(name))
 }
 
@@ -65,47 +64,32 @@ impl BpfDatapath {
         bpffs::ensure(&config.pin_dir)?;
         let t0 = std::time::Instant::now();
         let digest = progpin::object_digest(abi::object(), &config);
-        // Parses the ELF and opens (or creates and pins) the maps; programs are only
-        // relocated here, the kernel sees them at `SchedClassifier::load`.
-        let mut ebpf = EbpfLoader::new()
-            .default_map_pin_directory(&config.pin_dir)
-            .map_max_entries(names::ENDPOINTS, config.endpoints_max)
-            .map_max_entries(names::IPCACHE, config.ipcache_max)
-            .map_max_entries(names::POLICY, config.policy_max)
-            .map_max_entries(names::POLICY_GEN, config.endpoints_max)
-            .map_max_entries(names::CT, config.ct_max)
-            .map_max_entries(names::FRAGS, config.frags_max)
-            .map_max_entries(names::METRICS, config.metrics_max)
-            .map_max_entries(names::EVENTS, config.events_bytes)
-            .load(abi::object())
-            .map_err(|e| DatapathError::Load(Box::new(e)))?;
-        let load_ms = t0.elapsed().as_secs_f64() * 1000.0;
-        let programs = progpin::open_programs(&config, &mut ebpf, &digest)?;
+        let mut opened = progpin::open(&config, &digest)?;
         tracing::info!(
-            programs = if programs.pinned.is_some() {
+            programs = if opened.programs.pinned.is_some() {
                 "reused"
             } else {
                 "loaded"
             },
-            reason = programs
+            reason = opened
+                .programs
                 .reason
                 .as_deref()
-                .unwrap_or("pinned for this object"),
-            object_ms = load_ms,
-            programs_ms = t0.elapsed().as_secs_f64() * 1000.0 - load_ms,
+                .unwrap_or("pinned for this object, using the opened maps"),
+            ms = t0.elapsed().as_secs_f64() * 1000.0,
             "eBPF programs"
         );
-        let ring: RingBuf<MapData> = take(&mut ebpf, names::EVENTS)?;
+        let ring: RingBuf<MapData> = take(&mut opened.maps, names::EVENTS)?;
         let mut maps = Maps {
-            endpoints: take(&mut ebpf, names::ENDPOINTS)?,
-            ipcache: take(&mut ebpf, names::IPCACHE)?,
-            policy: take(&mut ebpf, names::POLICY)?,
-            policy_gen: take(&mut ebpf, names::POLICY_GEN)?,
-            ct: take(&mut ebpf, names::CT)?,
-            frags: take(&mut ebpf, names::FRAGS)?,
-            metrics: take(&mut ebpf, names::METRICS)?,
-            ebpf,
-            programs,
+            endpoints: take(&mut opened.maps, names::ENDPOINTS)?,
+            ipcache: take(&mut opened.maps, names::IPCACHE)?,
+            policy: take(&mut opened.maps, names::POLICY)?,
+            policy_gen: take(&mut opened.maps, names::POLICY_GEN)?,
+            ct: take(&mut opened.maps, names::CT)?,
+            frags: take(&mut opened.maps, names::FRAGS)?,
+            metrics: take(&mut opened.maps, names::METRICS)?,
+            ebpf: opened.ebpf,
+            programs: opened.programs,
             filters: None,
             installed: HashMap::new(),
             unloaded: BTreeSet::new(),

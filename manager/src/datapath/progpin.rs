@@ -13,9 +13,10 @@
 use super::error::DatapathError;
 use super::state::Programs;
 use super::types::DatapathConfig;
-use aya::Ebpf;
+use aya::maps::{Map, MapData};
 use aya::programs::SchedClassifier;
-use std::collections::BTreeSet;
+use aya::{Ebpf, EbpfLoader};
+use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use weft_ebpf::{self as abi, map_names as names};
 
@@ -162,48 +163,89 @@ impl PinnedPrograms for BpfPins<'_> {
     }
 }
 
-/// The ids of the maps the loader opened (all pinned by name under the pin dir).
-fn opened_map_ids(pin_dir: &std::path::Path) -> Result<BTreeSet<u32>, DatapathError> {
-    names::ALL
-        .iter()
-        .map(|name| {
-            aya::maps::MapInfo::from_pin(pin_dir.join(name))
-                .map(|info| info.id())
-                .map_err(DatapathError::map(name))
-        })
-        .collect()
+/// Maps and programs of a start: by name, as `aya::maps::Map`, with the programs.
+pub(crate) struct Opened {
+    /// The loaded object (fresh load only; it owns the programs then).
+    pub(crate) ebpf: Option<Ebpf>,
+    /// Every map of `names::ALL`.
+    pub(crate) maps: HashMap<&'static str, Map>,
+    pub(crate) programs: Programs,
 }
 
-/// Reuses the programs pinned for this object, or loads the object's programs (the kernel
-/// verifies them) and removes every program pin before anything is attached with them.
-pub(crate) fn open_programs(
-    config: &DatapathConfig,
-    ebpf: &mut Ebpf,
-    digest: &str,
-) -> Result<Programs, DatapathError> {
-    let names = [abi::PROG_FROM_POD, abi::PROG_TO_POD];
-    let pins = BpfPins {
-        pin_dir: &config.pin_dir,
-    };
-    let mut reason = match decide(&pins, digest, &names, &opened_map_ids(&config.pin_dir)?) {
-        Decision::Reuse => {
-            let open = |name| SchedClassifier::from_pin(pin_path(&config.pin_dir, digest, name));
-            match (open(abi::PROG_FROM_POD), open(abi::PROG_TO_POD)) {
-                (Ok(from_pod), Ok(to_pod)) => {
-                    return Ok(Programs {
-                        pinned: Some([from_pod, to_pod]),
-                        digest: digest.to_owned(),
-                        reason: None,
-                        committed: true,
-                        ids: None,
-                    });
-                }
-                (Err(e), _) | (_, Err(e)) => format!("opening the pinned programs: {e}"),
-            }
+/// The reuse path: every map and both programs straight from their pins, without parsing the
+/// object (aya's loader parses the kernel's whole BTF and the ELF, which costs more than
+/// everything else a restart does). `Err` says why the object must be loaded instead: a map or
+/// program pin is missing, or [`decide`] refuses.
+fn open_pinned(config: &DatapathConfig, digest: &str) -> Result<Opened, String> {
+    let mut data = HashMap::new();
+    let mut ids = BTreeSet::new();
+    for name in names::ALL {
+        let path = config.pin_dir.join(name);
+        if !path.exists() {
+            return Err(format!("map {name} is not pinned yet"));
         }
-        Decision::Load(reason) => reason,
+        let map = MapData::from_pin(&path).map_err(|e| format!("map {name}: {e}"))?;
+        ids.insert(map.info().map_err(|e| format!("map {name}: {e}"))?.id());
+        data.insert(name, map);
+    }
+    let programs = [abi::PROG_FROM_POD, abi::PROG_TO_POD];
+    if let Decision::Load(reason) = decide(
+        &BpfPins {
+            pin_dir: &config.pin_dir,
+        },
+        digest,
+        &programs,
+        &ids,
+    ) {
+        return Err(reason);
+    }
+    let open = |name| {
+        SchedClassifier::from_pin(pin_path(&config.pin_dir, digest, name))
+            .map_err(|e| format!("opening the pinned {name}: {e}"))
     };
-    for program in names {
+    let pinned = [open(abi::PROG_FROM_POD)?, open(abi::PROG_TO_POD)?];
+    let mut maps = HashMap::new();
+    for (name, map) in data {
+        maps.insert(
+            name,
+            Map::from_map_data(map).map_err(|e| format!("map {name}: {e}"))?,
+        );
+    }
+    Ok(Opened {
+        ebpf: None,
+        maps,
+        programs: Programs {
+            pinned: Some(pinned),
+            digest: digest.to_owned(),
+            reason: None,
+            committed: true,
+            ids: None,
+        },
+    })
+}
+
+/// Opens the maps and programs: the pinned ones when they can be reused (see the module
+/// comment), else the object is loaded — maps opened from their pins or created, programs
+/// loaded (the kernel verifies them) — and every program pin is removed before anything is
+/// attached with the new programs.
+pub(crate) fn open(config: &DatapathConfig, digest: &str) -> Result<Opened, DatapathError> {
+    let reason = match open_pinned(config, digest) {
+        Ok(opened) => return Ok(opened),
+        Err(reason) => reason,
+    };
+    let mut ebpf = EbpfLoader::new()
+        .default_map_pin_directory(&config.pin_dir)
+        .map_max_entries(names::ENDPOINTS, config.endpoints_max)
+        .map_max_entries(names::IPCACHE, config.ipcache_max)
+        .map_max_entries(names::POLICY, config.policy_max)
+        .map_max_entries(names::POLICY_GEN, config.endpoints_max)
+        .map_max_entries(names::CT, config.ct_max)
+        .map_max_entries(names::FRAGS, config.frags_max)
+        .map_max_entries(names::METRICS, config.metrics_max)
+        .map_max_entries(names::EVENTS, config.events_bytes)
+        .load(abi::object())
+        .map_err(|e| DatapathError::Load(Box::new(e)))?;
+    for program in [abi::PROG_FROM_POD, abi::PROG_TO_POD] {
         let prog = ebpf
             .program_mut(program)
             .ok_or(DatapathError::Missing(program))?;
@@ -221,15 +263,23 @@ pub(crate) fn open_programs(
         path: config.pin_dir.join(PROGS_DIR),
         source,
     })?;
-    if reason.is_empty() {
-        reason = "loaded".into();
+    let mut maps = HashMap::new();
+    for name in names::ALL {
+        maps.insert(
+            name,
+            ebpf.take_map(name).ok_or(DatapathError::Missing(name))?,
+        );
     }
-    Ok(Programs {
-        pinned: None,
-        digest: digest.to_owned(),
-        reason: Some(reason),
-        committed: false,
-        ids: None,
+    Ok(Opened {
+        ebpf: Some(ebpf),
+        maps,
+        programs: Programs {
+            pinned: None,
+            digest: digest.to_owned(),
+            reason: Some(reason),
+            committed: false,
+            ids: None,
+        },
     })
 }
 

@@ -29,8 +29,9 @@ pub(crate) struct Programs {
 }
 
 pub(crate) struct Maps {
-    /// Owns the loaded programs; dropping it closes our fds, not the attached filters.
-    pub(crate) ebpf: Ebpf,
+    /// Owns the programs when this process loaded them (`None`: reused from their pins);
+    /// dropping it closes our fds, not the attached filters.
+    pub(crate) ebpf: Option<Ebpf>,
     pub(crate) programs: Programs,
     /// Netlink socket for tc filter dumps (opened on first use).
     pub(crate) filters: Option<super::tcfilter::Socket>,
@@ -136,7 +137,8 @@ impl Maps {
             };
         }
         self.ebpf
-            .program_mut(name)
+            .as_mut()
+            .and_then(|e| e.program_mut(name))
             .ok_or(DatapathError::Missing(name))?
             .try_into()
             .map_err(|e| DatapathError::Program {
