@@ -113,12 +113,12 @@ pub async fn run(env: &CniEnv, conf: &NetConf) -> Result<CniResult, CniError> {
     .await?;
     let veth_us = t0.elapsed().as_micros();
 
-    let pod = pod.run(PodJob {
+    let job = PodJob {
         index: created.pod_index,
         ips: ep.ips.clone(),
         host_mac,
         egress_bits: conf.bandwidth.egress,
-    });
+    };
     let host = host_side(
         &nl,
         created.host_index,
@@ -126,9 +126,7 @@ pub async fn run(env: &CniEnv, conf: &NetConf) -> Result<CniResult, CniError> {
         pod_mac,
         conf.bandwidth.ingress,
     );
-    let (pod, host) = futures::join!(pod, host);
-    pod?;
-    host?;
+    both_sides(pod, job, host).await?;
     let plumb_us = t0.elapsed().as_micros();
 
     let host_mac_s = format_mac(&host_mac);
@@ -186,6 +184,16 @@ async fn host_side(
         Some(bits) => shaping::limit(nl, index, Bucket::for_rate(bits)).await,
         None => Ok(()),
     }
+}
+
+/// Configures the pod side (on its netns thread) and the host side at once; both must succeed.
+async fn both_sides(
+    pod: netns::Worker<PodJob, ()>,
+    job: PodJob,
+    host: impl std::future::Future<Output = Result<(), CniError>>,
+) -> Result<(), CniError> {
+    let (pod, host) = futures::join!(pod.run(job), host);
+    pod.and(host)
 }
 
 /// What the pod side needs once the veth exists.
