@@ -1,7 +1,9 @@
-//! Minimal HTTP/1.1 client for the manager's unix socket (one connection per call).
+//! Minimal HTTP/1.1 client for the manager's unix socket.
 //!
 //! Used by the CNI plugin and weftctl. It runs on whatever tokio runtime the caller built; the
-//! CNI builds a `current_thread` one just for its few calls.
+//! CNI builds a `current_thread` one just for its few calls. One keep-alive connection serves a
+//! client's successive calls (the CNI's ADD makes two): a second connect costs a manager accept,
+//! admission and a new connection task on the ADD's critical path.
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -10,6 +12,7 @@ use hyper_util::rt::TokioIo;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, PoisonError};
 use tokio::net::UnixStream;
 
 use crate::ApiError;
@@ -69,10 +72,20 @@ pub enum ClientError {
     },
 }
 
-/// A client bound to one socket path.
-#[derive(Debug, Clone)]
+type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
+
+/// A client bound to one socket path. It keeps the connection of its last call open for the
+/// next one; a clone starts without one.
+#[derive(Debug)]
 pub struct Client {
     socket: PathBuf,
+    idle: Mutex<Option<Sender>>,
+}
+
+impl Clone for Client {
+    fn clone(&self) -> Self {
+        Self::new(self.socket.clone())
+    }
 }
 
 impl Client {
@@ -81,6 +94,7 @@ impl Client {
     pub fn new(socket: impl Into<PathBuf>) -> Self {
         Self {
             socket: socket.into(),
+            idle: Mutex::new(None),
         }
     }
 
@@ -178,12 +192,36 @@ impl Client {
         path: &str,
         payload: Bytes,
     ) -> Result<(u16, Bytes), ClientError> {
-        let req = build_request(method, path, payload)?;
-        let mut sender = self.connect().await?;
+        let mut req = build_request(method, path, payload)?;
+        let mut sender = match self.take_idle().await {
+            Some(mut sender) => match sender.try_send_request(req).await {
+                Ok(resp) => return self.finish(sender, resp).await,
+                // The manager closed the idle connection (its header timeout, a restart) before
+                // the request went out: nothing was sent, so it is safe to send it again on a
+                // fresh connection. Once sent, an error is reported, never retried.
+                Err(mut e) => match e.take_message() {
+                    Some(unsent) => {
+                        req = unsent;
+                        self.connect().await?
+                    }
+                    None => return Err(self.transport(e.error())),
+                },
+            },
+            None => self.connect().await?,
+        };
         let resp = sender
             .send_request(req)
             .await
             .map_err(|e| self.transport(&e))?;
+        self.finish(sender, resp).await
+    }
+
+    /// Reads the whole response, then keeps the connection for the next call.
+    async fn finish(
+        &self,
+        sender: Sender,
+        resp: hyper::Response<hyper::body::Incoming>,
+    ) -> Result<(u16, Bytes), ClientError> {
         let status = resp.status().as_u16();
         let bytes = resp
             .into_body()
@@ -191,12 +229,25 @@ impl Client {
             .await
             .map_err(|e| self.transport(&e))?
             .to_bytes();
+        *self.idle.lock().unwrap_or_else(PoisonError::into_inner) = Some(sender);
         Ok((status, bytes))
     }
 
-    async fn connect(
-        &self,
-    ) -> Result<hyper::client::conn::http1::SendRequest<Full<Bytes>>, ClientError> {
+    /// The kept connection, if it is still open and ready for a request.
+    async fn take_idle(&self) -> Option<Sender> {
+        let mut sender = self
+            .idle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()?;
+        if sender.is_closed() {
+            return None;
+        }
+        sender.ready().await.ok()?;
+        Some(sender)
+    }
+
+    async fn connect(&self) -> Result<Sender, ClientError> {
         let stream =
             UnixStream::connect(&self.socket)
                 .await
@@ -208,7 +259,8 @@ impl Client {
             .await
             .map_err(|e| self.transport(&e))?;
         tokio::spawn(async move {
-            // The connection ends when the response is read; its error is reported by the request.
+            // The connection ends when the client (or its kept sender) is dropped; its error is
+            // reported by the request.
             let _ = conn.await;
         });
         Ok(sender)

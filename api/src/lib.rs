@@ -241,6 +241,10 @@ pub struct StatusResponse {
     /// Endpoint regenerations that changed maps since start.
     #[serde(default)]
     pub regenerations: u64,
+    /// The eBPF programs of this run: `reused` (pinned by an earlier manager for the same
+    /// object) or `loaded` (verified by this one). Absent from managers that predate it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub programs: Option<String>,
 }
 
 /// One IPAM allocation (`GET /v1/ipam`).

@@ -11,6 +11,7 @@ use std::marker::PhantomData;
 use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
+use tokio::sync::oneshot;
 
 /// `NSFS_MAGIC` from include/uapi/linux/magic.h: what a netns handle lies on.
 const NSFS_MAGIC: i64 = 0x6e73_6673;
@@ -106,12 +107,35 @@ where
     T: Send + 'static,
     F: FnOnce() -> Result<T, CniError> + Send + 'static,
 {
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    let spawned = std::thread::Builder::new()
+    spawn_in_netns(netns, move |_: oneshot::Receiver<()>| job())?
+        .run(())
+        .await
+}
+
+/// A job running on its own thread inside a netns, to be handed its input later: the thread's
+/// start, the `setns` and whatever the job prepares before awaiting its input (a runtime, a
+/// netlink socket) overlap the caller's work meanwhile. Dropped without [`Worker::run`], the
+/// job sees its input channel closed and ends (restoring the thread's netns first, as always).
+pub struct Worker<I, T> {
+    input: oneshot::Sender<I>,
+    output: oneshot::Receiver<Result<T, CniError>>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+/// Starts `job` on a fresh thread inside the netns `netns`; it gets its input's receiver.
+pub fn spawn_in_netns<I, T, F>(netns: File, job: F) -> Result<Worker<I, T>, CniError>
+where
+    I: Send + 'static,
+    T: Send + 'static,
+    F: FnOnce(oneshot::Receiver<I>) -> Result<T, CniError> + Send + 'static,
+{
+    let (input, input_rx) = oneshot::channel();
+    let (tx, output) = oneshot::channel();
+    let thread = std::thread::Builder::new()
         .name("weft-netns".into())
         .spawn(move || {
             let result = NetnsGuard::enter(&netns).and_then(|guard| {
-                let r = job();
+                let r = job(input_rx);
                 // Restore before reporting: if restoring panics, tx is dropped unsent.
                 drop(guard);
                 r
@@ -119,15 +143,29 @@ where
             let _ = tx.send(result);
         })
         .map_err(|e| CniError::netlink("spawning the netns thread", e))?;
-    let result = rx.await.map_err(|_| {
-        CniError::netlink(
-            "pod netns thread",
-            "died before reporting (panic, or netns restore failed)",
-        )
-    })?;
-    // The thread has sent its result and is ending; joining only reaps it.
-    let _ = spawned.join();
-    result
+    Ok(Worker {
+        input,
+        output,
+        thread,
+    })
+}
+
+impl<I, T> Worker<I, T> {
+    /// Hands the job its input; resolves with its result once the thread is done.
+    pub async fn run(self, input: I) -> Result<T, CniError> {
+        // A job that failed before taking its input (setns refused) has dropped the receiver;
+        // its error is in `output`.
+        let _ = self.input.send(input);
+        let result = self.output.await.map_err(|_| {
+            CniError::netlink(
+                "pod netns thread",
+                "died before reporting (panic, or netns restore failed)",
+            )
+        })?;
+        // The thread has sent its result and is ending; joining only reaps it.
+        let _ = self.thread.join();
+        result
+    }
 }
 
 #[cfg(test)]

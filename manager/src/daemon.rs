@@ -161,7 +161,10 @@ fn node_cidrs(
     for c in &chosen {
         tracing::info!(cidr = %c.cidr, source = %c.source, detail = %c.detail, router = %c.router_ip(), "node pod CIDR");
     }
-    store.put_meta(NODE_KEY, &chosen)?;
+    // A write flushes the database: only when the choice changed.
+    if previous != chosen {
+        store.put_meta(NODE_KEY, &chosen)?;
+    }
     Ok(chosen)
 }
 

@@ -46,6 +46,11 @@ pub trait HostNet: Send + Sync {
     ) -> BoxFuture<'a, Result<(), HostNetError>>;
     /// The ifindex of `name`, if it exists.
     fn link_index<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<u32>, HostNetError>>;
+    /// Every link's name → ifindex, from one dump (start-up validates all endpoints at once
+    /// instead of one request per veth).
+    fn link_indexes(
+        &self,
+    ) -> BoxFuture<'_, Result<std::collections::HashMap<String, u32>, HostNetError>>;
     /// Deletes `name`; a missing link is success (cleanup is idempotent).
     fn delete_link<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<(), HostNetError>>;
     /// The node netns's addresses and main-table routes, to refuse a pod CIDR that would take
@@ -136,6 +141,9 @@ impl NetlinkHostNet {
                 .await
                 .map_err(nl(format!("set {HOST_DEVICE} up")))?;
         }
+        // One dump of the main table serves the existence check below and remove_stale (the
+        // routes added in between are the routers', which remove_stale keeps anyway).
+        let main_table = crate::nodenet::main_routes(&self.handle).await?;
         for (router, cidr) in routers {
             let host_len = if router.is_ipv4() { 32 } else { 128 };
             let mut req = self
@@ -161,6 +169,12 @@ impl NetlinkHostNet {
                 })?
                 .output_interface(index)
                 .build();
+            if main_table
+                .iter()
+                .any(|(dest, oif, _)| dest == cidr && *oif == Some(index))
+            {
+                continue;
+            }
             // Never `replace`: a route Weft does not own must stay as it is.
             match self.handle.route().add(route).execute().await {
                 Ok(()) => {}
@@ -168,7 +182,7 @@ impl NetlinkHostNet {
                 Err(e) => return Err(nl(format!("route {cidr} dev {HOST_DEVICE}"))(e)),
             }
         }
-        self.remove_stale(index, routers).await?;
+        self.remove_stale(index, routers, main_table).await?;
         // /proc/sys/net is per network namespace: this enables forwarding only where the
         // manager runs (the node's namespace).
         for path in [
@@ -206,6 +220,11 @@ impl NetlinkHostNet {
         &self,
         index: u32,
         routers: &[(IpAddr, IpNet)],
+        main_table: Vec<(
+            IpNet,
+            Option<u32>,
+            netlink_packet_route::route::RouteMessage,
+        )>,
     ) -> Result<(), HostNetError> {
         let is_link_local =
             |ip: IpAddr| matches!(ip, IpAddr::V6(v6) if v6.segments()[0] & 0xffc0 == 0xfe80);
@@ -235,7 +254,7 @@ impl NetlinkHostNet {
                 .await
                 .map_err(nl(format!("remove {ip} from {HOST_DEVICE}")))?;
         }
-        for (dest, oif, msg) in crate::nodenet::main_routes(&self.handle).await? {
+        for (dest, oif, msg) in main_table {
             if oif != Some(index)
                 || is_link_local(dest.network())
                 || routers.iter().any(|(_, c)| *c == dest)
@@ -284,6 +303,19 @@ impl NetlinkHostNet {
         Ok(out)
     }
 
+    async fn indexes(&self) -> Result<std::collections::HashMap<String, u32>, HostNetError> {
+        let mut links = self.handle.link().get().execute();
+        let mut out = std::collections::HashMap::new();
+        while let Some(link) = links.try_next().await.map_err(nl("list links"))? {
+            for attr in &link.attributes {
+                if let netlink_packet_route::link::LinkAttribute::IfName(name) = attr {
+                    out.insert(name.clone(), link.header.index);
+                }
+            }
+        }
+        Ok(out)
+    }
+
     async fn delete(&self, name: &str) -> Result<(), HostNetError> {
         let Some(index) = self.index(name).await? else {
             return Ok(());
@@ -306,6 +338,12 @@ impl HostNet for NetlinkHostNet {
 
     fn link_index<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<u32>, HostNetError>> {
         Box::pin(self.index(name))
+    }
+
+    fn link_indexes(
+        &self,
+    ) -> BoxFuture<'_, Result<std::collections::HashMap<String, u32>, HostNetError>> {
+        Box::pin(self.indexes())
     }
 
     fn delete_link<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<(), HostNetError>> {
@@ -356,6 +394,16 @@ impl HostNet for FakeHostNet {
     fn link_index<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<u32>, HostNetError>> {
         let idx = crate::locks::lock(&self.links).get(name).copied();
         Box::pin(async move { Ok(idx) })
+    }
+
+    fn link_indexes(
+        &self,
+    ) -> BoxFuture<'_, Result<std::collections::HashMap<String, u32>, HostNetError>> {
+        let all = crate::locks::lock(&self.links)
+            .iter()
+            .map(|(n, i)| (n.clone(), *i))
+            .collect();
+        Box::pin(async move { Ok(all) })
     }
 
     fn delete_link<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<(), HostNetError>> {

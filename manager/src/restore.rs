@@ -76,8 +76,9 @@ pub async fn restore_endpoints(
     now_ms: u64,
 ) -> Result<(usize, usize), ManagerError> {
     let (mut kept, mut removed) = (0, 0);
+    let links = hostnet.link_indexes().await?;
     for ep in manager.endpoints() {
-        let link = hostnet.link_index(&ep.host_ifname).await?;
+        let link = links.get(&ep.host_ifname).copied();
         let netns = Path::new(&ep.netns).exists();
         match validate(&ep, link, netns, now_ms) {
             None => kept += 1,

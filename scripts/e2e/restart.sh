@@ -53,6 +53,53 @@ check "the allowed TCP flow kept working" test "$(grep -c allowed-failed "$probe
 check "same endpoint ids, identities and revision" test "$(snapshot)" = "$before"
 check "same pinned maps (ids) after restarts" test "$(map_ids)" = "$maps_before"
 
+echo "== program pins: an unchanged binary reuses the programs, tampered pins force a reload"
+programs() { weftctl -o json status | jq -r .programs; }
+# "ifname dir prog-id" for every ready endpoint's host veth, as tc lists the filter at pref 1.
+filter_ids() {
+  local v d
+  for v in $(weftctl -o json endpoint list | jq -r '.[] | select(.state == "ready") | .host_ifname' | sort); do
+    for d in ingress egress; do
+      echo "$v $d $(in_node tc filter show dev "$v" "$d" pref 1 | grep -o ' id [0-9]*' | awk '{print $2}')"
+    done
+  done
+}
+pins_complete() { [ -e "$WEFT_BPFFS"/progs/*/weft_from_pod ] && [ -e "$WEFT_BPFFS"/progs/*/weft_to_pod ]; }
+# every line of $1 has another program id than the same line of $2
+all_changed() { paste -d' ' <(echo "$1") <(echo "$2") | awk '$3 == "" || $3 == $6 {bad = 1} END {exit bad}'; }
+check "after the kill -9 restarts the programs were reused" test "$(programs)" = reused
+check "the programs are pinned" pins_complete
+ids_before=$(filter_ids)
+weft_kill9_manager
+weft_start_manager --pod-cidr 10.0.15.0/24 --pod-cidr fd00:10:15::/64
+check "unchanged binary: programs reused" test "$(programs)" = reused
+check "unchanged binary: every veth filter runs the same programs" test "$(filter_ids)" = "$ids_before"
+check "and the manager re-attached none" grep -q 'reattached=0' <(grep 'policy slots restored' "$WEFT_TMP/manager.log" | tail -1)
+# A partial pin set (one program pin removed) and an object of another build (its pins under
+# another digest) must both load afresh and move every veth to the new programs.
+for tamper in "rm $WEFT_BPFFS/progs/*/weft_to_pod" "mv $WEFT_BPFFS/progs/* $WEFT_BPFFS/progs/0123456789abcdef0123456789abcdef"; do
+  weft_kill9_manager
+  eval "$tamper"
+  weft_start_manager --pod-cidr 10.0.15.0/24 --pod-cidr fd00:10:15::/64
+  ids_after=$(filter_ids)
+  check "after '$tamper': programs loaded afresh" test "$(programs)" = loaded
+  check "every veth filter runs the new programs" all_changed "$ids_after" "$ids_before"
+  check "the new programs are pinned (only them)" test "$(ls "$WEFT_BPFFS/progs" | wc -l)" = 1 -a -n "$(pins_complete && echo y)"
+  ids_before=$ids_after
+done
+check "map verify: filters and maps consistent" weftctl map verify
+check "app2 -> app1 allowed with the new programs" ping_ok in_pod app2 "$APP1"
+check_not "app3 -> app1 denied with the new programs" tcp_ok app1 app3 "$APP1" 80
+# A filter changed behind Weft's back is reported by map verify.
+veth1=$(weftctl -o json endpoint list | jq -r '.[] | select(.state == "ready") | .host_ifname' | head -1)
+in_node tc filter del dev "$veth1" ingress pref 1 handle 1 bpf
+check_not "map verify reports a deleted filter" weftctl map verify
+# A restart that reuses the programs still checks each veth's filters and repairs that one.
+weft_kill9_manager
+weft_start_manager --pod-cidr 10.0.15.0/24 --pod-cidr fd00:10:15::/64
+check "restart with reused programs re-attached only the tampered veth" grep -q 'reattached=1' <(grep 'policy slots restored' "$WEFT_TMP/manager.log" | tail -1)
+check "map verify: consistent again" weftctl map verify
+
 echo "== a pod whose netns was deleted while the manager was down"
 weft_add_pod gone >/dev/null || die "ADD gone failed"
 gone_ip=$(pod_ip gone)

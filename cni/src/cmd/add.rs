@@ -65,6 +65,13 @@ pub async fn run(env: &CniEnv, conf: &NetConf) -> Result<CniResult, CniError> {
     let client = Client::new(&conf.socket);
     let host_name = host_ifname(&env.container_id, &env.ifname);
     let (host_mac, pod_mac) = veth_macs(&env.container_id, &env.ifname);
+    // The pod-side thread enters the netns and opens its netlink socket while the manager
+    // allocates; it touches nothing there until it is handed the veth.
+    let pod_netns = netns
+        .try_clone()
+        .map_err(|e| CniError::netlink("duplicating the pod netns handle", e))?;
+    let ifname = env.ifname.clone();
+    let pod = netns::spawn_in_netns(pod_netns, move |job| pod_side(&ifname, job))?;
 
     let ep = allocate(env, conf, &client, &netns_str).await?;
     let allocate_us = t0.elapsed().as_micros();
@@ -106,12 +113,12 @@ pub async fn run(env: &CniEnv, conf: &NetConf) -> Result<CniResult, CniError> {
     .await?;
     let veth_us = t0.elapsed().as_micros();
 
-    let pod_ips = ep.ips.clone();
-    let egress = conf.bandwidth.egress;
-    let ifname = env.ifname.clone();
-    let pod = netns::run_in_netns(netns, move || {
-        pod_side(created.pod_index, &ifname, &pod_ips, host_mac, egress)
-    });
+    let job = PodJob {
+        index: created.pod_index,
+        ips: ep.ips.clone(),
+        host_mac,
+        egress_bits: conf.bandwidth.egress,
+    };
     let host = host_side(
         &nl,
         created.host_index,
@@ -119,9 +126,7 @@ pub async fn run(env: &CniEnv, conf: &NetConf) -> Result<CniResult, CniError> {
         pod_mac,
         conf.bandwidth.ingress,
     );
-    let (pod, host) = futures::join!(pod, host);
-    pod?;
-    host?;
+    both_sides(pod, job, host).await?;
     let plumb_us = t0.elapsed().as_micros();
 
     let host_mac_s = format_mac(&host_mac);
@@ -181,28 +186,48 @@ async fn host_side(
     }
 }
 
-/// Runs on the netns thread: its own runtime, and a netlink socket opened inside the pod netns.
-fn pod_side(
-    pod_index: Option<u32>,
-    ifname: &str,
-    ips: &[IpConfig],
+/// Configures the pod side (on its netns thread) and the host side at once; both must succeed.
+async fn both_sides(
+    pod: netns::Worker<PodJob, ()>,
+    job: PodJob,
+    host: impl std::future::Future<Output = Result<(), CniError>>,
+) -> Result<(), CniError> {
+    let (pod, host) = futures::join!(pod.run(job), host);
+    pod.and(host)
+}
+
+/// What the pod side needs once the veth exists.
+struct PodJob {
+    /// The pod end's ifindex, when the kernel's echo carried it.
+    index: Option<u32>,
+    ips: Vec<IpConfig>,
     host_mac: [u8; 6],
     egress_bits: Option<u64>,
-) -> Result<(), CniError> {
+}
+
+/// Runs on the netns thread: its own runtime, and a netlink socket opened inside the pod netns
+/// before the job arrives. A closed `job` channel (the ADD failed first) ends it untouched.
+fn pod_side(ifname: &str, job: tokio::sync::oneshot::Receiver<PodJob>) -> Result<(), CniError> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_io()
         .build()
         .map_err(|e| CniError::netlink("building the pod-side runtime", e))?;
     rt.block_on(async {
         let nl = netlink::connect()?;
-        let index = match pod_index {
+        let Ok(job) = job.await else {
+            return Err(CniError::netlink(
+                "configuring the pod side",
+                "the ADD ended before the veth existed",
+            ));
+        };
+        let index = match job.index {
             Some(i) => i,
             None => veth::index_of(&nl, ifname).await?.ok_or_else(|| {
                 CniError::netlink("configuring the pod side", format!("{ifname} not found"))
             })?,
         };
-        netlink::pod::configure(&nl, index, ips, host_mac).await?;
-        match egress_bits {
+        netlink::pod::configure(&nl, index, &job.ips, job.host_mac).await?;
+        match job.egress_bits {
             Some(bits) => shaping::limit(&nl, index, Bucket::for_rate(bits)).await,
             None => Ok(()),
         }

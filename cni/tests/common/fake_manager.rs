@@ -132,6 +132,7 @@ impl State {
             version: "fake".into(),
             restore_ms: Vec::new(),
             regenerations: 0,
+            programs: None,
         }
     }
 

@@ -7,9 +7,15 @@ use super::table;
 
 pub fn status_table(s: &StatusResponse) -> String {
     let mut out = format!(
-        "Node:       {}\nReady:      {}\nEndpoints:  {}\nPolicy rev: {}\nVersion:    {}\n\n",
+        "Node:       {}\nReady:      {}\nEndpoints:  {}\nPolicy rev: {}\nVersion:    {}\n",
         s.node_name, s.ready, s.endpoints, s.policy_revision, s.version
     );
+    if let Some(p) = &s.programs {
+        out.push_str("Programs:   ");
+        out.push_str(p);
+        out.push('\n');
+    }
+    out.push('\n');
     let rows: Vec<Vec<String>> = s
         .pools
         .iter()

@@ -8,7 +8,6 @@
 //! program atomically: no window without a filter).
 
 use super::error::DatapathError;
-use aya::Ebpf;
 use aya::programs::tc::{NlOptions, SchedClassifierLink, TcAttachOptions, TcHandle};
 use aya::programs::{Link as _, ProgramError, SchedClassifier, TcAttachType, TcError};
 
@@ -45,16 +44,11 @@ pub(crate) fn ensure_clsact(ifname: &str) -> Result<(), DatapathError> {
 /// Attaches `program` to `ifname` at Weft's (priority, handle), replacing whatever program a
 /// previous manager left there, and leaves the filter in place when this process exits.
 pub(crate) fn attach(
-    ebpf: &mut Ebpf,
+    prog: &mut SchedClassifier,
     program: &'static str,
     ifname: &str,
     attach_type: TcAttachType,
 ) -> Result<(), DatapathError> {
-    let prog: &mut SchedClassifier = ebpf
-        .program_mut(program)
-        .ok_or(DatapathError::Missing(program))?
-        .try_into()
-        .map_err(|e| program_error(program, ifname, e))?;
     let options = TcAttachOptions::Netlink(NlOptions {
         priority: PRIORITY,
         handle: HANDLE,

@@ -2,6 +2,7 @@
 
 use super::error::DatapathError;
 use super::events::EventReader;
+use super::progpin;
 use super::state::{Maps, endpoint_info, ignore_missing, ipcache_key};
 use super::types::{
     DatapathConfig, DropEvent, EndpointDatapath, KernelEndpoint, KernelState, MapSummary,
@@ -9,8 +10,7 @@ use super::types::{
 use super::{Datapath, attach, bpffs, dump};
 use crate::ipcache::Value as IpcacheValue;
 use aya::maps::{MapData, MapError, RingBuf};
-use aya::programs::{SchedClassifier, TcAttachType};
-use aya::{Ebpf, EbpfLoader};
+use aya::programs::TcAttachType;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use tokio::sync::broadcast;
@@ -25,55 +25,72 @@ pub struct BpfDatapath {
     _reader: EventReader,
 }
 
+/// The host veth's ifindex, checked against the one the endpoint was created with.
+fn checked_ifindex(ep: &EndpointDatapath) -> Result<u32, DatapathError> {
+    let ifindex = nix::net::if_::if_nametoindex(ep.host_ifname.as_str())
+        .map_err(|e| DatapathError::Invalid(format!("interface {}: {e}", ep.host_ifname)))?;
+    if ifindex != ep.host_ifindex {
+        return Err(DatapathError::Invalid(format!(
+            "interface {} has ifindex {ifindex}, not {}",
+            ep.host_ifname, ep.host_ifindex
+        )));
+    }
+    Ok(ifindex)
+}
+
+fn filter_error(source: std::io::Error) -> DatapathError {
+    DatapathError::Syscall {
+        map: "tc filters",
+        source,
+    }
+}
+
 fn take<T: TryFrom<aya::maps::Map, Error = MapError>>(
-    ebpf: &mut Ebpf,
+    maps: &mut HashMap<&'static str, aya::maps::Map>,
     name: &'static str,
 ) -> Result<T, DatapathError> {
-    let map = ebpf.take_map(name).ok_or(DatapathError::Missing(name))?;
+    let map = maps.remove(name).ok_or(DatapathError::Missing(name))?;
     T::try_from(map).map_err(DatapathError::map(name))
 }
 
 impl BpfDatapath {
     /// Ensures bpffs, loads the object reusing every map already pinned under
-    /// `config.pin_dir` (creating the missing ones), loads the programs, installs the world
-    /// ipcache entries if missing and starts the event reader. Nothing is attached here.
+    /// `config.pin_dir` (creating the missing ones), reuses the programs pinned for this
+    /// object when they use exactly those maps or else loads (verifies) them afresh, installs
+    /// the world ipcache entries if missing and starts the event reader. Nothing is attached
+    /// here. After a fresh load the programs are pinned only by [`Datapath::commit_programs`],
+    /// once every endpoint runs them (docs/DATAPATH.md, "Program pins").
     pub fn open(config: DatapathConfig) -> Result<Self, DatapathError> {
         bpffs::ensure(&config.pin_dir)?;
-        let mut ebpf = EbpfLoader::new()
-            .default_map_pin_directory(&config.pin_dir)
-            .map_max_entries(names::ENDPOINTS, config.endpoints_max)
-            .map_max_entries(names::IPCACHE, config.ipcache_max)
-            .map_max_entries(names::POLICY, config.policy_max)
-            .map_max_entries(names::POLICY_GEN, config.endpoints_max)
-            .map_max_entries(names::CT, config.ct_max)
-            .map_max_entries(names::FRAGS, config.frags_max)
-            .map_max_entries(names::METRICS, config.metrics_max)
-            .map_max_entries(names::EVENTS, config.events_bytes)
-            .load(abi::object())
-            .map_err(|e| DatapathError::Load(Box::new(e)))?;
-        // Loaded (verified) once per manager; attach_endpoint only creates filters.
-        for program in [abi::PROG_FROM_POD, abi::PROG_TO_POD] {
-            let prog = ebpf
-                .program_mut(program)
-                .ok_or(DatapathError::Missing(program))?;
-            <&mut SchedClassifier>::try_from(prog)
-                .and_then(SchedClassifier::load)
-                .map_err(|e| DatapathError::Program {
-                    program,
-                    ifname: "(load)".to_owned(),
-                    source: Box::new(e),
-                })?;
-        }
-        let ring: RingBuf<MapData> = take(&mut ebpf, names::EVENTS)?;
+        let t0 = std::time::Instant::now();
+        let digest = progpin::object_digest(abi::object(), &config);
+        let mut opened = progpin::open(&config, &digest)?;
+        tracing::info!(
+            programs = if opened.programs.pinned.is_some() {
+                "reused"
+            } else {
+                "loaded"
+            },
+            reason = opened
+                .programs
+                .reason
+                .as_deref()
+                .unwrap_or("pinned for this object, using the opened maps"),
+            ms = t0.elapsed().as_secs_f64() * 1000.0,
+            "eBPF programs"
+        );
+        let ring: RingBuf<MapData> = take(&mut opened.maps, names::EVENTS)?;
         let mut maps = Maps {
-            endpoints: take(&mut ebpf, names::ENDPOINTS)?,
-            ipcache: take(&mut ebpf, names::IPCACHE)?,
-            policy: take(&mut ebpf, names::POLICY)?,
-            policy_gen: take(&mut ebpf, names::POLICY_GEN)?,
-            ct: take(&mut ebpf, names::CT)?,
-            frags: take(&mut ebpf, names::FRAGS)?,
-            metrics: take(&mut ebpf, names::METRICS)?,
-            ebpf,
+            endpoints: take(&mut opened.maps, names::ENDPOINTS)?,
+            ipcache: take(&mut opened.maps, names::IPCACHE)?,
+            policy: take(&mut opened.maps, names::POLICY)?,
+            policy_gen: take(&mut opened.maps, names::POLICY_GEN)?,
+            ct: take(&mut opened.maps, names::CT)?,
+            frags: take(&mut opened.maps, names::FRAGS)?,
+            metrics: take(&mut opened.maps, names::METRICS)?,
+            ebpf: opened.ebpf,
+            programs: opened.programs,
+            filters: None,
             installed: HashMap::new(),
             unloaded: BTreeSet::new(),
             slot_flags: HashMap::new(),
@@ -109,14 +126,7 @@ impl BpfDatapath {
 
 impl Datapath for BpfDatapath {
     fn attach_endpoint(&self, ep: &EndpointDatapath) -> Result<(), DatapathError> {
-        let ifindex = nix::net::if_::if_nametoindex(ep.host_ifname.as_str())
-            .map_err(|e| DatapathError::Invalid(format!("interface {}: {e}", ep.host_ifname)))?;
-        if ifindex != ep.host_ifindex {
-            return Err(DatapathError::Invalid(format!(
-                "interface {} has ifindex {ifindex}, not {}",
-                ep.host_ifname, ep.host_ifindex
-            )));
-        }
+        let ifindex = checked_ifindex(ep)?;
         let mut maps = self.lock();
         // Maps first: the moment the programs run, the endpoint's entries are in place.
         let flags = maps.slot_flags.get(&ep.policy_id).copied().unwrap_or(0);
@@ -126,19 +136,96 @@ impl Datapath for BpfDatapath {
         maps.by_id.insert(ep.endpoint_id, ifindex);
         maps.slot_of.insert(ep.endpoint_id, ep.policy_id);
         attach::ensure_clsact(&ep.host_ifname)?;
-        attach::attach(
-            &mut maps.ebpf,
-            abi::PROG_FROM_POD,
-            &ep.host_ifname,
-            TcAttachType::Ingress,
-        )?;
-        attach::attach(
-            &mut maps.ebpf,
-            abi::PROG_TO_POD,
-            &ep.host_ifname,
-            TcAttachType::Egress,
-        )?;
+        for (program, direction) in [
+            (abi::PROG_FROM_POD, TcAttachType::Ingress),
+            (abi::PROG_TO_POD, TcAttachType::Egress),
+        ] {
+            attach::attach(maps.program(program)?, program, &ep.host_ifname, direction)?;
+        }
         Ok(())
+    }
+
+    fn readopt_endpoint(&self, ep: &EndpointDatapath) -> Result<bool, DatapathError> {
+        {
+            let mut maps = self.lock();
+            if maps.programs.pinned.is_some() {
+                let ifindex = checked_ifindex(ep)?;
+                let flags = maps.slot_flags.get(&ep.policy_id).copied().unwrap_or(0);
+                let want = endpoint_info(ep, flags);
+                // The filters a previous manager attached point at these very programs
+                // (they were pinned only once every endpoint ran them); an entry that is
+                // exactly what this manager would write means nothing changed for it.
+                // One filter dump per direction (µs each) guards against a filter removed or
+                // replaced behind Weft's back while it was down.
+                if let Ok(have) = maps.endpoints.get(&ifindex, 0)
+                    && have == want
+                {
+                    let ids = maps.program_ids()?;
+                    if maps
+                        .filters()?
+                        .wrong(ifindex, ids)
+                        .map_err(filter_error)?
+                        .is_empty()
+                    {
+                        return Ok(false);
+                    }
+                }
+            }
+        }
+        self.attach_endpoint(ep)?;
+        Ok(true)
+    }
+
+    fn commit_programs(&self) -> Result<(), DatapathError> {
+        let mut maps = self.lock();
+        if maps.programs.committed {
+            return Ok(());
+        }
+        let digest = maps.programs.digest.clone();
+        let dir = progpin::pin_path(&self.config.pin_dir, &digest, "");
+        std::fs::create_dir_all(&dir).map_err(|source| DatapathError::Bpffs {
+            path: dir.clone(),
+            source,
+        })?;
+        // A crash between the two pins leaves one: the next start sees a partial set and
+        // loads afresh.
+        for program in [abi::PROG_FROM_POD, abi::PROG_TO_POD] {
+            let path = progpin::pin_path(&self.config.pin_dir, &digest, program);
+            maps.program(program)?
+                .pin(&path)
+                .map_err(|e| DatapathError::Bpffs {
+                    path,
+                    source: std::io::Error::other(e),
+                })?;
+        }
+        maps.programs.committed = true;
+        tracing::info!(digest, "eBPF programs pinned: the next start reuses them");
+        Ok(())
+    }
+
+    fn programs_reused(&self) -> bool {
+        self.lock().programs.pinned.is_some()
+    }
+
+    fn check_filters(&self, endpoints: &[(u32, String)]) -> Result<Vec<String>, DatapathError> {
+        let mut maps = self.lock();
+        let want = maps.program_ids()?;
+        let mut problems = Vec::new();
+        for (endpoint_id, ifname) in endpoints {
+            let Ok(ifindex) = nix::net::if_::if_nametoindex(ifname.as_str()) else {
+                problems.push(format!(
+                    "endpoint {endpoint_id}: host veth {ifname} is missing"
+                ));
+                continue;
+            };
+            let wrong = maps.filters()?.wrong(ifindex, want).map_err(filter_error)?;
+            problems.extend(
+                wrong
+                    .into_iter()
+                    .map(|p| format!("endpoint {endpoint_id}: {ifname} {p}")),
+            );
+        }
+        Ok(problems)
     }
 
     fn detach_endpoint(&self, ep: &EndpointDatapath) -> Result<(), DatapathError> {

@@ -31,6 +31,11 @@ pub enum FakeCall {
     RemoveIpcache(ipnet::IpNet),
     /// `reconcile(keep)`.
     Reconcile(BTreeSet<u32>),
+    /// `readopt_endpoint(endpoint_id)` that left the endpoint alone (programs reused, entry
+    /// unchanged); one that re-attached records [`FakeCall::Attach`].
+    ReadoptKept(u32),
+    /// `commit_programs()`.
+    CommitPrograms,
 }
 
 #[derive(Default)]
@@ -42,6 +47,12 @@ struct State {
     generations: BTreeMap<u32, u64>,
     ipcache: BTreeMap<ipnet::IpNet, crate::ipcache::Value>,
     fail_attach: bool,
+    /// Programs reused from pins (a restart with the same object).
+    reused: bool,
+    /// Programs pinned (reused, or committed).
+    committed: bool,
+    /// Endpoints whose filters do not run the current programs.
+    tampered: BTreeSet<u32>,
 }
 
 /// The fake. `FakeDatapath::default()` starts empty.
@@ -126,6 +137,25 @@ impl FakeDatapath {
         self.state().fail_attach = fail;
     }
 
+    /// Simulates a restart: `true` as if the programs were reused from their pins (same
+    /// object, same maps), `false` as if loaded afresh (not pinned until committed).
+    pub fn restart_programs(&self, reused: bool) {
+        let mut s = self.state();
+        s.reused = reused;
+        s.committed = reused;
+    }
+
+    /// Whether the programs are pinned (what the next start would reuse).
+    #[must_use]
+    pub fn programs_committed(&self) -> bool {
+        self.state().committed
+    }
+
+    /// Makes an endpoint's filters run some other program (until it is attached again).
+    pub fn tamper_filter(&self, endpoint_id: u32) {
+        self.state().tampered.insert(endpoint_id);
+    }
+
     /// Injects a drop event for subscribers.
     pub fn emit(&self, event: DropEvent) {
         let _ = self.events.send(event);
@@ -143,7 +173,42 @@ impl Datapath for FakeDatapath {
             )));
         }
         s.endpoints.insert(ep.endpoint_id, ep.clone());
+        s.tampered.remove(&ep.endpoint_id);
         Ok(())
+    }
+
+    fn readopt_endpoint(&self, ep: &EndpointDatapath) -> Result<bool, DatapathError> {
+        {
+            let mut s = self.state();
+            if s.reused && s.endpoints.get(&ep.endpoint_id) == Some(ep) {
+                s.calls.push(FakeCall::ReadoptKept(ep.endpoint_id));
+                return Ok(false);
+            }
+        }
+        self.attach_endpoint(ep)?;
+        Ok(true)
+    }
+
+    fn commit_programs(&self) -> Result<(), DatapathError> {
+        let mut s = self.state();
+        s.calls.push(FakeCall::CommitPrograms);
+        s.committed = true;
+        Ok(())
+    }
+
+    fn programs_reused(&self) -> bool {
+        self.state().reused
+    }
+
+    fn check_filters(&self, endpoints: &[(u32, String)]) -> Result<Vec<String>, DatapathError> {
+        let s = self.state();
+        Ok(endpoints
+            .iter()
+            .filter(|(id, _)| s.tampered.contains(id))
+            .map(|(id, ifname)| {
+                format!("endpoint {id}: {ifname}: Weft's filter does not run the current programs")
+            })
+            .collect())
     }
 
     fn detach_endpoint(&self, ep: &EndpointDatapath) -> Result<(), DatapathError> {

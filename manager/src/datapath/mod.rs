@@ -14,9 +14,11 @@ mod encode;
 mod error;
 mod events;
 mod fake;
+mod progpin;
 #[cfg(test)]
 mod props;
 mod state;
+mod tcfilter;
 mod types;
 
 pub use bpf::BpfDatapath;
@@ -44,6 +46,25 @@ pub trait Datapath: Send + Sync {
     /// written stay: undo with [`Datapath::detach_endpoint`] (idempotent, tolerates a half-done
     /// attach).
     fn attach_endpoint(&self, ep: &EndpointDatapath) -> Result<(), DatapathError>;
+
+    /// Re-adopts an endpoint a previous manager attached (restart). When this datapath reuses
+    /// the programs that manager pinned, its filters already run them: an endpoint whose
+    /// `endpoints` entry is exactly what [`Datapath::attach_endpoint`] would write is left
+    /// alone (no netlink). Otherwise it is attached as by `attach_endpoint`. Returns whether
+    /// it was (re-)attached.
+    fn readopt_endpoint(&self, ep: &EndpointDatapath) -> Result<bool, DatapathError>;
+
+    /// Pins freshly loaded programs so that the next start can reuse them; call it once every
+    /// endpoint runs them (after re-adopting all of them). A no-op when they were reused or
+    /// are pinned already.
+    fn commit_programs(&self) -> Result<(), DatapathError>;
+
+    /// True when the programs were reused from pins rather than loaded by this process.
+    fn programs_reused(&self) -> bool;
+
+    /// Checks that each (endpoint id, host veth) has Weft's filter at (pref 1, handle 1) on
+    /// ingress and egress running this datapath's programs. One line per problem.
+    fn check_filters(&self, endpoints: &[(u32, String)]) -> Result<Vec<String>, DatapathError>;
 
     /// Detaches the programs (a missing veth counts as detached) and removes every map entry that
     /// refers to the endpoint by id: endpoints, ct and metrics. Its policy slot is the manager's

@@ -13,9 +13,28 @@ use std::net::IpAddr;
 use weft_ebpf::{self as abi, map_names as names};
 use weft_policy::mapstate::{EndpointPolicy, PolicyEntry, Verdict, reserved};
 
+/// The two programs this manager attaches: the object's own (loaded and verified by this
+/// process, held by `Maps::ebpf`) or the ones a previous manager pinned for the same object.
+pub(crate) struct Programs {
+    /// `[weft_from_pod, weft_to_pod]` opened from their pins, when reused.
+    pub(crate) pinned: Option<[aya::programs::SchedClassifier; 2]>,
+    /// Digest of the object and map sizes (the pins' directory).
+    pub(crate) digest: String,
+    /// Why the programs were loaded afresh (`None`: reused).
+    pub(crate) reason: Option<String>,
+    /// The programs are pinned (reused, or pinned after every endpoint was moved to them).
+    pub(crate) committed: bool,
+    /// Kernel ids of `[weft_from_pod, weft_to_pod]`, once asked for.
+    pub(crate) ids: Option<[u32; 2]>,
+}
+
 pub(crate) struct Maps {
-    /// Owns the loaded programs; dropping it closes our fds, not the attached filters.
-    pub(crate) ebpf: Ebpf,
+    /// Owns the programs when this process loaded them (`None`: reused from their pins);
+    /// dropping it closes our fds, not the attached filters.
+    pub(crate) ebpf: Option<Ebpf>,
+    pub(crate) programs: Programs,
+    /// Netlink socket for tc filter dumps (opened on first use).
+    pub(crate) filters: Option<super::tcfilter::Socket>,
     pub(crate) endpoints: BpfHash<MapData, u32, abi::EndpointInfo>,
     pub(crate) ipcache: LpmTrie<MapData, abi::IpcacheKey, abi::IpcacheValue>,
     pub(crate) policy: LpmTrie<MapData, abi::PolicyKey, abi::PolicyValue>,
@@ -105,6 +124,63 @@ fn enforcement_flags(policy: &EndpointPolicy) -> u32 {
 const ENFORCE_MASK: u32 = abi::EP_INGRESS_ENFORCED | abi::EP_EGRESS_ENFORCED;
 
 impl Maps {
+    /// The program `name` (one of the two) this manager attaches.
+    pub(crate) fn program(
+        &mut self,
+        name: &'static str,
+    ) -> Result<&mut aya::programs::SchedClassifier, DatapathError> {
+        if let Some([from_pod, to_pod]) = self.programs.pinned.as_mut() {
+            return match name {
+                abi::PROG_FROM_POD => Ok(from_pod),
+                abi::PROG_TO_POD => Ok(to_pod),
+                _ => Err(DatapathError::Missing(name)),
+            };
+        }
+        self.ebpf
+            .as_mut()
+            .and_then(|e| e.program_mut(name))
+            .ok_or(DatapathError::Missing(name))?
+            .try_into()
+            .map_err(|e| DatapathError::Program {
+                program: name,
+                ifname: String::new(),
+                source: Box::new(e),
+            })
+    }
+
+    /// The kernel ids of the two programs this manager attaches.
+    pub(crate) fn program_ids(&mut self) -> Result<[u32; 2], DatapathError> {
+        if let Some(ids) = self.programs.ids {
+            return Ok(ids);
+        }
+        let mut id = |name: &'static str| -> Result<u32, DatapathError> {
+            Ok(self
+                .program(name)?
+                .info()
+                .map_err(|e| DatapathError::Program {
+                    program: name,
+                    ifname: String::new(),
+                    source: Box::new(e),
+                })?
+                .id())
+        };
+        let ids = [id(abi::PROG_FROM_POD)?, id(abi::PROG_TO_POD)?];
+        self.programs.ids = Some(ids);
+        Ok(ids)
+    }
+
+    /// The tc filter socket.
+    pub(crate) fn filters(&mut self) -> Result<&mut super::tcfilter::Socket, DatapathError> {
+        let socket = match self.filters.take() {
+            Some(s) => s,
+            None => super::tcfilter::Socket::open().map_err(|source| DatapathError::Syscall {
+                map: "tc filters",
+                source,
+            })?,
+        };
+        Ok(self.filters.insert(socket))
+    }
+
     fn policy_fd(&self) -> std::os::fd::BorrowedFd<'_> {
         use aya::maps::IterableMap;
         use std::os::fd::AsFd;

@@ -236,8 +236,10 @@ impl Manager {
         }
     }
 
-    /// Re-attaches every ready endpoint after a restart: the programs are replaced atomically
-    /// (the veth never runs without one) and the endpoint/ipcache entries rewritten in place.
+    /// Re-adopts every ready endpoint after a restart. With programs loaded afresh each is
+    /// re-attached (the programs are replaced atomically: the veth never runs without one) and
+    /// its entry rewritten, then the programs are pinned; with the previous manager's programs
+    /// reused, an endpoint whose kernel entry is already right is not touched at all.
     /// First the policy slots are restored: each endpoint keeps the slot the kernel has it
     /// pointing at; slots whose last write is not known to be complete, and slots nobody uses
     /// any more, are read back (one dump of the trie, none when every slot is trusted); the
@@ -270,10 +272,14 @@ impl Manager {
             st.slots.join(ep.id, slot);
             if let Some(mut view) = super::datapath_view(ep) {
                 view.policy_id = slot;
-                self.datapath.attach_endpoint(&view)?;
-                n += 1;
+                if self.datapath.readopt_endpoint(&view)? {
+                    n += 1;
+                }
             }
         }
+        // Every ready endpoint runs this datapath's programs now: only from here may the next
+        // start trust them (docs/DATAPATH.md, "Program pins").
+        self.datapath.commit_programs()?;
         let unused = st.slots.unused();
         let read_back: BTreeSet<u32> = restored
             .untrusted
@@ -291,6 +297,13 @@ impl Manager {
             slots = st.slots.len(),
             trusted = restored.trusted.len(),
             read_back = read_back.len(),
+            reattached = n,
+            ready = ready.len(),
+            programs = if self.datapath.programs_reused() {
+                "reused"
+            } else {
+                "loaded"
+            },
             inputs_unchanged = restored.inputs_unchanged,
             ms = t0.elapsed().as_secs_f64() * 1000.0,
             "policy slots restored"

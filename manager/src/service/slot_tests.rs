@@ -206,3 +206,108 @@ fn a_restart_trusts_complete_slots_and_reads_back_the_others() {
     );
     assert_consistent(&m, "inputs changed");
 }
+
+fn attached(dp: &FakeDatapath) -> BTreeSet<u32> {
+    dp.calls()
+        .iter()
+        .filter_map(|c| match c {
+            FakeCall::Attach(id) => Some(*id),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Program pins across restarts (docs/DATAPATH.md, "Program pins"): reused programs leave
+/// endpoints whose entries are right alone; fresh ones are attached everywhere and pinned only
+/// after the last endpoint.
+#[test]
+fn a_restart_reattaches_only_when_the_programs_are_new() {
+    let store = Store::temporary().unwrap();
+    let dp = Arc::new(FakeDatapath::default());
+    let m = manager_on(&store, &dp);
+    m.import_policy("p.json", RULES).unwrap();
+    let eps: Vec<Endpoint> = ["w1", "w2", "d"]
+        .iter()
+        .map(|c| pod(&m, c, if c.starts_with('w') { "web" } else { "db" }))
+        .collect();
+    let ids: BTreeSet<u32> = eps.iter().map(|e| e.id).collect();
+    m.persist_slot_records();
+    drop(m);
+
+    // Same object, same maps: no endpoint is re-attached.
+    dp.restart_programs(true);
+    let m = restart(&store, &dp);
+    let kept: BTreeSet<u32> = dp
+        .calls()
+        .iter()
+        .filter_map(|c| match c {
+            FakeCall::ReadoptKept(id) => Some(*id),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(kept, ids, "{:?}", dp.calls());
+    assert!(attached(&dp).is_empty(), "{:?}", dp.calls());
+    assert_eq!(m.status().programs.as_deref(), Some("reused"));
+    assert_consistent(&m, "reused programs");
+    drop(m);
+
+    // Reused programs, but one endpoint's kernel entry is not what the manager would write
+    // (here: it points at another slot): that one is attached again, the others are not.
+    dp.restart_programs(true);
+    dp.switch_slot(eps[0].id, 4242).unwrap();
+    let m = restart(&store, &dp);
+    assert_eq!(
+        attached(&dp),
+        BTreeSet::from([eps[0].id]),
+        "{:?}",
+        dp.calls()
+    );
+    assert_consistent(&m, "one entry differed");
+    drop(m);
+
+    // Freshly loaded programs (another object, missing or partial pins, other maps): every
+    // endpoint is re-attached, and the programs are pinned after the last one.
+    dp.restart_programs(false);
+    let m = restart(&store, &dp);
+    let calls = dp.calls();
+    assert_eq!(attached(&dp), ids, "{calls:?}");
+    let commit = position(&calls, &FakeCall::CommitPrograms);
+    for id in &ids {
+        assert!(
+            position(&calls, &FakeCall::Attach(*id)) < commit,
+            "{calls:?}"
+        );
+    }
+    assert!(dp.programs_committed());
+    assert_eq!(m.status().programs.as_deref(), Some("loaded"));
+    drop(m);
+
+    // A re-attach fails half-way: the programs are not pinned, so the next start loads them
+    // afresh and re-attaches everything again.
+    dp.restart_programs(false);
+    dp.fail_attach(true);
+    let m = manager_on(&store, &dp);
+    dp.clear_calls();
+    assert!(m.readopt().is_err());
+    assert!(!dp.calls().contains(&FakeCall::CommitPrograms));
+    assert!(!dp.programs_committed());
+}
+
+#[test]
+fn verify_reports_a_filter_that_does_not_run_the_programs() {
+    let dp = Arc::new(FakeDatapath::default());
+    let m = manager_on(&Store::temporary().unwrap(), &dp);
+    m.import_policy("p.json", RULES).unwrap();
+    let web = pod(&m, "w", "web");
+    assert_consistent(&m, "attached");
+    dp.tamper_filter(web.id);
+    let r = m.verify().unwrap();
+    assert!(!r.consistent);
+    assert!(
+        r.problems
+            .iter()
+            .any(|p| p.contains(&format!("endpoint {}", web.id)) && p.contains("filter")),
+        "{:?}",
+        r.problems
+    );
+}

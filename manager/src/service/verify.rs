@@ -58,6 +58,15 @@ impl Manager {
             .collect();
         check_endpoints(&st, &kernel, &deleting, &mut r);
         check_ipcache(&st, &kernel, &deleting, &mut r);
+        // Restarts leave filters alone when the programs are reused: a filter changed behind
+        // Weft's back (tc filter del/replace) is found here.
+        let veths: Vec<(u32, String)> = st
+            .reg
+            .list()
+            .filter(|ep| ep.state == EndpointState::Ready)
+            .filter_map(|ep| super::datapath_view(ep).map(|v| (ep.id, v.host_ifname)))
+            .collect();
+        r.problems.extend(self.datapath.check_filters(&veths)?);
         r.consistent = r.problems.is_empty();
         Ok(r)
     }
