@@ -1,22 +1,18 @@
 //! Reading the tc filters of a host veth (`RTM_GETTFILTER` dump) with the id of the BPF
-//! program each one runs, for `weftctl map verify`. aya only looks filters up by name, which
-//! cannot tell an old program of the same name from the current one.
+//! program each one runs, for re-adopt and `weftctl map verify`. aya only looks filters up by
+//! name, which cannot tell an old program of the same name from the current one. The messages
+//! are netlink-packet-route's; only the socket is ours, because the datapath seam is
+//! synchronous (rtnetlink would need a runtime under the datapath lock).
 
+use netlink_packet_core::{
+    NLM_F_DUMP, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload,
+};
+use netlink_packet_route::RouteNetlinkMessage;
+use netlink_packet_route::tc::{
+    TcAttribute, TcFilterBpfOption, TcHandle, TcHeader, TcMessage, TcOption,
+};
 use std::fmt;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-
-const RTM_NEWTFILTER: u16 = 44;
-const RTM_GETTFILTER: u16 = 46;
-const NLMSG_ERROR: u16 = 2;
-const NLMSG_DONE: u16 = 3;
-const NLM_F_REQUEST: u16 = 1;
-const NLM_F_DUMP: u16 = 0x300;
-const TCA_KIND: u16 = 1;
-const TCA_OPTIONS: u16 = 2;
-const TCA_BPF_ID: u16 = 11;
-const NLA_TYPE_MASK: u16 = 0x3fff;
-const NLMSG_HDR: usize = 16;
-const TCMSG: usize = 20;
 
 /// clsact hook.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,11 +24,14 @@ pub(crate) enum Direction {
 }
 
 impl Direction {
-    /// `TC_H_MAKE(TC_H_CLSACT, TC_H_MIN_INGRESS | TC_H_MIN_EGRESS)`.
-    fn parent(self) -> u32 {
-        match self {
-            Self::Ingress => 0xffff_fff2,
-            Self::Egress => 0xffff_fff3,
+    /// The clsact hook's parent handle (`TC_H_MAKE(TC_H_CLSACT, TC_H_MIN_*)`).
+    fn parent(self) -> TcHandle {
+        TcHandle {
+            major: TcHandle::CLSACT.major,
+            minor: match self {
+                Self::Ingress => TcHandle::MIN_INGRESS,
+                Self::Egress => TcHandle::MIN_EGRESS,
+            },
         }
     }
 }
@@ -140,102 +139,82 @@ impl Socket {
 }
 
 fn request(seq: u32, ifindex: u32, direction: Direction) -> Vec<u8> {
-    let len = NLMSG_HDR + TCMSG;
-    let mut b = Vec::with_capacity(len);
-    b.extend_from_slice(&u32::try_from(len).unwrap_or(0).to_ne_bytes());
-    b.extend_from_slice(&RTM_GETTFILTER.to_ne_bytes());
-    b.extend_from_slice(&(NLM_F_REQUEST | NLM_F_DUMP).to_ne_bytes());
-    b.extend_from_slice(&seq.to_ne_bytes());
-    b.extend_from_slice(&0u32.to_ne_bytes()); // pid: the kernel
-    // struct tcmsg: family, pad1, pad2, ifindex, handle, parent, info.
-    b.extend_from_slice(&[0u8; 4]);
-    b.extend_from_slice(&ifindex.to_ne_bytes());
-    b.extend_from_slice(&0u32.to_ne_bytes());
-    b.extend_from_slice(&direction.parent().to_ne_bytes());
-    b.extend_from_slice(&0u32.to_ne_bytes());
+    let tc = TcMessage::from_parts(
+        TcHeader {
+            index: i32::try_from(ifindex).unwrap_or(0),
+            parent: direction.parent(),
+            ..TcHeader::default()
+        },
+        Vec::new(),
+    );
+    let mut header = NetlinkHeader::default();
+    header.flags = NLM_F_REQUEST | NLM_F_DUMP;
+    header.sequence_number = seq;
+    let mut msg = NetlinkMessage::new(
+        header,
+        NetlinkPayload::InnerMessage(RouteNetlinkMessage::GetTrafficFilter(tc)),
+    );
+    msg.finalize();
+    let mut b = vec![0u8; msg.buffer_len()];
+    msg.serialize(&mut b);
     b
 }
 
-fn u16_at(b: &[u8], at: usize) -> Option<u16> {
-    Some(u16::from_ne_bytes(b.get(at..at + 2)?.try_into().ok()?))
-}
-
-fn u32_at(b: &[u8], at: usize) -> Option<u32> {
-    Some(u32::from_ne_bytes(b.get(at..at + 4)?.try_into().ok()?))
-}
-
-const fn align4(n: usize) -> usize {
-    (n + 3) & !3
-}
-
-/// Netlink attributes in `b`: (type without flags, payload).
-fn attrs(b: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
-    let mut at = 0;
-    std::iter::from_fn(move || {
-        let len = usize::from(u16_at(b, at)?);
-        let kind = u16_at(b, at + 2)? & NLA_TYPE_MASK;
-        let payload = b.get(at + 4..at + len.max(4))?;
-        at += align4(len.max(4));
-        Some((kind, payload))
-    })
-}
-
-fn malformed(what: &str) -> std::io::Error {
+fn malformed(what: impl fmt::Display) -> std::io::Error {
     std::io::Error::new(std::io::ErrorKind::InvalidData, format!("netlink: {what}"))
+}
+
+/// One listed filter, or `None` for a priority's chain head (handle 0, no options), which the
+/// dump lists beside the filters.
+fn filter_of(tc: &TcMessage) -> Option<Filter> {
+    let handle = u32::from(tc.header.handle);
+    if handle == 0 {
+        return None;
+    }
+    let mut filter = Filter {
+        priority: u16::try_from(tc.header.info >> 16).unwrap_or(0),
+        handle,
+        kind: String::new(),
+        prog_id: None,
+    };
+    for attr in &tc.attributes {
+        match attr {
+            TcAttribute::Kind(kind) => filter.kind.clone_from(kind),
+            TcAttribute::Options(options) => {
+                filter.prog_id = options.iter().find_map(|o| match o {
+                    TcOption::Bpf(TcFilterBpfOption::ProgId(id)) => Some(*id),
+                    _ => None,
+                });
+            }
+            _ => {}
+        }
+    }
+    Some(filter)
 }
 
 /// Appends the filters of one datagram of the answer to `seq`; true when the dump is done.
 fn parse(mut b: &[u8], seq: u32, out: &mut Vec<Filter>) -> std::io::Result<bool> {
-    while b.len() >= NLMSG_HDR {
-        let len = u32_at(b, 0)
-            .and_then(|l| usize::try_from(l).ok())
-            .unwrap_or(0);
-        if len < NLMSG_HDR || len > b.len() {
-            return Err(malformed("truncated message"));
+    while !b.is_empty() {
+        let msg = NetlinkMessage::<RouteNetlinkMessage>::deserialize(b).map_err(malformed)?;
+        let len = usize::try_from(msg.header.length).unwrap_or(0);
+        if len == 0 {
+            return Err(malformed("zero-length message"));
         }
-        let kind = u16_at(b, 4).unwrap_or(0);
-        let msg_seq = u32_at(b, 8).unwrap_or(0);
-        let body = b.get(NLMSG_HDR..len).unwrap_or_default();
-        b = b.get(align4(len)..).unwrap_or(&[]);
-        if msg_seq != seq {
+        // Messages are 4-byte aligned within a datagram.
+        b = b.get(len.next_multiple_of(4)..).unwrap_or(&[]);
+        if msg.header.sequence_number != seq {
             continue;
         }
-        match kind {
-            NLMSG_DONE => return Ok(true),
-            NLMSG_ERROR => {
-                let errno = u32_at(body, 0).map_or(0, u32::cast_signed);
-                if errno == 0 {
-                    return Ok(true);
-                }
-                return Err(std::io::Error::from_raw_os_error(-errno));
-            }
-            RTM_NEWTFILTER if body.len() >= TCMSG => {
-                let handle = u32_at(body, 8).unwrap_or(0);
-                let info = u32_at(body, 16).unwrap_or(0);
-                let mut filter = Filter {
-                    priority: u16::try_from(info >> 16).unwrap_or(0),
-                    handle,
-                    kind: String::new(),
-                    prog_id: None,
+        match msg.payload {
+            NetlinkPayload::Done(_) => return Ok(true),
+            NetlinkPayload::Error(e) => {
+                return match e.code {
+                    None => Ok(true),
+                    Some(_) => Err(e.to_io()),
                 };
-                for (t, payload) in attrs(body.get(TCMSG..).unwrap_or_default()) {
-                    match t {
-                        TCA_KIND => {
-                            let name = payload.split(|&c| c == 0).next().unwrap_or_default();
-                            filter.kind = String::from_utf8_lossy(name).into_owned();
-                        }
-                        TCA_OPTIONS => {
-                            filter.prog_id = attrs(payload)
-                                .find(|(t, _)| *t == TCA_BPF_ID)
-                                .and_then(|(_, p)| u32_at(p, 0));
-                        }
-                        _ => {}
-                    }
-                }
-                // The dump also lists each priority's chain head (handle 0, no options).
-                if handle != 0 {
-                    out.push(filter);
-                }
+            }
+            NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewTrafficFilter(tc)) => {
+                out.extend(filter_of(&tc));
             }
             _ => {}
         }
@@ -246,6 +225,19 @@ fn parse(mut b: &[u8], seq: u32, out: &mut Vec<Filter>) -> std::io::Result<bool>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    // The wire format, written out by hand so the tests check the crate's parsing too.
+    const NLMSG_HDR: usize = 16;
+    const NLMSG_ERROR: u16 = 2;
+    const NLMSG_DONE: u16 = 3;
+    const RTM_NEWTFILTER: u16 = 44;
+    const TCA_KIND: u16 = 1;
+    const TCA_OPTIONS: u16 = 2;
+    const TCA_BPF_ID: u16 = 11;
+
+    const fn align4(n: usize) -> usize {
+        (n + 3) & !3
+    }
 
     fn attr(kind: u16, payload: &[u8]) -> Vec<u8> {
         let mut b = Vec::new();
@@ -308,6 +300,20 @@ mod tests {
             ]
         );
         assert!(parse(&message(NLMSG_DONE, 5, &[0; 4]), 5, &mut out).unwrap());
+    }
+
+    #[test]
+    fn the_request_is_a_dump_of_one_clsact_hook() {
+        let b = request(9, 7, Direction::Egress);
+        let u16_at = |at: usize| u16::from_ne_bytes([b[at], b[at + 1]]);
+        let u32_at = |at: usize| u32::from_ne_bytes(b[at..at + 4].try_into().unwrap());
+        assert_eq!(b.len(), NLMSG_HDR + 20);
+        assert_eq!(u32_at(0) as usize, b.len());
+        assert_eq!(u16_at(4), 46, "RTM_GETTFILTER");
+        assert_eq!(u16_at(6), 0x301, "NLM_F_REQUEST | NLM_F_DUMP");
+        assert_eq!(u32_at(8), 9);
+        assert_eq!(u32_at(NLMSG_HDR + 4), 7, "ifindex");
+        assert_eq!(u32_at(NLMSG_HDR + 12), 0xffff_fff3, "clsact egress");
     }
 
     #[test]
