@@ -193,22 +193,18 @@ impl Client {
         payload: Bytes,
     ) -> Result<(u16, Bytes), ClientError> {
         let mut req = build_request(method, path, payload)?;
-        let mut sender = match self.take_idle().await {
-            Some(mut sender) => match sender.try_send_request(req).await {
+        if let Some(mut sender) = self.take_idle().await {
+            match sender.try_send_request(req).await {
                 Ok(resp) => return self.finish(sender, resp).await,
                 // The manager closed the idle connection (its header timeout, a restart) before
                 // the request went out: nothing was sent, so it is safe to send it again on a
                 // fresh connection. Once sent, an error is reported, never retried.
-                Err(mut e) => match e.take_message() {
-                    Some(unsent) => {
-                        req = unsent;
-                        self.connect().await?
-                    }
-                    None => return Err(self.transport(e.error())),
-                },
-            },
-            None => self.connect().await?,
-        };
+                Err(mut e) => {
+                    req = e.take_message().ok_or_else(|| self.transport(e.error()))?;
+                }
+            }
+        }
+        let mut sender = self.connect().await?;
         let resp = sender
             .send_request(req)
             .await

@@ -44,8 +44,6 @@ pub trait HostNet: Send + Sync {
         &'a self,
         routers: &'a [(IpAddr, IpNet)],
     ) -> BoxFuture<'a, Result<(), HostNetError>>;
-    /// The ifindex of `name`, if it exists.
-    fn link_index<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<u32>, HostNetError>>;
     /// Every link's name → ifindex, from one dump (start-up validates all endpoints at once
     /// instead of one request per veth).
     fn link_indexes(
@@ -336,10 +334,6 @@ impl HostNet for NetlinkHostNet {
         Box::pin(self.ensure(routers))
     }
 
-    fn link_index<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<u32>, HostNetError>> {
-        Box::pin(self.index(name))
-    }
-
     fn link_indexes(
         &self,
     ) -> BoxFuture<'_, Result<std::collections::HashMap<String, u32>, HostNetError>> {
@@ -389,11 +383,6 @@ impl HostNet for FakeHostNet {
         let next = u32::try_from(links.len()).unwrap_or(u32::MAX) + 1;
         links.entry(HOST_DEVICE.into()).or_insert(next);
         Box::pin(async { Ok(()) })
-    }
-
-    fn link_index<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<u32>, HostNetError>> {
-        let idx = crate::locks::lock(&self.links).get(name).copied();
-        Box::pin(async move { Ok(idx) })
     }
 
     fn link_indexes(

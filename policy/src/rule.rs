@@ -246,15 +246,20 @@ pub struct Rule {
     pub description: String,
 }
 
+/// std's `SipHash` with fixed keys over `value`: stable within a build, equal values hash equal.
+pub(crate) fn hash_of<T: std::hash::Hash + ?Sized>(value: &T) -> u64 {
+    use std::hash::Hasher;
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    value.hash(&mut h);
+    h.finish()
+}
+
 impl Rule {
     /// A 64-bit hash of the whole rule (std's `SipHash`, fixed keys): equal rules hash equal.
     /// Used to find a rule's identical twin without comparing every rule.
     #[must_use]
     pub fn content_hash(&self) -> u64 {
-        use std::hash::{Hash, Hasher};
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        self.hash(&mut h);
-        h.finish()
+        hash_of(self)
     }
 
     /// A rule selecting `selector` with nothing in it; it applies in no direction.

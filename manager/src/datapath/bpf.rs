@@ -3,7 +3,7 @@
 use super::error::DatapathError;
 use super::events::EventReader;
 use super::progpin;
-use super::state::{Maps, endpoint_info, ignore_missing, ipcache_key};
+use super::state::{Maps, endpoint_info, filter_error, ignore_missing, ipcache_key};
 use super::types::{
     DatapathConfig, DropEvent, EndpointDatapath, KernelEndpoint, KernelState, MapSummary,
 };
@@ -38,13 +38,6 @@ fn checked_ifindex(ep: &EndpointDatapath) -> Result<u32, DatapathError> {
     Ok(ifindex)
 }
 
-fn filter_error(source: std::io::Error) -> DatapathError {
-    DatapathError::Syscall {
-        map: "tc filters",
-        source,
-    }
-}
-
 fn take<T: TryFrom<aya::maps::Map, Error = MapError>>(
     maps: &mut HashMap<&'static str, aya::maps::Map>,
     name: &'static str,
@@ -66,13 +59,8 @@ impl BpfDatapath {
         let digest = progpin::object_digest(abi::object(), &config);
         let mut opened = progpin::open(&config, &digest)?;
         tracing::info!(
-            programs = if opened.programs.pinned.is_some() {
-                "reused"
-            } else {
-                "loaded"
-            },
+            programs = opened.programs.word(),
             reason = opened
-                .programs
                 .reason
                 .as_deref()
                 .unwrap_or("pinned for this object, using the opened maps"),
@@ -203,8 +191,8 @@ impl Datapath for BpfDatapath {
         Ok(())
     }
 
-    fn programs_reused(&self) -> bool {
-        self.lock().programs.pinned.is_some()
+    fn programs(&self) -> &'static str {
+        self.lock().programs.word()
     }
 
     fn check_filters(&self, endpoints: &[(u32, String)]) -> Result<Vec<String>, DatapathError> {

@@ -196,8 +196,12 @@ impl Datapath for FakeDatapath {
         Ok(())
     }
 
-    fn programs_reused(&self) -> bool {
-        self.state().reused
+    fn programs(&self) -> &'static str {
+        if self.state().reused {
+            super::PROGRAMS_REUSED
+        } else {
+            super::PROGRAMS_LOADED
+        }
     }
 
     fn check_filters(&self, endpoints: &[(u32, String)]) -> Result<Vec<String>, DatapathError> {

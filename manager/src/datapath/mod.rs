@@ -22,6 +22,11 @@ mod tcfilter;
 mod types;
 
 pub use bpf::BpfDatapath;
+
+/// [`Datapath::programs`]: reused from the pins of an earlier manager (same object and maps).
+pub const PROGRAMS_REUSED: &str = "reused";
+/// [`Datapath::programs`]: loaded (and verified) by this process.
+pub const PROGRAMS_LOADED: &str = "loaded";
 pub(crate) use bpffs::ensure as ensure_bpffs;
 pub use encode::Encoded;
 pub use encode::{PolicyBlock, digest, encode_policy, lookup_encoded, policy_digest};
@@ -59,8 +64,9 @@ pub trait Datapath: Send + Sync {
     /// are pinned already.
     fn commit_programs(&self) -> Result<(), DatapathError>;
 
-    /// True when the programs were reused from pins rather than loaded by this process.
-    fn programs_reused(&self) -> bool;
+    /// How this run got its programs: [`PROGRAMS_REUSED`] from pins, or [`PROGRAMS_LOADED`] by
+    /// this process (what `weftctl status` and the logs say).
+    fn programs(&self) -> &'static str;
 
     /// Checks that each (endpoint id, host veth) has Weft's filter at (pref 1, handle 1) on
     /// ingress and egress running this datapath's programs. One line per problem.

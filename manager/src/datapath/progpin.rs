@@ -36,15 +36,7 @@ pub(crate) fn object_digest(object: &[u8], config: &DatapathConfig) -> String {
     };
     feed(&(object.len() as u64).to_le_bytes());
     feed(object);
-    for max in [
-        config.endpoints_max,
-        config.ipcache_max,
-        config.policy_max,
-        config.ct_max,
-        config.frags_max,
-        config.metrics_max,
-        config.events_bytes,
-    ] {
+    for (_, max) in config.map_sizes() {
         feed(&max.to_le_bytes());
     }
     format!("{h:032x}")
@@ -170,6 +162,8 @@ pub(crate) struct Opened {
     /// Every map of `names::ALL`.
     pub(crate) maps: HashMap<&'static str, Map>,
     pub(crate) programs: Programs,
+    /// Why the programs were loaded afresh (`None`: reused), for the log.
+    pub(crate) reason: Option<String>,
 }
 
 /// The reuse path: every map and both programs straight from their pins, without parsing the
@@ -217,10 +211,10 @@ fn open_pinned(config: &DatapathConfig, digest: &str) -> Result<Opened, String> 
         programs: Programs {
             pinned: Some(pinned),
             digest: digest.to_owned(),
-            reason: None,
             committed: true,
             ids: None,
         },
+        reason: None,
     })
 }
 
@@ -233,16 +227,12 @@ pub(crate) fn open(config: &DatapathConfig, digest: &str) -> Result<Opened, Data
         Ok(opened) => return Ok(opened),
         Err(reason) => reason,
     };
-    let mut ebpf = EbpfLoader::new()
-        .default_map_pin_directory(&config.pin_dir)
-        .map_max_entries(names::ENDPOINTS, config.endpoints_max)
-        .map_max_entries(names::IPCACHE, config.ipcache_max)
-        .map_max_entries(names::POLICY, config.policy_max)
-        .map_max_entries(names::POLICY_GEN, config.endpoints_max)
-        .map_max_entries(names::CT, config.ct_max)
-        .map_max_entries(names::FRAGS, config.frags_max)
-        .map_max_entries(names::METRICS, config.metrics_max)
-        .map_max_entries(names::EVENTS, config.events_bytes)
+    let mut loader = EbpfLoader::new();
+    loader.default_map_pin_directory(&config.pin_dir);
+    for (name, max) in config.map_sizes() {
+        loader.map_max_entries(name, max);
+    }
+    let mut ebpf = loader
         .load(abi::object())
         .map_err(|e| DatapathError::Load(Box::new(e)))?;
     for program in [abi::PROG_FROM_POD, abi::PROG_TO_POD] {
@@ -276,10 +266,10 @@ pub(crate) fn open(config: &DatapathConfig, digest: &str) -> Result<Opened, Data
         programs: Programs {
             pinned: None,
             digest: digest.to_owned(),
-            reason: Some(reason),
             committed: false,
             ids: None,
         },
+        reason: Some(reason),
     })
 }
 

@@ -20,12 +20,29 @@ pub(crate) struct Programs {
     pub(crate) pinned: Option<[aya::programs::SchedClassifier; 2]>,
     /// Digest of the object and map sizes (the pins' directory).
     pub(crate) digest: String,
-    /// Why the programs were loaded afresh (`None`: reused).
-    pub(crate) reason: Option<String>,
     /// The programs are pinned (reused, or pinned after every endpoint was moved to them).
     pub(crate) committed: bool,
     /// Kernel ids of `[weft_from_pod, weft_to_pod]`, once asked for.
     pub(crate) ids: Option<[u32; 2]>,
+}
+
+/// A failed tc filter dump (or its socket).
+pub(crate) fn filter_error(source: std::io::Error) -> DatapathError {
+    DatapathError::Syscall {
+        map: "tc filters",
+        source,
+    }
+}
+
+impl Programs {
+    /// [`super::Datapath::programs`].
+    pub(crate) fn word(&self) -> &'static str {
+        if self.pinned.is_some() {
+            super::PROGRAMS_REUSED
+        } else {
+            super::PROGRAMS_LOADED
+        }
+    }
 }
 
 pub(crate) struct Maps {
@@ -173,10 +190,7 @@ impl Maps {
     pub(crate) fn filters(&mut self) -> Result<&mut super::tcfilter::Socket, DatapathError> {
         let socket = match self.filters.take() {
             Some(s) => s,
-            None => super::tcfilter::Socket::open().map_err(|source| DatapathError::Syscall {
-                map: "tc filters",
-                source,
-            })?,
+            None => super::tcfilter::Socket::open().map_err(filter_error)?,
         };
         Ok(self.filters.insert(socket))
     }

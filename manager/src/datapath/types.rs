@@ -30,6 +30,25 @@ pub struct DatapathConfig {
     pub event_channel: usize,
 }
 
+impl DatapathConfig {
+    /// `max_entries` of every map (bytes for the `events` ring), by map name: what the loader
+    /// sets when it creates a map, and what the program pins' digest covers.
+    #[must_use]
+    pub fn map_sizes(&self) -> [(&'static str, u32); 8] {
+        use abi::map_names as names;
+        [
+            (names::ENDPOINTS, self.endpoints_max),
+            (names::IPCACHE, self.ipcache_max),
+            (names::POLICY, self.policy_max),
+            (names::POLICY_GEN, self.endpoints_max),
+            (names::CT, self.ct_max),
+            (names::FRAGS, self.frags_max),
+            (names::METRICS, self.metrics_max),
+            (names::EVENTS, self.events_bytes),
+        ]
+    }
+}
+
 impl Default for DatapathConfig {
     fn default() -> Self {
         Self {

@@ -432,14 +432,7 @@ impl Manager {
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .clone(),
             regenerations: self.regenerations.load(Ordering::Relaxed),
-            programs: Some(
-                if self.datapath.programs_reused() {
-                    "reused"
-                } else {
-                    "loaded"
-                }
-                .into(),
-            ),
+            programs: Some(self.datapath.programs().into()),
         }
     }
 

@@ -299,11 +299,7 @@ impl Manager {
             read_back = read_back.len(),
             reattached = n,
             ready = ready.len(),
-            programs = if self.datapath.programs_reused() {
-                "reused"
-            } else {
-                "loaded"
-            },
+            programs = self.datapath.programs(),
             inputs_unchanged = restored.inputs_unchanged,
             ms = t0.elapsed().as_secs_f64() * 1000.0,
             "policy slots restored"

@@ -8,9 +8,8 @@
 
 use super::{ParseError, cilium, parse_policy_file, walk};
 use crate::repository::{Incoming, Repository};
-use crate::rule::Rule;
+use crate::rule::{Rule, hash_of};
 use std::collections::HashMap;
-use std::hash::{Hash, Hasher};
 
 /// One element of an imported rule list.
 #[derive(Debug)]
@@ -38,29 +37,11 @@ pub struct ParseMemo {
 /// enclosing array, so an element alone could parse where the file does not.
 const MAX_DEPTH: usize = 100;
 
-fn text_hash(text: &str) -> u64 {
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    text.hash(&mut h);
-    h.finish()
-}
-
 impl ParseMemo {
     /// An empty memo.
     #[must_use]
     pub fn new() -> Self {
         Self::default()
-    }
-
-    /// Entries held.
-    #[must_use]
-    pub fn len(&self) -> usize {
-        self.by_text.len()
-    }
-
-    /// True when nothing is remembered.
-    #[must_use]
-    pub fn is_empty(&self) -> bool {
-        self.by_text.is_empty()
     }
 
     /// Parses `text` as [`parse_policy_file`] does (same rules, same order, same errors), with
@@ -78,7 +59,7 @@ impl ParseMemo {
         }
         let mut out = Vec::with_capacity(elements.len());
         for element in elements {
-            let h = text_hash(element);
+            let h = hash_of(element);
             if let Some(&rule) = self.by_text.get(&h) {
                 out.push(Piece::Known {
                     rule,
