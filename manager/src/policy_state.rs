@@ -88,16 +88,6 @@ impl RuleRecords {
         h.finish()
     }
 
-    fn take(&mut self, rule: &Rule) -> Option<u64> {
-        let h = Self::hash(rule);
-        let seqs = self.by_hash.get_mut(&h)?;
-        let seq = seqs.pop();
-        if seqs.is_empty() {
-            self.by_hash.remove(&h);
-        }
-        seq
-    }
-
     fn add(&mut self, rule: &Rule) -> u64 {
         let seq = self.next;
         self.next += 1;
@@ -144,21 +134,45 @@ impl RuleRecords {
         change: &RepoChange,
         repo: &Repository,
     ) -> Result<(), PolicyStateError> {
-        let mut next = Self {
-            by_hash: self.by_hash.clone(),
-            next: self.next,
-        };
+        // The records of the removed rules, found without changing `self` (not cloned either:
+        // that would cost every rule of the repository on a one-rule change).
+        let mut taken: HashMap<u64, usize> = HashMap::new();
         let mut remove = Vec::with_capacity(change.removed.len());
         for r in &change.removed {
-            let Some(seq) = next.take(r) else {
+            let h = Self::hash(r);
+            let n = taken.entry(h).or_default();
+            let seq = self
+                .by_hash
+                .get(&h)
+                .and_then(|seqs| seqs.len().checked_sub(*n + 1).and_then(|i| seqs.get(i)));
+            let Some(&seq) = seq else {
                 tracing::warn!("a removed rule has no store record: rewriting every rule");
                 return self.rewrite(store, repo);
             };
-            remove.push(seq);
+            *n += 1;
+            remove.push((h, seq));
         }
-        let add: Vec<(u64, &Rule)> = change.added.iter().map(|r| (next.add(r), r)).collect();
-        store.write_rules(repo.revision(), Some(&remove), &add)?;
-        *self = next;
+        let add: Vec<(u64, u64, &Rule)> = change
+            .added
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (Self::hash(r), self.next + i as u64, r))
+            .collect();
+        let seqs: Vec<u64> = remove.iter().map(|(_, seq)| *seq).collect();
+        let writes: Vec<(u64, &Rule)> = add.iter().map(|(_, seq, r)| (*seq, *r)).collect();
+        store.write_rules(repo.revision(), Some(&seqs), &writes)?;
+        for (h, _) in remove {
+            if let Some(seqs) = self.by_hash.get_mut(&h) {
+                seqs.pop();
+                if seqs.is_empty() {
+                    self.by_hash.remove(&h);
+                }
+            }
+        }
+        for (h, seq, _) in add {
+            self.by_hash.entry(h).or_default().push(seq);
+        }
+        self.next += writes.len() as u64;
         Ok(())
     }
 
@@ -482,7 +496,7 @@ impl PolicyState {
         if change.is_empty() {
             return Ok((change, effects));
         }
-        self.cache.sync(&self.repo);
+        self.cache.sync_change(&self.repo, &change);
         let mut ids = self.store.clone();
         let sync = self.cidrs.sync(
             &self.repo.cidr_prefixes(),

@@ -46,9 +46,27 @@ pub enum Incoming {
 
 /// Rules plus a revision; serializable so the manager can persist it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "Stored")]
 pub struct Repository {
     rules: Vec<Rule>,
     revision: u64,
+    /// [`Rule::content_hash`] of each rule, same order: a re-import finds its unchanged rules
+    /// without hashing the whole repository again. Derived from `rules`, so not stored.
+    #[serde(skip)]
+    hashes: Vec<u64>,
+}
+
+/// The serialized form of a [`Repository`].
+#[derive(Deserialize)]
+struct Stored {
+    rules: Vec<Rule>,
+    revision: u64,
+}
+
+impl From<Stored> for Repository {
+    fn from(s: Stored) -> Self {
+        Self::restore(s.rules, s.revision)
+    }
 }
 
 impl Default for Repository {
@@ -60,22 +78,21 @@ impl Default for Repository {
 /// Labels that name a rule for replacement. Rules from Kubernetes objects are replaced as a
 /// whole object (kind, namespace, name — not uid, so a re-created object replaces its old
 /// version); other rules by all their labels.
-fn replace_key(rule: &Rule) -> Vec<Label> {
+fn replace_key(rule: &Rule) -> Vec<&Label> {
     let derived = [
         keys::POLICY_DERIVED_FROM,
         keys::POLICY_NAME,
         keys::POLICY_NAMESPACE,
     ];
-    let k8s: Vec<Label> = rule
+    let k8s: Vec<&Label> = rule
         .labels
         .iter()
         .filter(|l| l.source == source::K8S && derived.contains(&l.key.as_str()))
-        .cloned()
         .collect();
     if k8s.iter().any(|l| l.key == keys::POLICY_DERIVED_FROM) {
         k8s
     } else {
-        rule.labels.iter().cloned().collect()
+        rule.labels.iter().collect()
     }
 }
 
@@ -84,17 +101,17 @@ fn replace_key(rule: &Rule) -> Vec<Label> {
 /// key is filed under its label that the fewest keys share (`rule=r7`, not `bench=policy`),
 /// compared by key and value since a key label without source matches any source.
 struct ReplaceIndex<'a> {
-    by_label: HashMap<(&'a str, &'a str), Vec<&'a [Label]>>,
+    by_label: HashMap<(&'a str, &'a str), Vec<&'a [&'a Label]>>,
 }
 
 impl<'a> ReplaceIndex<'a> {
-    fn new(keys: &'a BTreeSet<Vec<Label>>) -> Self {
-        let kv = |l: &'a Label| (l.key.as_str(), l.value.as_str());
+    fn new(keys: &'a BTreeSet<Vec<&'a Label>>) -> Self {
+        let kv = |l: &&'a Label| (l.key.as_str(), l.value.as_str());
         let mut freq: HashMap<(&str, &str), usize> = HashMap::new();
         for l in keys.iter().flatten() {
             *freq.entry(kv(l)).or_default() += 1;
         }
-        let mut by_label: HashMap<(&str, &str), Vec<&[Label]>> = HashMap::new();
+        let mut by_label: HashMap<(&str, &str), Vec<&[&Label]>> = HashMap::new();
         for k in keys {
             if let Some(rarest) = k
                 .iter()
@@ -111,7 +128,10 @@ impl<'a> ReplaceIndex<'a> {
         labels.iter().any(|l| {
             self.by_label
                 .get(&(l.key.as_str(), l.value.as_str()))
-                .is_some_and(|ks| ks.iter().any(|k| labels.contains_all(k)))
+                .is_some_and(|ks| {
+                    ks.iter()
+                        .any(|k| k.iter().all(|f| labels.iter().any(|l| f.matches(l))))
+                })
         })
     }
 }
@@ -123,13 +143,19 @@ impl Repository {
         Self {
             rules: Vec::new(),
             revision: 1,
+            hashes: Vec::new(),
         }
     }
 
     /// A repository as persisted: its rules (in the order to keep) and revision.
     #[must_use]
     pub fn restore(rules: Vec<Rule>, revision: u64) -> Self {
-        Self { rules, revision }
+        let hashes = rules.iter().map(Rule::content_hash).collect();
+        Self {
+            rules,
+            revision,
+            hashes,
+        }
     }
 
     /// Current revision.
@@ -157,9 +183,9 @@ impl Repository {
     /// [`Incoming::Existing`].
     #[must_use]
     pub fn positions_by_hash(&self) -> HashMap<u64, usize> {
-        let mut out = HashMap::with_capacity(self.rules.len());
-        for (i, r) in self.rules.iter().enumerate() {
-            out.entry(r.content_hash()).or_insert(i);
+        let mut out = HashMap::with_capacity(self.hashes.len());
+        for (i, h) in self.hashes.iter().enumerate() {
+            out.entry(*h).or_insert(i);
         }
         out
     }
@@ -175,7 +201,8 @@ impl Repository {
             }
         }
         let old = std::mem::take(&mut self.rules);
-        let keys: BTreeSet<Vec<Label>> = rules
+        let old_hashes = std::mem::take(&mut self.hashes);
+        let keys: BTreeSet<Vec<&Label>> = rules
             .iter()
             .filter_map(|r| resolve(&old, r))
             .map(replace_key)
@@ -185,6 +212,8 @@ impl Repository {
         let replaced: Vec<usize> = (0..old.len())
             .filter(|&i| old.get(i).is_some_and(|r| index.replaces(&r.labels)))
             .collect();
+        drop(index);
+        drop(keys);
         self.revision += 1;
         // Pair each new rule with an identical replaced one, which then stays where it is (so
         // the order survives a restart: the manager persists rules in that order). Re-imported
@@ -215,17 +244,22 @@ impl Repository {
                 },
             }
         }
-        let gone: BTreeSet<usize> = unpaired.into_iter().flatten().collect();
+        let mut gone: Vec<usize> = unpaired.into_iter().flatten().collect();
+        gone.sort_unstable();
         let mut removed = Vec::with_capacity(gone.len());
         self.rules = Vec::with_capacity(old.len() - gone.len() + added.len());
-        for (i, r) in old.into_iter().enumerate() {
-            if gone.contains(&i) {
+        self.hashes = Vec::with_capacity(self.rules.capacity());
+        let mut gone = gone.into_iter().peekable();
+        for (i, (r, h)) in old.into_iter().zip(old_hashes).enumerate() {
+            if gone.next_if_eq(&i).is_some() {
                 removed.push(r);
             } else {
                 self.rules.push(r);
+                self.hashes.push(h);
             }
         }
         self.rules.extend(added.iter().cloned());
+        self.hashes.extend(added.iter().map(Rule::content_hash));
         RepoChange {
             revision: self.revision,
             added,
@@ -252,10 +286,12 @@ impl Repository {
     }
 
     fn remove_where(&mut self, pred: impl Fn(&Rule) -> bool) -> RepoChange {
-        let (removed, kept): (Vec<Rule>, Vec<Rule>) = std::mem::take(&mut self.rules)
+        let (removed, kept): (Vec<(Rule, u64)>, Vec<(Rule, u64)>) = std::mem::take(&mut self.rules)
             .into_iter()
-            .partition(|r| pred(r));
-        self.rules = kept;
+            .zip(std::mem::take(&mut self.hashes))
+            .partition(|(r, _)| pred(r));
+        (self.rules, self.hashes) = kept.into_iter().unzip();
+        let removed: Vec<Rule> = removed.into_iter().map(|(r, _)| r).collect();
         if !removed.is_empty() {
             self.revision += 1;
         }

@@ -5,8 +5,8 @@
 use crate::identity::{IdentityAllocator, IdentityKey};
 use crate::labels::{Label, LabelSet, source};
 use crate::mapstate::{Identity, reserved};
-use crate::repository::Repository;
-use crate::rule::{Entity, PeerSelector};
+use crate::repository::{RepoChange, Repository};
+use crate::rule::{Entity, PeerSelector, Rule};
 use ipnet::IpNet;
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
@@ -23,7 +23,7 @@ enum Known {
 }
 
 /// Peer selector → matching identities.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SelectorCache {
     universe: BTreeMap<Identity, Known>,
     entries: BTreeMap<PeerSelector, BTreeSet<Identity>>,
@@ -125,6 +125,42 @@ impl SelectorCache {
         self.entries.retain(|p, _| wanted.contains(p));
         let mut added = BTreeSet::new();
         for p in wanted {
+            if !self.entries.contains_key(p) {
+                let ids = self.compute(p);
+                self.entries.insert(p.clone(), ids);
+                added.insert(p.clone());
+            }
+        }
+        added
+    }
+
+    /// [`Self::sync`] for a cache that tracked exactly the selectors of the repository before
+    /// `change`: the added rules' selectors are tracked, the removed rules' ones dropped unless
+    /// a remaining rule still uses them. A one-rule change costs that rule, not a walk and sort
+    /// of every selector of the repository; a large removal takes the full [`Self::sync`].
+    pub fn sync_change(
+        &mut self,
+        repo: &Repository,
+        change: &RepoChange,
+    ) -> BTreeSet<PeerSelector> {
+        /// Above this many removed selectors one full sync is cheaper than a scan for each.
+        const SCAN_LIMIT: usize = 16;
+        let gone: Vec<&PeerSelector> = change
+            .removed
+            .iter()
+            .flat_map(Rule::peers)
+            .filter(|p| self.entries.contains_key(*p))
+            .collect();
+        if gone.len() > SCAN_LIMIT {
+            return self.sync(repo);
+        }
+        for p in gone {
+            if !repo.rules().iter().flat_map(Rule::peers).any(|q| q == p) {
+                self.entries.remove(p);
+            }
+        }
+        let mut added = BTreeSet::new();
+        for p in change.added.iter().flat_map(Rule::peers) {
             if !self.entries.contains_key(p) {
                 let ids = self.compute(p);
                 self.entries.insert(p.clone(), ids);

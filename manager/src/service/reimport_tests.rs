@@ -101,6 +101,8 @@ proptest! {
             prop_assert_eq!(got.revision, want.revision);
             let st = m.state();
             prop_assert_eq!(st.pol.repo(), &slow, "step {}", step);
+            // The selector cache, kept up to date per changed rule, is the one built afresh.
+            prop_assert!(st.pol.cache() == &st.pol.fresh_cache(), "step {}", step);
             drop(st);
             let r = m.verify().unwrap();
             prop_assert!(r.consistent, "step {}: {:?}", step, r.problems);
