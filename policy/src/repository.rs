@@ -286,12 +286,17 @@ impl Repository {
     }
 
     fn remove_where(&mut self, pred: impl Fn(&Rule) -> bool) -> RepoChange {
-        let (removed, kept): (Vec<(Rule, u64)>, Vec<(Rule, u64)>) = std::mem::take(&mut self.rules)
-            .into_iter()
-            .zip(std::mem::take(&mut self.hashes))
-            .partition(|(r, _)| pred(r));
-        (self.rules, self.hashes) = kept.into_iter().unzip();
-        let removed: Vec<Rule> = removed.into_iter().map(|(r, _)| r).collect();
+        let mut removed = Vec::new();
+        let old = std::mem::take(&mut self.rules);
+        let old_hashes = std::mem::take(&mut self.hashes);
+        for (r, h) in old.into_iter().zip(old_hashes) {
+            if pred(&r) {
+                removed.push(r);
+            } else {
+                self.rules.push(r);
+                self.hashes.push(h);
+            }
+        }
         if !removed.is_empty() {
             self.revision += 1;
         }
