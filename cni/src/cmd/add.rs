@@ -1,4 +1,5 @@
-//! ADD: allocate → veth → pod side ∥ host side → register → result. Undone in reverse on failure.
+//! ADD: allocate → veth → (pod side ∥ host side ∥ register) → result. Undone in reverse on
+//! failure.
 
 use crate::env::CniEnv;
 use crate::error::CniError;
@@ -126,23 +127,30 @@ pub async fn run(env: &CniEnv, conf: &NetConf) -> Result<CniResult, CniError> {
         pod_mac,
         conf.bandwidth.ingress,
     );
-    both_sides(pod, job, host).await?;
-    let plumb_us = t0.elapsed().as_micros();
-
     let host_mac_s = format_mac(&host_mac);
     let pod_mac_s = format_mac(&pod_mac);
-    manager::ready(
-        &client,
-        ep.id,
-        &RegisterRequest {
-            container_id: env.container_id.clone(),
-            host_ifname: host_name.clone(),
-            host_ifindex: created.host_index,
-            host_mac: host_mac_s.clone(),
-            pod_mac: pod_mac_s.clone(),
-        },
-    )
-    .await?;
+    let register = RegisterRequest {
+        container_id: env.container_id.clone(),
+        host_ifname: host_name.clone(),
+        host_ifindex: created.host_index,
+        host_mac: host_mac_s.clone(),
+        pod_mac: pod_mac_s.clone(),
+    };
+    // The manager attaches the datapath and installs the policy while the addresses and routes
+    // are configured: it needs only the host veth, and nothing in the pod can send before ADD
+    // returns, which waits for both. A failure of either undoes both (the release of a ready
+    // endpoint is a DEL).
+    let plumb = async {
+        let done = both_sides(pod, job, host).await;
+        (done, t0.elapsed().as_micros())
+    };
+    let ((plumbed, plumb_us), registered) =
+        futures::join!(plumb, manager::ready(&client, ep.id, &register));
+    if let (Err(_), Err(e)) = (&plumbed, &registered) {
+        tracing::error!(error = %e, "registering failed too");
+    }
+    plumbed?;
+    registered?;
     revert.disarm();
     // Cumulative µs since the ADD began, at the end of each phase.
     tracing::info!(
