@@ -105,6 +105,36 @@ fn manager_rejecting_register_reverts_everything() {
     assert!(w.manager().state().endpoints.is_empty(), "IP not released");
 }
 
+#[test]
+fn plumbing_failing_after_register_releases_the_ready_endpoint() {
+    let mut w = World::new("plumbfail");
+    let netns = w.add_pod();
+    let pod = w.pods.last().unwrap().clone();
+    // The pod already has a default route: adding the ADD's one fails with "exists", after the
+    // manager was asked to register (registration runs alongside the plumbing).
+    sh(&["ip", "-n", &pod, "link", "set", "lo", "up"]);
+    sh(&["ip", "-n", &pod, "route", "add", "default", "dev", "lo"]);
+    let before = w.snapshot();
+    let v = w
+        .run("ADD", "ctr-plumbfail", &netns, &w.conf("1.0.0"))
+        .expect_error(102);
+    assert!(v["msg"].as_str().unwrap().contains("default route"), "{v}");
+    let state = w.manager().state();
+    assert!(
+        state.log.iter().any(|l| l.ends_with("/ready?")),
+        "register was not attempted: {:?}",
+        state.log
+    );
+    assert!(state.endpoints.is_empty(), "ready endpoint not released");
+    drop(state);
+    assert_eq!(
+        w.snapshot(),
+        before,
+        "failed ADD left links/routes/neighbours behind"
+    );
+    assert!(!pod_has_eth0(&w));
+}
+
 /// Env overrides, stdin, expected CNI code.
 type Case<'a> = (Vec<(&'a str, &'a str)>, String, u64);
 

@@ -15,6 +15,7 @@
     )
 )]
 
+pub mod allocator;
 pub mod api;
 pub mod clock;
 pub mod cluster;

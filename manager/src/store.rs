@@ -94,14 +94,20 @@ pub type StoredRules = (u64, Vec<(u64, Rule)>);
 
 const NEXT_ENDPOINT_ID: &[u8] = b"next_endpoint_id";
 
+/// sled's page cache.
+const CACHE_BYTES: u64 = 2 * 1024 * 1024;
+
 impl Store {
     /// Opens (or creates) the database under `dir`.
     pub fn open(dir: &Path) -> Result<Self, StoreError> {
         let path = dir.join("db");
-        // sled's default page cache is 1 GiB; the manager's working set is a few MiB.
+        // sled's default page cache is 1 GiB. The manager reads the store back only at start
+        // (and a few small keys per endpoint); every other access is a write. A small cache
+        // keeps the resident size down (docs/BENCHMARKS.md, "Manager memory"); a miss is a
+        // read from the OS page cache.
         let db = sled::Config::new()
             .path(&path)
-            .cache_capacity(16 * 1024 * 1024)
+            .cache_capacity(CACHE_BYTES)
             .open()
             .map_err(|source| StoreError::Open {
                 path: path.display().to_string(),

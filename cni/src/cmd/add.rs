@@ -1,4 +1,5 @@
-//! ADD: allocate → veth → pod side ∥ host side → register → result. Undone in reverse on failure.
+//! ADD: allocate → veth → (pod side ∥ host side ∥ register) → result. Undone in reverse on
+//! failure.
 
 use crate::env::CniEnv;
 use crate::error::CniError;
@@ -44,6 +45,10 @@ async fn allocate(
         },
     )
     .await?;
+    let host_name = host_ifname(&env.container_id, &env.ifname);
+    if ep.host_ifname != host_name {
+        tracing::warn!(manager = %ep.host_ifname, cni = %host_name, "host veth names disagree");
+    }
     // Allocation is idempotent: a ready endpoint means this ADD is a duplicate of one that
     // succeeded. Failing without undo keeps the running pod's IP.
     if ep.state == EndpointState::Ready {
@@ -89,9 +94,6 @@ pub async fn run(env: &CniEnv, conf: &NetConf) -> Result<CniResult, CniError> {
             ep.id
         )));
     }
-    if ep.host_ifname != host_name {
-        tracing::warn!(manager = %ep.host_ifname, cni = %host_name, "host veth names disagree");
-    }
 
     let nl = netlink::connect()?;
     // Pushed before the request: an error can come after the kernel registered the pair (e.g.
@@ -126,23 +128,20 @@ pub async fn run(env: &CniEnv, conf: &NetConf) -> Result<CniResult, CniError> {
         pod_mac,
         conf.bandwidth.ingress,
     );
-    both_sides(pod, job, host).await?;
-    let plumb_us = t0.elapsed().as_micros();
-
     let host_mac_s = format_mac(&host_mac);
     let pod_mac_s = format_mac(&pod_mac);
-    manager::ready(
-        &client,
-        ep.id,
-        &RegisterRequest {
-            container_id: env.container_id.clone(),
-            host_ifname: host_name.clone(),
-            host_ifindex: created.host_index,
-            host_mac: host_mac_s.clone(),
-            pod_mac: pod_mac_s.clone(),
-        },
-    )
-    .await?;
+    let register = RegisterRequest {
+        container_id: env.container_id.clone(),
+        host_ifname: host_name.clone(),
+        host_ifindex: created.host_index,
+        host_mac: host_mac_s.clone(),
+        pod_mac: pod_mac_s.clone(),
+    };
+    let plumb = async {
+        let done = both_sides(pod, job, host).await;
+        (done, t0.elapsed().as_micros())
+    };
+    let plumb_us = plumb_and_register(plumb, manager::ready(&client, ep.id, &register)).await?;
     revert.disarm();
     // Cumulative µs since the ADD began, at the end of each phase.
     tracing::info!(
@@ -194,6 +193,23 @@ async fn both_sides(
 ) -> Result<(), CniError> {
     let (pod, host) = futures::join!(pod.run(job), host);
     pod.and(host)
+}
+
+/// The manager attaches the datapath and installs the policy while the addresses and routes are
+/// configured: it needs only the host veth, and nothing in the pod can send before ADD returns,
+/// which waits for both. A failure of either fails the ADD, whose revert undoes both (the release
+/// of a ready endpoint is a DEL). Returns when the plumbing ended (µs since the ADD began).
+async fn plumb_and_register(
+    plumb: impl std::future::Future<Output = (Result<(), CniError>, u128)>,
+    register: impl std::future::Future<Output = Result<weft_api::Endpoint, CniError>>,
+) -> Result<u128, CniError> {
+    let ((plumbed, plumb_us), registered) = futures::join!(plumb, register);
+    if let (Err(_), Err(e)) = (&plumbed, &registered) {
+        tracing::error!(error = %e, "registering failed too");
+    }
+    plumbed?;
+    registered?;
+    Ok(plumb_us)
 }
 
 /// What the pod side needs once the veth exists.

@@ -24,6 +24,8 @@ fn fail(msg: &dyn std::fmt::Display) -> ! {
 fn main() {
     let config = Config::resolve(Cli::parse()).unwrap_or_else(|e| fail(&e));
     init_logging(config.log_format);
+    // Before any other thread exists (the runtime's, sled's).
+    weft_manager::allocator::tune();
     if config.uninstall {
         weft_manager::masquerade::uninstall(&weft_manager::masquerade::NftCommand)
             .unwrap_or_else(|e| fail(&e));

@@ -17,6 +17,7 @@ mod fake;
 mod progpin;
 #[cfg(test)]
 mod props;
+mod shadow;
 mod state;
 mod tcfilter;
 mod types;

@@ -4,6 +4,7 @@
 use super::batch;
 use super::encode::{Encoded, PolicyBlock, diff, digest, encode_entries, encode_policy};
 use super::error::DatapathError;
+use super::shadow::Shadow;
 use super::types::EndpointDatapath;
 use aya::Ebpf;
 use aya::maps::lpm_trie::{Key, LpmTrie};
@@ -60,8 +61,8 @@ pub(crate) struct Maps {
     pub(crate) frags: BpfHash<MapData, abi::FragKey, abi::FragValue>,
     pub(crate) metrics: PerCpuHashMap<MapData, abi::MetricsKey, abi::MetricsValue>,
     /// What the policy map holds per slot, for the slots whose entries were read back or
-    /// written by this process (the diff base of the next write).
-    pub(crate) installed: HashMap<u32, Encoded>,
+    /// written by this process (the diff base of the next write), packed.
+    pub(crate) installed: HashMap<u32, Shadow>,
     /// Slots a previous run left in the trie whose entries were not read back (a restart that
     /// trusted them): read back together, with one dump, the first time one is written.
     pub(crate) unloaded: BTreeSet<u32>,
@@ -271,8 +272,8 @@ impl Maps {
         let t0 = std::time::Instant::now();
         let mut read = self.kernel_policy(|slot| wanted.contains(&slot))?;
         for slot in &wanted {
-            self.installed
-                .insert(*slot, read.remove(slot).unwrap_or_default());
+            let entries = read.remove(slot).unwrap_or_default();
+            self.installed.insert(*slot, Shadow::pack(&entries));
             self.unloaded.remove(slot);
         }
         tracing::info!(
@@ -291,6 +292,15 @@ impl Maps {
             self.load_slots(&all)?;
         }
         Ok(())
+    }
+
+    /// A slot's installed entries, taken out of the shadow for a write (which puts back what
+    /// reached the kernel).
+    fn take_installed(&mut self, slot: u32) -> Encoded {
+        self.installed
+            .remove(&slot)
+            .map(|s| s.unpack(slot))
+            .unwrap_or_default()
     }
 
     fn set_generation(&mut self, slot: u32, generation: u64) -> Result<(), DatapathError> {
@@ -381,7 +391,7 @@ impl Maps {
     ) -> Result<u64, DatapathError> {
         self.ensure_loaded(slot)?;
         let new = encode_policy(slot, policy);
-        let current = self.installed.remove(&slot).unwrap_or_default();
+        let current = self.take_installed(slot);
         let (upserts, removes) = diff(&current, &new);
         self.write(
             slot,
@@ -404,7 +414,7 @@ impl Maps {
     ) -> Result<u64, DatapathError> {
         self.ensure_loaded(slot)?;
         let new = encode_entries(slot, entries);
-        let current = self.installed.remove(&slot).unwrap_or_default();
+        let current = self.take_installed(slot);
         let old: Encoded = identities
             .iter()
             .flat_map(|&id| current.range(PolicyBlock::identity_range(slot, id)))
@@ -456,7 +466,7 @@ impl Maps {
         })();
         let flags = self.slot_flags.get(&slot).copied().unwrap_or(0);
         let print = digest(&current, flags);
-        self.installed.insert(slot, current);
+        self.installed.insert(slot, Shadow::pack(&current));
         result.map(|()| print)
     }
 
@@ -467,15 +477,17 @@ impl Maps {
         let blocks: Vec<PolicyBlock> = self
             .installed
             .get(&slot)
-            .map(|e| e.keys().copied().collect())
+            .map(|s| s.unpack(slot).into_keys().collect())
             .unwrap_or_default();
         let keys: Vec<LpmKey> = blocks.iter().map(LpmKey::of).collect();
         let deleted = batch::delete(self.policy_fd(), &keys);
         if let Err(e) = deleted {
-            if let Some(current) = self.installed.get_mut(&slot) {
+            if let Some(shadow) = self.installed.get_mut(&slot) {
+                let mut current = shadow.unpack(slot);
                 for block in blocks.iter().take(e.done) {
                     current.remove(block);
                 }
+                *shadow = Shadow::pack(&current);
             }
             return Err(batch_error(e));
         }

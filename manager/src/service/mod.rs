@@ -196,7 +196,14 @@ fn trim_now() {
     unsafe {
         libc::malloc_trim(0);
     }
-    tracing::debug!(us = t0.elapsed().as_micros(), "freed memory released");
+    let usage = crate::allocator::usage();
+    tracing::debug!(
+        us = t0.elapsed().as_micros(),
+        in_use_kib = usage.in_use / 1024,
+        free_kib = usage.free / 1024,
+        mmapped_kib = usage.mmapped / 1024,
+        "freed memory released"
+    );
 }
 
 /// The trim thread's mailbox: a request counter it waits on.
