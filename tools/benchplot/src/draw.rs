@@ -29,13 +29,18 @@ pub struct Labels<'a> {
 }
 
 const FONT: &str = "sans-serif";
-const PALETTE: [RGBColor; 6] = [
+// Ten colours: the import plot has eight series (four measures in two mixes).
+const PALETTE: [RGBColor; 10] = [
     RGBColor(31, 119, 180),
     RGBColor(214, 39, 40),
     RGBColor(44, 160, 44),
     RGBColor(255, 127, 14),
     RGBColor(148, 103, 189),
     RGBColor(127, 127, 127),
+    RGBColor(140, 86, 75),
+    RGBColor(227, 119, 194),
+    RGBColor(188, 189, 34),
+    RGBColor(23, 190, 207),
 ];
 
 fn register() {
