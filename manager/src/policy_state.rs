@@ -5,7 +5,6 @@
 
 use ipnet::IpNet;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::hash::{Hash, Hasher};
 use weft_policy::cidr::CidrReferences;
 use weft_policy::compute::{ComputeOptions, compute_with_ports};
 use weft_policy::identity::{IdentityAllocator, IdentityError, IdentityKey, IdentityStore};
@@ -83,9 +82,7 @@ struct RuleRecords {
 
 impl RuleRecords {
     fn hash(rule: &Rule) -> u64 {
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        rule.hash(&mut h);
-        h.finish()
+        rule.content_hash()
     }
 
     fn add(&mut self, rule: &Rule) -> u64 {

@@ -305,8 +305,10 @@ impl LabelSet {
 
     /// True when every filter label matches some label of this set (Cilium's subset match).
     #[must_use]
-    pub fn contains_all(&self, filter: &[Label]) -> bool {
-        filter.iter().all(|f| self.0.iter().any(|l| f.matches(l)))
+    pub fn contains_all<'a>(&self, filter: impl IntoIterator<Item = &'a Label>) -> bool {
+        filter
+            .into_iter()
+            .all(|f| self.0.iter().any(|l| f.matches(l)))
     }
 
     /// True when the set contains exactly this label.

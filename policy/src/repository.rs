@@ -128,10 +128,7 @@ impl<'a> ReplaceIndex<'a> {
         labels.iter().any(|l| {
             self.by_label
                 .get(&(l.key.as_str(), l.value.as_str()))
-                .is_some_and(|ks| {
-                    ks.iter()
-                        .any(|k| k.iter().all(|f| labels.iter().any(|l| f.matches(l))))
-                })
+                .is_some_and(|ks| ks.iter().any(|k| labels.contains_all(k.iter().copied())))
         })
     }
 }

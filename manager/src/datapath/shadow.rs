@@ -46,22 +46,23 @@ impl Shadow {
 
     /// The entries of `slot` as they were packed.
     pub(crate) fn unpack(&self, slot: u32) -> Encoded {
-        self.0
-            .iter()
-            .map(|p| {
-                let block = PolicyBlock {
-                    key: PolicyKey {
-                        policy_id: slot,
-                        identity: p.identity,
-                        direction: p.direction,
-                        proto: p.proto,
-                        dport: p.dport,
-                    },
-                    prefix_len: u32::from(p.prefix_len),
-                };
-                (block, p.verdict)
-            })
+        self.blocks(slot)
+            .zip(self.0.iter().map(|p| p.verdict))
             .collect()
+    }
+
+    /// The keys of `slot`'s entries, in key order.
+    pub(crate) fn blocks(&self, slot: u32) -> impl Iterator<Item = PolicyBlock> + '_ {
+        self.0.iter().map(move |p| PolicyBlock {
+            key: PolicyKey {
+                policy_id: slot,
+                identity: p.identity,
+                direction: p.direction,
+                proto: p.proto,
+                dport: p.dport,
+            },
+            prefix_len: u32::from(p.prefix_len),
+        })
     }
 }
 

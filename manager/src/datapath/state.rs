@@ -477,7 +477,7 @@ impl Maps {
         let blocks: Vec<PolicyBlock> = self
             .installed
             .get(&slot)
-            .map(|s| s.unpack(slot).into_keys().collect())
+            .map(|s| s.blocks(slot).collect())
             .unwrap_or_default();
         let keys: Vec<LpmKey> = blocks.iter().map(LpmKey::of).collect();
         let deleted = batch::delete(self.policy_fd(), &keys);
