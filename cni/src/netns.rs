@@ -151,6 +151,18 @@ where
 }
 
 impl<I, T> Worker<I, T> {
+    /// The error of a job that ended before it was handed its input (e.g. `setns` refused),
+    /// once the thread has reported it.
+    pub async fn failure(&mut self) -> CniError {
+        match (&mut self.output).await {
+            Ok(Err(e)) => e,
+            _ => CniError::netlink(
+                "pod netns thread",
+                "ended early without an error (panic, or netns restore failed)",
+            ),
+        }
+    }
+
     /// Hands the job its input; resolves with its result once the thread is done.
     pub async fn run(self, input: I) -> Result<T, CniError> {
         // A job that failed before taking its input (setns refused) has dropped the receiver;

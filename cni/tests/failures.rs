@@ -54,6 +54,33 @@ fn ifname_exists_releases_ip_and_leaves_no_veth() {
     );
 }
 
+/// The veth is created while the manager allocates, so a taken host name is retried once the
+/// allocation (which waits for any background deletion of it) is done. Still taken: the ADD
+/// fails naming the link and releases the endpoint — a release is a DEL of this (container,
+/// ifname), whose host veth that name is, so the leftover goes with it, as before.
+#[test]
+fn host_veth_name_still_taken_fails_and_releases() {
+    let mut w = World::new("taken");
+    let netns = w.add_pod();
+    let stray = World::host_ifname("ctr-taken");
+    w.in_node(&[
+        "ip", "link", "add", &stray, "type", "veth", "peer", "name", "strayp",
+    ]);
+    let before = w.snapshot();
+    let v = w
+        .run("ADD", "ctr-taken", &netns, &w.conf("1.0.0"))
+        .expect_error(101);
+    let msg = v["msg"].as_str().unwrap();
+    assert!(
+        msg.contains(&stray) && msg.contains("already exists"),
+        "{v}"
+    );
+    let after = w.snapshot();
+    assert_eq!((after.routes, after.neigh), (before.routes, before.neigh));
+    assert!(!pod_has_eth0(&w), "the pod end of a failed ADD is left");
+    assert!(w.manager().state().endpoints.is_empty(), "IP not released");
+}
+
 #[test]
 fn manager_missing_is_code_11_naming_the_socket() {
     let mut w = World::new("nomgr");

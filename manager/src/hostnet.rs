@@ -51,17 +51,19 @@ pub trait HostNet: Send + Sync {
     ) -> BoxFuture<'_, Result<std::collections::HashMap<String, u32>, HostNetError>>;
     /// Deletes `name`; a missing link is success (cleanup is idempotent).
     fn delete_link<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<(), HostNetError>>;
+    /// Deletes the link with ifindex `index`, whatever it is called now; a missing link is
+    /// success. The kernel does not reuse an ifindex soon, so this never takes a link created
+    /// after `index` was read, even under the same name.
+    fn delete_link_index(&self, index: u32) -> BoxFuture<'_, Result<(), HostNetError>>;
     /// The node netns's addresses and main-table routes, to refuse a pod CIDR that would take
     /// over one of them.
     fn node_view(&self) -> BoxFuture<'_, Result<crate::nodenet::NodeView, HostNetError>>;
-    /// Sets `name` down, which makes the kernel drop every route through it; `false` when
-    /// there is no such link.
-    fn set_link_down<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<bool, HostNetError>>;
-    /// The names of the links whose name starts with `prefix`.
-    fn links_named<'a>(
+    /// Sets `name` down, which makes the kernel drop every route through it; the link's ifindex,
+    /// `None` when there is no such link.
+    fn set_link_down<'a>(
         &'a self,
-        prefix: &'a str,
-    ) -> BoxFuture<'a, Result<Vec<String>, HostNetError>>;
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<u32>, HostNetError>>;
 }
 
 /// The real implementation over rtnetlink, in the manager's network namespace.
@@ -269,9 +271,9 @@ impl NetlinkHostNet {
         Ok(())
     }
 
-    async fn down(&self, name: &str) -> Result<bool, HostNetError> {
+    async fn down(&self, name: &str) -> Result<Option<u32>, HostNetError> {
         let Some(index) = self.index(name).await? else {
-            return Ok(false);
+            return Ok(None);
         };
         match self
             .handle
@@ -280,25 +282,10 @@ impl NetlinkHostNet {
             .execute()
             .await
         {
-            Ok(()) => Ok(true),
-            Err(e) if is_errno(&e, libc::ENODEV) => Ok(false),
+            Ok(()) => Ok(Some(index)),
+            Err(e) if is_errno(&e, libc::ENODEV) => Ok(None),
             Err(e) => Err(nl(format!("set link {name} down"))(e)),
         }
-    }
-
-    async fn named(&self, prefix: &str) -> Result<Vec<String>, HostNetError> {
-        let mut links = self.handle.link().get().execute();
-        let mut out = Vec::new();
-        while let Some(link) = links.try_next().await.map_err(nl("list links"))? {
-            for attr in &link.attributes {
-                if let netlink_packet_route::link::LinkAttribute::IfName(name) = attr
-                    && name.starts_with(prefix)
-                {
-                    out.push(name.clone());
-                }
-            }
-        }
-        Ok(out)
     }
 
     async fn indexes(&self) -> Result<std::collections::HashMap<String, u32>, HostNetError> {
@@ -318,10 +305,14 @@ impl NetlinkHostNet {
         let Some(index) = self.index(name).await? else {
             return Ok(());
         };
+        self.delete_index(index, name).await
+    }
+
+    async fn delete_index(&self, index: u32, what: &str) -> Result<(), HostNetError> {
         match self.handle.link().del(index).execute().await {
             Ok(()) => Ok(()),
             Err(e) if is_errno(&e, libc::ENODEV) => Ok(()),
-            Err(e) => Err(nl(format!("delete link {name}"))(e)),
+            Err(e) => Err(nl(format!("delete link {what}"))(e)),
         }
     }
 }
@@ -344,19 +335,19 @@ impl HostNet for NetlinkHostNet {
         Box::pin(self.delete(name))
     }
 
+    fn delete_link_index(&self, index: u32) -> BoxFuture<'_, Result<(), HostNetError>> {
+        Box::pin(async move { self.delete_index(index, &format!("#{index}")).await })
+    }
+
     fn node_view(&self) -> BoxFuture<'_, Result<crate::nodenet::NodeView, HostNetError>> {
         Box::pin(crate::nodenet::read(&self.handle))
     }
 
-    fn set_link_down<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<bool, HostNetError>> {
-        Box::pin(self.down(name))
-    }
-
-    fn links_named<'a>(
+    fn set_link_down<'a>(
         &'a self,
-        prefix: &'a str,
-    ) -> BoxFuture<'a, Result<Vec<String>, HostNetError>> {
-        Box::pin(self.named(prefix))
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<u32>, HostNetError>> {
+        Box::pin(self.down(name))
     }
 }
 
@@ -401,28 +392,33 @@ impl HostNet for FakeHostNet {
         Box::pin(async { Ok(()) })
     }
 
+    fn delete_link_index(&self, index: u32) -> BoxFuture<'_, Result<(), HostNetError>> {
+        let mut links = crate::locks::lock(&self.links);
+        let named: Vec<String> = links
+            .iter()
+            .filter(|(_, i)| **i == index)
+            .map(|(n, _)| n.clone())
+            .collect();
+        for name in named {
+            links.remove(&name);
+            crate::locks::lock(&self.down).remove(&name);
+        }
+        Box::pin(async { Ok(()) })
+    }
+
     fn node_view(&self) -> BoxFuture<'_, Result<crate::nodenet::NodeView, HostNetError>> {
         let view = crate::locks::lock(&self.view).clone();
         Box::pin(async move { Ok(view) })
     }
 
-    fn set_link_down<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<bool, HostNetError>> {
-        let exists = crate::locks::lock(&self.links).contains_key(name);
-        if exists {
+    fn set_link_down<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<u32>, HostNetError>> {
+        let index = crate::locks::lock(&self.links).get(name).copied();
+        if index.is_some() {
             crate::locks::lock(&self.down).insert(name.to_owned());
         }
-        Box::pin(async move { Ok(exists) })
-    }
-
-    fn links_named<'a>(
-        &'a self,
-        prefix: &'a str,
-    ) -> BoxFuture<'a, Result<Vec<String>, HostNetError>> {
-        let names = crate::locks::lock(&self.links)
-            .keys()
-            .filter(|n| n.starts_with(prefix))
-            .cloned()
-            .collect();
-        Box::pin(async move { Ok(names) })
+        Box::pin(async move { Ok(index) })
     }
 }

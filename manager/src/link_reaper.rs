@@ -2,8 +2,10 @@
 //! ~20 ms (RCU grace periods in `unregister_netdevice`) and nothing needs it gone before the
 //! runtime moves on: DEL sets the link down first, which takes its routes with it, so no route
 //! or map entry points at the pod's IPs when they are freed. The deletion then runs here, in
-//! the background. An ADD for the same (container, ifname) — same host veth name — waits for
-//! its deletion first (`settle`), so a late deletion can never take the new pod's link.
+//! the background, by the ifindex DEL saw: the CNI creates the next pod's pair while the
+//! manager allocates, so a link of the same (container, ifname) — same name — may already be
+//! the new one; an ifindex is not reused soon, so a late deletion never takes it. An ADD's
+//! allocation still waits for the deletion (`settle`): until then the name is taken.
 //! A manager killed with deletions pending finds the links at its next start: host veths that
 //! no endpoint owns are scheduled again (`Manager::reap_orphan_links`).
 
@@ -36,8 +38,9 @@ impl LinkReaper {
         }
     }
 
-    /// Deletes `name` in the background; a missing link is fine. Needs a tokio runtime.
-    pub fn schedule(&self, name: &str) {
+    /// Deletes the link `index`, called `name` when it was read, in the background; a missing
+    /// link is fine. Needs a tokio runtime.
+    pub fn schedule(&self, name: &str, index: u32) {
         let mut pending = lock(&self.pending);
         if pending.contains_key(name) {
             return;
@@ -50,7 +53,7 @@ impl LinkReaper {
         let owned = name.to_owned();
         // Spawned under the lock: the task's own removal below waits until it is recorded.
         let task = tokio::spawn(async move {
-            match hostnet.delete_link(&owned).await {
+            match hostnet.delete_link_index(index).await {
                 Ok(()) => tracing::debug!(link = %owned, "host veth deleted"),
                 Err(e) => tracing::warn!(link = %owned, "deleting host veth failed: {e}"),
             }
@@ -88,14 +91,26 @@ mod tests {
         let net = Arc::new(FakeHostNet::default());
         net.links.lock().unwrap().insert("weftaaa".into(), 7);
         let reaper = LinkReaper::new(net.clone());
-        reaper.schedule("weftaaa");
-        reaper.schedule("weftaaa");
+        reaper.schedule("weftaaa", 7);
+        reaper.schedule("weftaaa", 7);
         reaper.settle("weftaaa").await;
         assert!(!net.links.lock().unwrap().contains_key("weftaaa"));
         assert!(reaper.pending().is_empty());
         // Nothing pending: settle returns at once, and a missing link is no error.
         reaper.settle("weftaaa").await;
-        reaper.schedule("weftbbb");
+        reaper.schedule("weftbbb", 8);
         reaper.settle("weftbbb").await;
+    }
+
+    #[tokio::test]
+    async fn a_new_link_of_the_same_name_survives_the_old_ones_deletion() {
+        let net = Arc::new(FakeHostNet::default());
+        let reaper = LinkReaper::new(net.clone());
+        // DEL read ifindex 7; the next ADD's pair, same name, is ifindex 9 by the time the
+        // deletion runs.
+        net.links.lock().unwrap().insert("weftaaa".into(), 9);
+        reaper.schedule("weftaaa", 7);
+        reaper.settle("weftaaa").await;
+        assert_eq!(net.links.lock().unwrap().get("weftaaa"), Some(&9));
     }
 }

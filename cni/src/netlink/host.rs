@@ -4,11 +4,14 @@ use super::{describe, pipeline};
 use crate::error::CniError;
 use futures::future::BoxFuture;
 use netlink_packet_route::route::RouteScope;
-use rtnetlink::{Handle, RouteMessageBuilder};
+use rtnetlink::{Handle, LinkUnspec, RouteMessageBuilder};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use weft_api::IpConfig;
 
-/// `/32` (`/128`) route to each pod IP via the host veth, and pod IP → pod MAC (no ARP/NDP).
+/// The host veth up, then a `/32` (`/128`) route to each pod IP via it, and pod IP → pod MAC
+/// (no ARP/NDP). The pod-side thread creates the pair with the host end down (the kernel cannot
+/// report that end's flags to a socket in the pod netns), and a route through a down link is
+/// refused (ENETDOWN): the list order is the order they reach the kernel ([`pipeline`]).
 ///
 /// Both are `replace`: the manager gave us the address, so any stale entry for it (a veth the
 /// kernel is still tearing down) must yield.
@@ -19,6 +22,14 @@ pub async fn configure(
     pod_mac: [u8; 6],
 ) -> Result<(), CniError> {
     let mut steps: Vec<BoxFuture<'static, Result<(), CniError>>> = Vec::new();
+    let up = handle
+        .link()
+        .set(LinkUnspec::new_with_index(index).up().build());
+    steps.push(Box::pin(async move {
+        up.execute()
+            .await
+            .map_err(|e| CniError::netlink("bringing the host veth up", describe(&e)))
+    }));
     for ip in ips {
         let addr = ip.address;
         let route = match addr {

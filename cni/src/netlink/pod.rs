@@ -17,7 +17,8 @@ fn fail(what: String) -> impl FnOnce(rtnetlink::Error) -> CniError {
     move |e| CniError::netlink(what, describe(&e))
 }
 
-/// `lo` and the interface up, addresses, routes via the gateway and a permanent neighbour for it.
+/// `lo` (and the interface, when `bring_up`) up, addresses, routes via the gateway and a
+/// permanent neighbour for it.
 ///
 /// Order matters and is the order of the list: routes need the link up (ENETDOWN otherwise), and
 /// the default route's gateway must be reachable when it is added, so the link-scope route to the
@@ -27,9 +28,14 @@ pub async fn configure(
     index: u32,
     ips: &[IpConfig],
     host_mac: [u8; 6],
+    bring_up: bool,
 ) -> Result<(), CniError> {
     let mut steps: Vec<BoxFuture<'static, Result<(), CniError>>> = Vec::new();
-    for (i, what) in [(LOOPBACK_IFINDEX, "lo"), (index, "the pod interface")] {
+    let mut links = vec![(LOOPBACK_IFINDEX, "lo")];
+    if bring_up {
+        links.push((index, "the pod interface"));
+    }
+    for (i, what) in links {
         let req = handle
             .link()
             .set(LinkUnspec::new_with_index(i).up().build());

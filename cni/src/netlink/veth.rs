@@ -1,4 +1,4 @@
-//! The veth pair, created in one request with the peer born inside the pod netns.
+//! The veth pair, created in one request with each end born in its own netns.
 
 use super::{describe, errno};
 use crate::error::CniError;
@@ -13,55 +13,138 @@ use rtnetlink::{Handle, LinkMessageBuilder, LinkUnspec};
 use std::os::fd::{AsRawFd, BorrowedFd};
 
 /// What to create.
-#[derive(Debug)]
-pub struct VethSpec<'a> {
+#[derive(Debug, Clone)]
+pub struct VethSpec {
     /// Host-side name (node netns).
-    pub host_name: &'a str,
+    pub host_name: String,
     /// Host-side MAC.
     pub host_mac: [u8; 6],
     /// Pod-side name (`CNI_IFNAME`).
-    pub pod_name: &'a str,
+    pub pod_name: String,
     /// Pod-side MAC.
     pub pod_mac: [u8; 6],
     /// MTU of both ends.
     pub mtu: u32,
-    /// The pod netns.
-    pub netns: BorrowedFd<'a>,
     /// Pod netns path, for messages.
-    pub netns_path: &'a str,
+    pub netns_path: String,
 }
 
-/// Indexes of the new pair.
+/// Indexes of the new pair, as far as the kernel's echo carried them.
 #[derive(Debug, Clone, Copy)]
 pub struct Created {
     /// Host side ifindex (node netns).
-    pub host_index: u32,
-    /// Pod side ifindex (pod netns), when the kernel's echo carried it.
+    pub host_index: Option<u32>,
+    /// Pod side ifindex (pod netns).
     pub pod_index: Option<u32>,
 }
 
-/// Creates the pair, MACs and MTU set, host end up: one request (creating in the node netns and
-/// moving the peer costs 16–20 ms more, PLATFORM.md).
+/// What a creation request did. `Taken`: the kernel refused (EEXIST) and created nothing, so
+/// the taken link is someone else's and must not be deleted on revert.
+#[derive(Debug, Clone, Copy)]
+pub enum Made {
+    /// The pair is new.
+    Pair(Created),
+    /// A link already has that name on this side.
+    Taken(Side),
+}
+
+/// A side of the pair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// The host end, in the node netns (an earlier incarnation of this (container, ifname)
+    /// whose deletion may still be running; see [`taken`]).
+    Host,
+    /// The pod end, `CNI_IFNAME` in the pod netns.
+    Pod,
+}
+
+/// One end of the pair as the request describes it.
+struct End<'a> {
+    name: &'a str,
+    mac: [u8; 6],
+}
+
+/// Creates the pair from the node netns, the pod end born in the pod netns, the host end up.
+pub async fn create(
+    handle: &Handle,
+    spec: &VethSpec,
+    pod_netns: BorrowedFd<'_>,
+) -> Result<Made, CniError> {
+    let host = End {
+        name: &spec.host_name,
+        mac: spec.host_mac,
+    };
+    let pod = End {
+        name: &spec.pod_name,
+        mac: spec.pod_mac,
+    };
+    Ok(
+        match new_pair(handle, spec, &host, &pod, pod_netns).await? {
+            Some((local, peer)) => Made::Pair(Created {
+                host_index: Some(local),
+                pod_index: peer,
+            }),
+            None if index_of(handle, &spec.host_name).await?.is_some() => Made::Taken(Side::Host),
+            None => Made::Taken(Side::Pod),
+        },
+    )
+}
+
+/// The same pair, created from inside the pod netns (`handle` is bound there), the host end
+/// born in `node` — the pod-side thread does this while the manager allocates. The pod end is
+/// up; the host end is not (see `new_pair`), the host side brings it up.
+pub async fn create_from_pod(
+    handle: &Handle,
+    spec: &VethSpec,
+    node: BorrowedFd<'_>,
+) -> Result<Made, CniError> {
+    let host = End {
+        name: &spec.host_name,
+        mac: spec.host_mac,
+    };
+    let pod = End {
+        name: &spec.pod_name,
+        mac: spec.pod_mac,
+    };
+    Ok(match new_pair(handle, spec, &pod, &host, node).await? {
+        Some((local, peer)) => Made::Pair(Created {
+            host_index: peer,
+            pod_index: Some(local),
+        }),
+        None if index_of(handle, &spec.pod_name).await?.is_some() => Made::Taken(Side::Pod),
+        None => Made::Taken(Side::Host),
+    })
+}
+
+/// One request: `local` in the handle's netns (up), `peer` born in `peer_netns` (creating in one
+/// netns and moving the peer costs 16–20 ms more, PLATFORM.md). `Ok(None)` on EEXIST, which
+/// names no side; the callers tell which. Otherwise the local index and, when the echo carried
+/// `IFLA_LINK`, the peer's.
 ///
-/// `NLM_F_ECHO` makes the kernel send the new host link back: its index and `IFLA_LINK` (the
-/// peer's index inside the pod netns) save a lookup on each side. Kernels that ignore the flag
-/// get one `RTM_GETLINK` instead.
-pub async fn create(handle: &Handle, spec: &VethSpec<'_>) -> Result<Created, CniError> {
-    let peer = LinkMessageBuilder::<LinkUnspec>::new()
-        .name(spec.pod_name.to_owned())
-        .address(spec.pod_mac.to_vec())
+/// `NLM_F_ECHO` makes the kernel send the new link back: its index and `IFLA_LINK` save a
+/// lookup on each side. Kernels that ignore the flag get one `RTM_GETLINK` instead.
+async fn new_pair(
+    handle: &Handle,
+    spec: &VethSpec,
+    local: &End<'_>,
+    peer: &End<'_>,
+    peer_netns: BorrowedFd<'_>,
+) -> Result<Option<(u32, Option<u32>)>, CniError> {
+    let peer_msg = LinkMessageBuilder::<LinkUnspec>::new()
+        .name(peer.name.to_owned())
+        .address(peer.mac.to_vec())
         .mtu(spec.mtu)
         // Not `.up()`: kernel 6.18 then answers ENOTCONN (it reports the peer's flag change to
-        // our port id in the pod netns, where our socket does not exist). The pod side brings it
-        // up from inside the netns instead.
-        .setns_by_fd(spec.netns.as_raw_fd())
+        // our port id in the peer's netns, where our socket does not exist). That end is
+        // brought up from its own netns instead.
+        .setns_by_fd(peer_netns.as_raw_fd())
         .build();
     let msg = LinkMessageBuilder::<LinkUnspec>::new_with_info_kind(InfoKind::Veth)
-        .name(spec.host_name.to_owned())
-        .address(spec.host_mac.to_vec())
+        .name(local.name.to_owned())
+        .address(local.mac.to_vec())
         .mtu(spec.mtu)
         .up()
-        .set_info_data(InfoData::Veth(InfoVeth::Peer(peer)))
+        .set_info_data(InfoData::Veth(InfoVeth::Peer(peer_msg)))
         .build();
     let mut req = NetlinkMessage::from(RouteNetlinkMessage::NewLink(msg));
     req.header.flags = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL | NLM_F_ECHO;
@@ -76,7 +159,7 @@ pub async fn create(handle: &Handle, spec: &VethSpec<'_>) -> Result<Created, Cni
             NetlinkPayload::Error(e) if e.code.is_some() => {
                 let e = rtnetlink::Error::NetlinkError(e);
                 if errno(&e) == Some(Errno::EEXIST as i32) {
-                    return Err(exists(handle, spec).await);
+                    return Ok(None);
                 }
                 return Err(CniError::netlink(
                     format!("creating veth {} <-> {}", spec.host_name, spec.pod_name),
@@ -88,34 +171,30 @@ pub async fn create(handle: &Handle, spec: &VethSpec<'_>) -> Result<Created, Cni
     }
     let link = match echoed {
         Some(link) => link,
-        None => lookup(handle, spec.host_name).await?.ok_or_else(|| {
-            CniError::netlink(
-                "creating the veth pair",
-                format!("{} vanished", spec.host_name),
-            )
+        None => lookup(handle, local.name).await?.ok_or_else(|| {
+            CniError::netlink("creating the veth pair", format!("{} vanished", local.name))
         })?,
     };
-    Ok(Created {
-        host_index: link.header.index,
-        pod_index: link.attributes.iter().find_map(|a| match a {
-            LinkAttribute::Link(i) => Some(*i),
-            _ => None,
-        }),
-    })
+    let peer_index = link.attributes.iter().find_map(|a| match a {
+        LinkAttribute::Link(i) => Some(*i),
+        _ => None,
+    });
+    Ok(Some((link.header.index, peer_index)))
 }
 
-/// EEXIST names no side: tell the caller which one is taken.
-async fn exists(handle: &Handle, spec: &VethSpec<'_>) -> CniError {
-    match index_of(handle, spec.host_name).await {
-        Ok(Some(_)) => CniError::InterfaceExists(format!(
-            "host veth {} already exists (left over from an earlier ADD of this container?)",
-            spec.host_name
-        )),
-        _ => CniError::InterfaceExists(format!(
+/// The error for a name that is taken: on the pod side at once, on the host side once nothing
+/// of ours can still be deleting it.
+pub fn taken(spec: &VethSpec, side: Side) -> CniError {
+    CniError::InterfaceExists(match side {
+        Side::Pod => format!(
             "interface {} already exists in netns {}",
             spec.pod_name, spec.netns_path
-        )),
-    }
+        ),
+        Side::Host => format!(
+            "host veth {} already exists (left over from an earlier ADD of this container?)",
+            spec.host_name
+        ),
+    })
 }
 
 /// Index of the link called `name` in the handle's netns, `None` if there is none.

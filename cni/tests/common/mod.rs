@@ -75,9 +75,9 @@ impl Output {
 /// A snapshot of the node netns: links, routes (v4 and v6) and neighbours.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Snapshot {
-    links: Vec<String>,
-    routes: String,
-    neigh: String,
+    pub links: Vec<String>,
+    pub routes: String,
+    pub neigh: String,
 }
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);

@@ -701,18 +701,24 @@ impl Manager {
         let host_ifname = weft_api::naming::host_ifname(container_id, ifname);
         let begun = self.state().reg.begin_delete(container_id, ifname)?;
         let Some(ep) = begun else {
-            self.reaper.schedule(&host_ifname);
+            // An ADD that failed half-way may have left its veth (down first, so the reaper
+            // has its ifindex).
+            if let Some(index) = self.hostnet.set_link_down(&host_ifname).await? {
+                self.reaper.schedule(&host_ifname, index);
+            }
             return Ok(DeleteResponse { deleted: None });
         };
         // Down before the IPs are freed: a route through the veth would still send a reused
         // IP's traffic to the old pod. A failure leaves the endpoint `deleting`; the runtime's
         // retry of DEL continues from there.
-        self.hostnet.set_link_down(&ep.host_ifname).await?;
+        let index = self.hostnet.set_link_down(&ep.host_ifname).await?;
         let deleted = {
             let mut st = self.state();
             self.forget_locked(&mut st, ep.id)?
         };
-        self.reaper.schedule(&ep.host_ifname);
+        if let Some(index) = index {
+            self.reaper.schedule(&ep.host_ifname, index);
+        }
         if let Some(ep) = &deleted {
             tracing::info!(
                 endpoint_id = ep.id,
@@ -806,14 +812,13 @@ impl Manager {
     }
 
     /// Schedules the deletion of every host veth no endpoint owns: a manager killed with
-    /// deletions pending left them behind. Links are listed before the records are read: an
-    /// ADD records its endpoint before it creates the link, so a listed link of a live ADD
-    /// always has its record. Returns how many were scheduled.
+    /// deletions pending left them behind. Runs before the API socket is bound: an ADD whose
+    /// pair exists before its allocation (the CNI creates both at once) either fails to reach
+    /// this manager, or has its allocation wait (`settle`) for the deletion of its pair and then
+    /// fails on the missing link; it never ends up ready on a link deleted later. Returns how
+    /// many were scheduled.
     pub async fn reap_orphan_links(&self) -> Result<usize, ManagerError> {
-        let links = self
-            .hostnet
-            .links_named(weft_api::naming::HOST_IFNAME_PREFIX)
-            .await?;
+        let links = self.hostnet.link_indexes().await?;
         let owned: std::collections::BTreeSet<String> = self
             .state()
             .reg
@@ -823,10 +828,10 @@ impl Manager {
         let mut n = 0;
         let orphans = links
             .iter()
-            .filter(|l| weft_api::naming::is_host_ifname(l) && !owned.contains(*l));
-        for link in orphans {
+            .filter(|(l, _)| weft_api::naming::is_host_ifname(l) && !owned.contains(*l));
+        for (link, index) in orphans {
             tracing::info!(link = %link, "host veth without an endpoint: deleting");
-            self.reaper.schedule(link);
+            self.reaper.schedule(link, *index);
             n += 1;
         }
         Ok(n)
