@@ -3,7 +3,7 @@
 docs/BENCHMARKS.md and its plots.
 
 Results file lines (one block per part, replaced when that part runs again):
-  PART part=P status=ok|failed date=... seconds=S load_before=L load_after=L smoke=0|1
+  PART part=P status=ok|failed date=... seconds=S load_before=L load_after=L smoke=0|1 commit=C
   CMD part=P <the command line>
   RESULT part=P name=N key=value... median=M p10=A p90=B n=K [anchor=LABEL]
 A result's label is `name/key=value/...` with the keys sorted; `anchor` names another result's
@@ -156,11 +156,8 @@ def machine():
             mem_kib = int(f.readline().split()[1])
     except OSError:
         mem_kib = 0
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True, cwd=os.path.dirname(os.path.abspath(__file__)),
-                            check=False).stdout.strip() or "unknown"
     return (f"{os.cpu_count()} CPUs (nproc), {cpu}, {mem_kib / 1048576:.1f} GiB RAM, kernel "
-            f"{platform.release()}, commit {commit}")
+            f"{platform.release()}")
 
 
 def draw(plotter, plots_dir, doc_rel, results):
@@ -216,7 +213,7 @@ def section(parts, cmds, results, drawn, errors):
     by_label = {label_of(r): r for r in results}
     out = [BEGIN, "", "## Suite results (generated)", ""]
     out.append(f"Written {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC by `scripts/bench/all`. "
-               f"Machine: {machine()}. Each part's date, duration and load average (1-minute, "
+               f"Machine: {machine()}. Each part's date, commit, duration and load average (1-minute, "
                "before and after; other work on the machine inflates absolute figures, the ratios "
                "to anchors from the same run are what to compare) are listed with its commands. "
                "Figures: median, p10 and p90 over n runs.")
@@ -231,11 +228,12 @@ def section(parts, cmds, results, drawn, errors):
         out.append("| " + " | ".join(judge(t, by_label)) + " |")
     out += ["", "Source: §8 = DESIGN.md §8, #10 = issue #10. A target without a figure from this "
             "results file is reported as not measured, never as met.", ""]
-    out += ["### Parts and commands", "", "| part | status | date (UTC) | seconds | load before → after | commands |",
-            "|---|---|---|---|---|---|"]
+    out += ["### Parts and commands", "", "| part | status | date (UTC) | commit | seconds | load before → after | commands |",
+            "|---|---|---|---|---|---|---|"]
     for name, p in sorted(parts.items()):
         c = "<br>".join(f"`{x}`" for x in cmds.get(name, []))
-        out.append(f"| {name} | {p.get('status')} | {p.get('date')} | {p.get('seconds')} | "
+        out.append(f"| {name} | {p.get('status')} | {p.get('date')} | {p.get('commit', '—')} | "
+                   f"{p.get('seconds')} | "
                    f"{p.get('load_before')} → {p.get('load_after')} | {c} |")
     out += ["", "### Every figure", "", "| part | figure | median | p10 | p90 | n | anchor | anchor median | ratio |",
             "|---|---|---|---|---|---|---|---|---|"]
