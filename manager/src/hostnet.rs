@@ -352,9 +352,9 @@ fn delete_link_blocking(index: u32) -> Result<(), String> {
     let reply = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&answer)
         .map_err(|e| format!("unreadable answer: {e}"))?;
     match reply.payload {
-        NetlinkPayload::Error(e) if e.code.is_some() && e.raw_code().abs() != libc::ENODEV => Err(
-            std::io::Error::from_raw_os_error(e.raw_code().abs()).to_string(),
-        ),
+        NetlinkPayload::Error(e) if e.code.is_some() && e.raw_code().abs() != libc::ENODEV => {
+            Err(std::io::Error::from_raw_os_error(e.raw_code().abs()).to_string())
+        }
         NetlinkPayload::Error(_) => Ok(()),
         other => Err(format!("unexpected answer {other:?}")),
     }

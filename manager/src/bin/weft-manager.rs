@@ -3,6 +3,19 @@
 use clap::Parser;
 use weft_manager::config::{Cli, Config, LogFormat};
 
+/// jemalloc's options (the allocator: `weft_manager::allocator`), read at its first allocation
+/// (before `main`). One arena and no per-thread
+/// caches: the manager's threads rarely allocate at once on a node's few cores, and every arena
+/// or cache would keep its own freed pages. Freed pages go back to the kernel at once (no decay).
+/// An operator's `MALLOC_CONF` is applied after this string, so it wins.
+#[repr(transparent)]
+struct MallocConf(*const std::ffi::c_char);
+// SAFETY: a pointer to an immutable, 'static C string literal.
+unsafe impl Sync for MallocConf {}
+#[unsafe(export_name = "malloc_conf")]
+static MALLOC_CONF: MallocConf =
+    MallocConf(c"narenas:1,tcache:false,dirty_decay_ms:0,muzzy_decay_ms:0".as_ptr());
+
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("WEFT_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
@@ -24,8 +37,6 @@ fn fail(msg: &dyn std::fmt::Display) -> ! {
 fn main() {
     let config = Config::resolve(Cli::parse()).unwrap_or_else(|e| fail(&e));
     init_logging(config.log_format);
-    // Before any other thread exists (the runtime's, sled's).
-    weft_manager::allocator::tune();
     if config.uninstall {
         weft_manager::masquerade::uninstall(&weft_manager::masquerade::NftCommand)
             .unwrap_or_else(|e| fail(&e));

@@ -162,9 +162,10 @@ pub(crate) fn initial_ipcache(reg: &Registry, pol: &PolicyState) -> Ipcache {
 }
 
 /// Hands memory freed by a large regeneration back to the kernel. Computing and encoding the
-/// policies of hundreds of endpoints allocates hundreds of MiB in small pieces that glibc keeps
-/// cached afterwards: at 250 endpoints and 1000 rules the manager's RSS stays at ~130 MiB
-/// without this and ~65 MiB with it (docs/BENCHMARKS.md). A few ms, once per policy change.
+/// policies of hundreds of endpoints allocates hundreds of MiB in small pieces that glibc kept
+/// cached afterwards (~130 MiB RSS at 250 endpoints and 1000 rules without a trim, ~65 MiB with
+/// it; docs/BENCHMARKS.md). jemalloc with the daemon's options returns empty pages at once; this
+/// purge covers an operator's `MALLOC_CONF` that delays it.
 ///
 /// The trim right away is not enough after a large store write: sled frees the tree nodes a
 /// batch superseded through epoch-based reclamation, seconds later, on its own threads. After
@@ -191,19 +192,8 @@ const LATE_TRIMS: [std::time::Duration; 4] = [
 
 fn trim_now() {
     let t0 = std::time::Instant::now();
-    #[cfg(target_env = "gnu")]
-    // SAFETY: malloc_trim only returns free heap pages to the kernel; any thread may call it.
-    unsafe {
-        libc::malloc_trim(0);
-    }
-    let usage = crate::allocator::usage();
-    tracing::debug!(
-        us = t0.elapsed().as_micros(),
-        in_use_kib = usage.in_use / 1024,
-        free_kib = usage.free / 1024,
-        mmapped_kib = usage.mmapped / 1024,
-        "freed memory released"
-    );
+    crate::allocator::purge();
+    tracing::debug!(us = t0.elapsed().as_micros(), "freed memory released");
 }
 
 /// The trim thread's mailbox: a request counter it waits on.
