@@ -64,20 +64,29 @@ struct End<'a> {
     mac: [u8; 6],
 }
 
+impl VethSpec {
+    /// (host end, pod end).
+    fn ends(&self) -> (End<'_>, End<'_>) {
+        (
+            End {
+                name: &self.host_name,
+                mac: self.host_mac,
+            },
+            End {
+                name: &self.pod_name,
+                mac: self.pod_mac,
+            },
+        )
+    }
+}
+
 /// Creates the pair from the node netns, the pod end born in the pod netns, the host end up.
 pub async fn create(
     handle: &Handle,
     spec: &VethSpec,
     pod_netns: BorrowedFd<'_>,
 ) -> Result<Made, CniError> {
-    let host = End {
-        name: &spec.host_name,
-        mac: spec.host_mac,
-    };
-    let pod = End {
-        name: &spec.pod_name,
-        mac: spec.pod_mac,
-    };
+    let (host, pod) = spec.ends();
     Ok(
         match new_pair(handle, spec, &host, &pod, pod_netns).await? {
             Some((local, peer)) => Made::Pair(Created {
@@ -98,14 +107,7 @@ pub async fn create_from_pod(
     spec: &VethSpec,
     node: BorrowedFd<'_>,
 ) -> Result<Made, CniError> {
-    let host = End {
-        name: &spec.host_name,
-        mac: spec.host_mac,
-    };
-    let pod = End {
-        name: &spec.pod_name,
-        mac: spec.pod_mac,
-    };
+    let (host, pod) = spec.ends();
     Ok(match new_pair(handle, spec, &pod, &host, node).await? {
         Some((local, peer)) => Made::Pair(Created {
             host_index: peer,
