@@ -125,6 +125,11 @@ pod_ip() {
 }
 
 # check DESCRIPTION COMMAND...: records a pass or a failure (with the command's output).
+# `grep -q` exits at its first match; under pipefail the writer then dies of SIGPIPE and the
+# pipeline fails although the line was there (`ctr images ls` writes a line per syscall).
+# `matches` reads all of its input.
+matches() { grep "$@" >/dev/null; }
+
 check() {
   local desc=$1; shift
   local _out
@@ -171,7 +176,7 @@ tcp_ok() {
   local spid=$!
   local i
   for i in $(seq 50); do
-    "${run_srv[@]}" ss -Hltn "sport = :$port" | grep -q . && break
+    "${run_srv[@]}" ss -Hltn "sport = :$port" | matches . && break
     sleep 0.02
   done
   "${run_cli[@]}" nc "$fam" -z -w 2 "$ip" "$port"

@@ -95,7 +95,7 @@ ctrd_start() {
     sleep 0.1
   done
   cri list >/dev/null || die "containerd's CRI did not come up (log: $CTRD_DIR/containerd.log)"
-  if ! ctr --address "$CTRD_SOCK" -n k8s.io images ls -q | grep -qx "$CTRD_IMAGE"; then
+  if ! ctr --address "$CTRD_SOCK" -n k8s.io images ls -q | matches -x "$CTRD_IMAGE"; then
     ctr --address "$CTRD_SOCK" -n k8s.io images import --snapshotter overlayfs "$CTRD_DIR/pause.tar" \
       >/dev/null || die "importing the pause image failed"
   fi
@@ -131,7 +131,7 @@ ctrd_cgroup_pids() {
 ctrd_shim_pids() {
   local p
   for p in /proc/[0-9]*; do
-    { tr '\0' ' ' <"$p/cmdline"; } 2>/dev/null | grep -q -- "-address $CTRD_SOCK " && basename "$p"
+    { tr '\0' ' ' <"$p/cmdline"; } 2>/dev/null | matches -- "-address $CTRD_SOCK " && basename "$p"
   done
 }
 

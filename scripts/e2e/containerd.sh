@@ -39,7 +39,7 @@ ns_tcp() {
   local ns=$1 ip=$2 cns=$3 port=$4 rc i
   nsenter --net="$ns" timeout 5 nc -l "$port" >/dev/null 2>&1 &
   local spid=$!
-  for i in $(seq 50); do nsenter --net="$ns" ss -Hltn "sport = :$port" | grep -q . && break; sleep 0.02; done
+  for i in $(seq 50); do nsenter --net="$ns" ss -Hltn "sport = :$port" | matches . && break; sleep 0.02; done
   nsenter --net="$cns" nc -z -w 2 "$ip" "$port"; rc=$?
   kill "$spid" 2>/dev/null; wait "$spid" 2>/dev/null
   return $rc
@@ -123,7 +123,7 @@ hostport_ok() {
   local ns; ns=$(pod_netns "$HP")
   nsenter --net="$ns" timeout 5 nc -l 80 >/dev/null 2>&1 &
   local spid=$! i rc
-  for i in $(seq 50); do nsenter --net="$ns" ss -Hltn "sport = :80" | grep -q . && break; sleep 0.02; done
+  for i in $(seq 50); do nsenter --net="$ns" ss -Hltn "sport = :80" | matches . && break; sleep 0.02; done
   ip netns exec "$CLIENT" nc -z -w 2 192.0.2.1 8080; rc=$?
   kill "$spid" 2>/dev/null; wait "$spid" 2>/dev/null
   return $rc
@@ -142,7 +142,7 @@ BW=$(pod_run bw shop --annotation kubernetes.io/ingress-bandwidth=10M \
 bw_veth=$(ep_of "$BW" | jq -r .host_ifname)
 check "ingress: tbf 10Mbit on the host veth, beside Weft's clsact" \
   bash -c "nsenter --net=/run/netns/$WEFT_NODE tc qdisc show dev $bw_veth | grep -q 'tbf.*rate 10Mbit' &&
-    nsenter --net=/run/netns/$WEFT_NODE tc qdisc show dev $bw_veth | grep -q clsact"
+    nsenter --net=/run/netns/$WEFT_NODE tc qdisc show dev $bw_veth | matches clsact"
 check "egress: tbf 10Mbit on the pod's eth0" \
   bash -c "nsenter --net=$(pod_netns "$BW") tc qdisc show dev eth0 | grep -q 'tbf.*rate 10Mbit'"
 # iperf3 SERVER_ID CLIENT_ID [-R] → Mbit/s received (client sends; -R: the server sends).
@@ -151,7 +151,7 @@ iperf() {
   ns=$(pod_netns "$srv")
   nsenter --net="$ns" iperf3 -s -1 -p 5201 >/dev/null 2>&1 &
   pid=$!
-  for _ in $(seq 50); do nsenter --net="$ns" ss -Hltn "sport = :5201" | grep -q . && break; sleep 0.02; done
+  for _ in $(seq 50); do nsenter --net="$ns" ss -Hltn "sport = :5201" | matches . && break; sleep 0.02; done
   out=$(in_sandbox "$cli" iperf3 -c "$(pod_sip "$srv")" -p 5201 -t 3 $rev -J 2>/dev/null)
   wait "$pid" 2>/dev/null
   jq -r '.end.sum_received.bits_per_second / 1e6 | floor' <<<"$out"

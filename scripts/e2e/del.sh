@@ -12,7 +12,7 @@ weft_start_manager --pod-cidr 10.0.8.0/30
 weft_add_pod x >/dev/null || die "ADD x failed"
 x_ip=$(pod_ip x)
 x_veth=$(weftctl -o json endpoint list | jq -r '.[0].host_ifname')
-no_route() { ! in_node ip route show | grep -q "^$1 "; }
+no_route() { ! in_node ip route show | matches "^$1 "; }
 no_link() { ! in_node ip link show "$1" >/dev/null 2>&1; }
 check "DEL x" weft_del_pod x
 # DEL answers before the kernel's veth teardown; nothing may point at the freed IP by then.

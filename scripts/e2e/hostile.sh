@@ -68,7 +68,7 @@ OTHER_PID= FLOOD=
 trap 'rc=$?; stop_other; [ -n "$FLOOD" ] && kill "$FLOOD" 2>/dev/null; (exit $rc); weft_cleanup' EXIT
 exited() { ! kill -0 "$OTHER_PID" 2>/dev/null; }
 # refused_naming WORD LOG: the other manager exited, and its last words name WORD.
-refused_naming() { exited && tail -3 "$2" | grep -qF "$1"; }
+refused_naming() { exited && tail -3 "$2" | matches -F "$1"; }
 
 weft_make_node
 # An uplink with a LAN and a default route: what a bad pod CIDR would capture.

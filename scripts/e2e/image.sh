@@ -15,7 +15,7 @@ check "scripts/image builds the archive" bash "$WEFT_ROOT/scripts/image" --no-bu
 check "the DaemonSet names this image" grep -q "image: $IMAGE\$" "$WEFT_ROOT/conf/k8s/03-daemonset.yaml"
 ctr() { command ctr --address "$CTRD_SOCK" -n k8s.io "$@"; }
 check "ctr images import takes it" ctr images import --snapshotter overlayfs "$archive"
-listed() { ctr images ls -q | grep -qx "$IMAGE"; }
+listed() { ctr images ls -q | matches -x "$IMAGE"; }
 check "it is listed as $IMAGE" listed
 
 # in_image NAME [--env K=V] CMD...: runs CMD in a fresh container NAME of the image (its own

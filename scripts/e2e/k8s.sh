@@ -92,7 +92,7 @@ has_label() { # POD KEY VALUE
 check "client-b carries its namespace's team label" has_label client-b k8s:io.cilium.k8s.namespace.labels.team billing
 check "server carries its pod label" has_label server k8s:app server
 SRV=$(pod_ip server)
-listed() { weftctl policy list | grep "$1" | grep -q "$2"; }
+listed() { weftctl policy list | grep "$1" | matches "$2"; }
 check "the cluster's NetworkPolicy is listed with its origin" listed allow-ns-team-billing cluster
 
 echo "== upstream: namespaceSelector with matchExpressions (key team, not the namespace name)"
@@ -123,7 +123,7 @@ check "ADDED the named-port policy pushed" push /apis/networking.k8s.io/v1/netwo
 applied() {
   local i
   for i in $(seq 100); do
-    weftctl policy list | grep -q allow-serve-80 && ! weftctl policy list | grep -q allow-ns-team-billing && return 0
+    weftctl policy list | matches allow-serve-80 && ! weftctl policy list | matches allow-ns-team-billing && return 0
     sleep 0.05
   done
   return 1
@@ -141,7 +141,7 @@ check "policy trace resolves the named port like the datapath" test "$trace80" =
 echo "== the policy deleted with its object"
 check "DELETED pushed" push /apis/networking.k8s.io/v1/networkpolicies \
   "$(jq -nc --argjson o "$(np_named_port | jq -c '.metadata.resourceVersion="24"')" '{type:"DELETED",object:$o}')"
-gone() { local i; for i in $(seq 100); do weftctl policy list | grep -q allow-serve-80 || return 0; sleep 0.05; done; return 1; }
+gone() { local i; for i in $(seq 100); do weftctl policy list | matches allow-serve-80 || return 0; sleep 0.05; done; return 1; }
 check "its rules are gone" gone
 check "ops -> server:81 allowed again" tcp_ok server client-c "$SRV" 81
 
@@ -154,7 +154,7 @@ np_egress_named() {
 }
 check "ADDED a policy with an egress named port pushed" push /apis/networking.k8s.io/v1/networkpolicies \
   "$(jq -nc --argjson o "$(np_egress_named)" '{type:"ADDED",object:$o}')"
-rejected() { local i; for i in $(seq 100); do weftctl policy list | grep -q "egress-named.*not supported yet" && return 0; sleep 0.05; done; return 1; }
+rejected() { local i; for i in $(seq 100); do weftctl policy list | matches "egress-named.*not supported yet" && return 0; sleep 0.05; done; return 1; }
 check "policy list shows it rejected, saying why" rejected
 curl -sf --unix-socket "$WEFT_SOCK" http://weft/metrics >"$WEFT_TMP/metrics.txt" || die "scraping /metrics failed"
 sample() { awk -v k="$1" 'substr($0, 1, length(k) + 1) == k " " {print $NF}' "$WEFT_TMP/metrics.txt"; }

@@ -94,7 +94,7 @@ check "weftctl status: kvstore connected" connected 2
 check "app=web has the same identity on nodes 1 and 3" test "$(ident 1 a-web)" = "$(ident 3 c-web)"
 check "identity list on B shows web as a kvstore identity" eval 'ctl 2 -o json identity list | jq -e --argjson id "$(ident 1 a-web)" "any(.[]; .id == \$id and .source == \"kvstore\")"'
 check "B's ipcache maps a-web's IP to web's identity" until_ok 10 in_ipcache 2 "$A_WEB" "$(ident 1 a-web)"
-check "route on A to B's pod CIDR via B's node IP (proto 196)" eval 'in_n 1 ip route show 10.22.0.0/24 proto 196 | grep -q "via 10.99.0.12"'
+check "route on A to B's pod CIDR via B's node IP (proto 196)" eval 'in_n 1 ip route show 10.22.0.0/24 proto 196 | matches "via 10.99.0.12"'
 
 echo "== cross-node matrix, no policy"
 matrix() { # expectation lines: SRC DST_IP allow|deny
@@ -153,7 +153,7 @@ check "pod CIDRs of every node are exempt on A" eval 'exempt 1 10.21.0.9 && exem
 check "a pod on A reaches the outside host" ping_from a-web 10.99.0.200
 ip netns exec "$OUT_NS" timeout 5 nc -n -v -l 8080 >"$WEFT_TMP/outside.log" 2>&1 &
 OUT_PID=$!
-until_ok 5 eval 'ip netns exec "$OUT_NS" ss -Hltn "sport = :8080" | grep -q .'
+until_ok 5 eval 'ip netns exec "$OUT_NS" ss -Hltn "sport = :8080" | matches .'
 in_pod a-web sh -c 'echo hi | timeout 3 nc -N 10.99.0.200 8080' >/dev/null 2>&1
 wait "$OUT_PID" 2>/dev/null
 check "it arrives from node A's address, not the pod's" grep -q "Connection received on 10.99.0.11 " "$WEFT_TMP/outside.log"
@@ -194,13 +194,13 @@ ids_after=$(ctl 1 -o json endpoint list | jq -c '[.[] | {container_id, identity}
 check "A keeps the same identities" test "$ids_before" = "$ids_after"
 sleep $((TTL + 2))
 check "after the old lease expired, B still has A's entries (no flap)" in_ipcache 2 "$A_WEB" "$WEB_ID"
-check "and A's route is still on B" eval 'in_n 2 ip route show 10.21.0.0/24 proto 196 | grep -q "via 10.99.0.11"'
+check "and A's route is still on B" eval 'in_n 2 ip route show 10.21.0.0/24 proto 196 | matches "via 10.99.0.11"'
 
 echo "== node 3 removed for good"
 kill -9 "${MGR[3]}"; wait "${MGR[3]}" 2>/dev/null; MGR[3]=
 check "its lease expires: A and B forget node 3" until_ok $((TTL + 10)) eval 'nodes_are 1 "$(nodens 1) $(nodens 2)" && nodes_are 2 "$(nodens 1) $(nodens 2)"'
 check "its pod IP leaves A's and B's ipcache" eval 'not_in_ipcache 1 "$C_WEB" && not_in_ipcache 2 "$C_WEB"'
-check "its route leaves A and B" eval '! in_n 1 ip route show 10.23.0.0/24 | grep -q . && ! in_n 2 ip route show 10.23.0.0/24 | grep -q .'
+check "its route leaves A and B" eval '! in_n 1 ip route show 10.23.0.0/24 | matches . && ! in_n 2 ip route show 10.23.0.0/24 | matches .'
 check "its pod CIDR leaves A's masquerade exemptions" eval '! exempt 1 10.23.0.9 && exempt 1 10.22.0.9'
 
 echo "== uninstall"
