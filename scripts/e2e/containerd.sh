@@ -142,7 +142,7 @@ BW=$(pod_run bw shop --annotation kubernetes.io/ingress-bandwidth=10M \
 bw_veth=$(ep_of "$BW" | jq -r .host_ifname)
 check "ingress: tbf 10Mbit on the host veth, beside Weft's clsact" \
   bash -c "nsenter --net=/run/netns/$WEFT_NODE tc qdisc show dev $bw_veth | grep -q 'tbf.*rate 10Mbit' &&
-    nsenter --net=/run/netns/$WEFT_NODE tc qdisc show dev $bw_veth | matches clsact"
+    nsenter --net=/run/netns/$WEFT_NODE tc qdisc show dev $bw_veth | grep clsact >/dev/null"
 check "egress: tbf 10Mbit on the pod's eth0" \
   bash -c "nsenter --net=$(pod_netns "$BW") tc qdisc show dev eth0 | grep -q 'tbf.*rate 10Mbit'"
 # iperf3 SERVER_ID CLIENT_ID [-R] → Mbit/s received (client sends; -R: the server sends).
