@@ -1,69 +1,161 @@
 //! The manager's record of what one policy slot holds in the kernel (the diff base of its next
-//! write), packed: 12 bytes per entry in one allocation, against 25–40 bytes per entry in a
-//! `BTreeMap` node (~330 000 entries in today's pod mix: docs/BENCHMARKS.md, "Manager
-//! memory"). A write unpacks its one slot, diffs, and packs what reached the kernel.
+//! write), delta-encoded: each entry is stored as what changed from the one before it in key
+//! order. A slot's entries are one identity's ports after another, so most entries are a flag
+//! byte and a one-byte port step: ~2 bytes each, against 12 packed and 25–40 in a `BTreeMap` node
+//! (~330 000 entries in today's pod mix: docs/BENCHMARKS.md, "Manager memory"). A write
+//! decodes its one slot, diffs, and encodes what reached the kernel.
 
 use super::encode::{Encoded, PolicyBlock};
 use weft_ebpf::{self as abi, PolicyKey};
 
 /// One entry without its slot id (the shadow's key) and with a one-byte prefix length (the
 /// trie's keys have 96 bits of data: the kernel refuses longer prefixes).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Packed {
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Entry {
     identity: u32,
-    dport: u16,
     direction: u8,
     proto: u8,
+    dport: u16,
     prefix_len: u8,
     verdict: u8,
 }
 
 const _: () = assert!(abi::POLICY_FULL_PREFIX <= u8::MAX as u32);
-const _: () = assert!(std::mem::size_of::<Packed>() == 12);
+
+// The flag byte: which fields differ from the previous entry (the first is compared with
+// all zeros). The port step always follows, as a varint.
+const IDENTITY: u8 = 1;
+const DIRECTION: u8 = 2;
+const PROTO: u8 = 4;
+const PREFIX_LEN: u8 = 8;
+const VERDICT: u8 = 16;
 
 /// A slot's installed entries, in key order.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub(crate) struct Shadow(Box<[Packed]>);
+pub(crate) struct Shadow(Box<[u8]>);
 
 impl Shadow {
-    /// Packs a slot's entries.
+    /// Encodes a slot's entries.
     pub(crate) fn pack(encoded: &Encoded) -> Self {
-        Self(
-            encoded
-                .iter()
-                .map(|(b, &verdict)| Packed {
-                    identity: b.key.identity,
-                    dport: b.key.dport,
-                    direction: b.key.direction,
-                    proto: b.key.proto,
-                    // Never saturates: see `Packed`.
-                    prefix_len: u8::try_from(b.prefix_len).unwrap_or(u8::MAX),
-                    verdict,
-                })
-                .collect(),
-        )
+        let mut out = Vec::with_capacity(encoded.len() * 4);
+        let mut prev = Entry::default();
+        for (b, &verdict) in encoded {
+            let e = Entry {
+                identity: b.key.identity,
+                direction: b.key.direction,
+                proto: b.key.proto,
+                dport: b.key.dport,
+                // Never saturates: see `Entry`.
+                prefix_len: u8::try_from(b.prefix_len).unwrap_or(u8::MAX),
+                verdict,
+            };
+            let flag_at = out.len();
+            let mut flags = 0;
+            out.push(0);
+            if e.identity != prev.identity {
+                flags |= IDENTITY;
+                // Keys ascend, so the step is small; wrapping keeps any order exact.
+                put_varint(&mut out, e.identity.wrapping_sub(prev.identity));
+            }
+            for (flag, now, before) in [
+                (DIRECTION, e.direction, prev.direction),
+                (PROTO, e.proto, prev.proto),
+                (PREFIX_LEN, e.prefix_len, prev.prefix_len),
+                (VERDICT, e.verdict, prev.verdict),
+            ] {
+                if now != before {
+                    flags |= flag;
+                    out.push(now);
+                }
+            }
+            // Ports are in network byte order: the next port's step is in the high byte.
+            put_varint(
+                &mut out,
+                u32::from(e.dport.wrapping_sub(prev.dport).swap_bytes()),
+            );
+            out[flag_at] = flags;
+            prev = e;
+        }
+        Self(out.into_boxed_slice())
     }
 
     /// The entries of `slot` as they were packed.
     pub(crate) fn unpack(&self, slot: u32) -> Encoded {
-        self.blocks(slot)
-            .zip(self.0.iter().map(|p| p.verdict))
+        self.entries()
+            .map(|e| (block(slot, &e), e.verdict))
             .collect()
     }
 
     /// The keys of `slot`'s entries, in key order.
     pub(crate) fn blocks(&self, slot: u32) -> impl Iterator<Item = PolicyBlock> + '_ {
-        self.0.iter().map(move |p| PolicyBlock {
-            key: PolicyKey {
-                policy_id: slot,
-                identity: p.identity,
-                direction: p.direction,
-                proto: p.proto,
-                dport: p.dport,
-            },
-            prefix_len: u32::from(p.prefix_len),
+        self.entries().map(move |e| block(slot, &e))
+    }
+
+    fn entries(&self) -> impl Iterator<Item = Entry> + '_ {
+        let mut bytes = self.0.iter().copied();
+        let mut prev = Entry::default();
+        std::iter::from_fn(move || {
+            let flags = bytes.next()?;
+            let mut e = prev;
+            if flags & IDENTITY != 0 {
+                e.identity = prev.identity.wrapping_add(get_varint(&mut bytes));
+            }
+            for (flag, field) in [
+                (DIRECTION, &mut e.direction),
+                (PROTO, &mut e.proto),
+                (PREFIX_LEN, &mut e.prefix_len),
+                (VERDICT, &mut e.verdict),
+            ] {
+                if flags & flag != 0 {
+                    *field = bytes.next().unwrap_or_default();
+                }
+            }
+            // The step was a u16: truncating gives it back.
+            #[allow(clippy::cast_possible_truncation)]
+            let step = (get_varint(&mut bytes) as u16).swap_bytes();
+            e.dport = prev.dport.wrapping_add(step);
+            prev = e;
+            Some(e)
         })
     }
+}
+
+fn block(slot: u32, e: &Entry) -> PolicyBlock {
+    PolicyBlock {
+        key: PolicyKey {
+            policy_id: slot,
+            identity: e.identity,
+            direction: e.direction,
+            proto: e.proto,
+            dport: e.dport,
+        },
+        prefix_len: u32::from(e.prefix_len),
+    }
+}
+
+/// LEB128: seven bits a byte, low first, the high bit set on all but the last.
+fn put_varint(out: &mut Vec<u8>, mut v: u32) {
+    while v >= 0x80 {
+        // Masked to seven bits: the cast keeps them.
+        #[allow(clippy::cast_possible_truncation)]
+        out.push((v as u8 & 0x7f) | 0x80);
+        v >>= 7;
+    }
+    #[allow(clippy::cast_possible_truncation)]
+    out.push(v as u8);
+}
+
+fn get_varint(bytes: &mut impl Iterator<Item = u8>) -> u32 {
+    let mut v = 0u32;
+    let mut shift = 0;
+    for b in bytes.by_ref() {
+        v |= u32::from(b & 0x7f).wrapping_shl(shift);
+        if b & 0x80 == 0 {
+            break;
+        }
+        shift += 7;
+    }
+    v
 }
 
 #[cfg(test)]
@@ -118,5 +210,61 @@ mod tests {
         let shadow = Shadow::pack(&encoded);
         assert_eq!(shadow.unpack(42), encoded);
         assert_eq!(Shadow::pack(&Encoded::new()).unpack(42), Encoded::new());
+    }
+
+    fn raw(identity: u32, direction: u8, proto: u8, dport: u16, prefix_len: u32) -> PolicyBlock {
+        PolicyBlock {
+            key: PolicyKey {
+                policy_id: 9,
+                identity,
+                direction,
+                proto,
+                dport,
+            },
+            prefix_len,
+        }
+    }
+
+    #[test]
+    fn extreme_fields_come_back_exactly() {
+        let mut encoded = Encoded::new();
+        for (i, (identity, dport)) in [
+            (0, 0),
+            (0, u16::MAX),
+            (1, 1),
+            (0x7f, 0x80),
+            (0x3fff, 0x4000),
+            (u32::MAX - 1, 0x8000),
+            (u32::MAX, u16::MAX),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let i = u8::try_from(i).unwrap();
+            encoded.insert(raw(identity, i % 2, 6 + i, dport, 72 + u32::from(i)), i);
+        }
+        let shadow = Shadow::pack(&encoded);
+        assert_eq!(shadow.unpack(9), encoded);
+        assert_eq!(
+            shadow.blocks(9).collect::<Vec<_>>(),
+            encoded.keys().copied().collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
+    fn one_identitys_ports_cost_about_two_bytes_each() {
+        let mut encoded = Encoded::new();
+        for identity in [256, 300, 70_000] {
+            for port in (8000..8100).map(u16::to_be) {
+                encoded.insert(raw(identity, 0, 6, port, abi::POLICY_FULL_PREFIX), 1);
+            }
+        }
+        let shadow = Shadow::pack(&encoded);
+        assert_eq!(shadow.unpack(9), encoded);
+        assert!(
+            shadow.0.len() <= encoded.len() * 2 + 20,
+            "{} bytes",
+            shadow.0.len()
+        );
     }
 }
