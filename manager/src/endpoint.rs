@@ -9,7 +9,7 @@ use std::net::IpAddr;
 use weft_api::{AllocateRequest, Endpoint, EndpointState, IpConfig, RegisterRequest, naming};
 
 use crate::ipam::{IpamError, Pool};
-use crate::store::{Store, StoreError};
+use crate::store::{Flushing, Store, StoreError};
 
 /// Registry failures.
 #[derive(Debug, thiserror::Error)]
@@ -239,6 +239,25 @@ impl Registry {
         Ok(ep)
     }
 
+    /// [`Self::update`] whose write reaches the disk while the caller goes on: durable once the
+    /// returned flush is waited for. The record is current in memory at once.
+    pub fn update_flushing(&mut self, ep: Endpoint) -> Result<Flushing, EndpointError> {
+        if !self.endpoints.contains_key(&ep.id) {
+            return Err(EndpointError::NotFound(ep.id));
+        }
+        self.store.stage_endpoint(&ep, None)?;
+        self.endpoints.insert(ep.id, ep);
+        Ok(self.store.begin_flush())
+    }
+
+    /// Puts back a record that [`Self::update_flushing`] replaced, in memory even when the
+    /// store refuses the write (the error is returned: the disk may still hold the newer one).
+    pub fn revert(&mut self, ep: Endpoint) -> Result<(), EndpointError> {
+        let stored = self.store.put_endpoint(&ep, None);
+        self.endpoints.insert(ep.id, ep);
+        Ok(stored?)
+    }
+
     /// Persists an updated endpoint (same id and owner).
     pub fn update(&mut self, ep: Endpoint) -> Result<Endpoint, EndpointError> {
         if !self.endpoints.contains_key(&ep.id) {
@@ -345,6 +364,46 @@ mod tests {
             host_mac: "02:00:00:00:00:01".into(),
             pod_mac: "02:00:00:00:00:02".into(),
         }
+    }
+
+    fn reg_at(dir: &std::path::Path) -> Registry {
+        let pools = vec![Pool::new("10.0.1.0/29".parse().unwrap())];
+        Registry::open(Store::open(dir).unwrap(), pools).unwrap()
+    }
+
+    #[test]
+    fn a_ready_record_written_during_the_attach_is_on_disk_once_waited_for() {
+        let dir = tempfile::tempdir().unwrap();
+        let id = {
+            let mut r = reg_at(dir.path());
+            let a = r.allocate_test(&req("c1")).unwrap();
+            let ready = r.prepare_ready(a.id, &register(&a)).unwrap();
+            let flushing = r.update_flushing(ready).unwrap();
+            assert_eq!(r.get(a.id).unwrap().state, EndpointState::Ready);
+            flushing.wait().unwrap();
+            a.id
+        };
+        let r = reg_at(dir.path());
+        assert_eq!(r.get(id).unwrap().state, EndpointState::Ready);
+        assert_eq!(r.get(id).unwrap().host_ifindex, Some(7));
+    }
+
+    #[test]
+    fn a_failed_register_reverts_to_the_allocated_record_in_memory_and_on_disk() {
+        let dir = tempfile::tempdir().unwrap();
+        let id = {
+            let mut r = reg_at(dir.path());
+            let a = r.allocate_test(&req("c1")).unwrap();
+            let ready = r.prepare_ready(a.id, &register(&a)).unwrap();
+            let flushing = r.update_flushing(ready).unwrap();
+            flushing.wait().unwrap();
+            r.revert(a.clone()).unwrap();
+            assert_eq!(r.get(a.id), Some(&a));
+            a.id
+        };
+        let r = reg_at(dir.path());
+        assert_eq!(r.get(id).unwrap().state, EndpointState::Allocated);
+        assert_eq!(r.get(id).unwrap().host_ifindex, None);
     }
 
     #[test]

@@ -9,6 +9,28 @@ use weft_api::Endpoint;
 use weft_policy::identity::IdentityKey;
 use weft_policy::rule::Rule;
 
+type FlushFuture = std::pin::Pin<Box<dyn Future<Output = sled::Result<usize>> + Send>>;
+
+/// A flush under way ([`Store::begin_flush`]).
+#[must_use = "the write is durable only once waited for"]
+pub enum Flushing {
+    /// Still writing.
+    Pending(FlushFuture),
+    /// Finished when it was started (nothing was staged).
+    Done(sled::Result<usize>),
+}
+
+impl Flushing {
+    /// Blocks until everything staged before [`Store::begin_flush`] is on disk.
+    pub fn wait(self) -> Result<(), StoreError> {
+        match self {
+            Self::Pending(write) => futures::executor::block_on(write)?,
+            Self::Done(done) => done?,
+        };
+        Ok(())
+    }
+}
+
 /// Store failures.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -271,6 +293,22 @@ impl Store {
         Ok(())
     }
 
+    /// Starts writing everything staged so far to disk on sled's I/O thread and returns at
+    /// once: the caller does other work during the write and [`Flushing::wait`]s for it.
+    pub fn begin_flush(&self) -> Flushing {
+        let db = self.db.clone();
+        let mut write: FlushFuture = Box::pin(async move { db.flush_async().await });
+        // sled hands the flush to its I/O thread when the future is first polled: poll it
+        // now, so the disk works while the caller does.
+        let poll = write
+            .as_mut()
+            .poll(&mut std::task::Context::from_waker(std::task::Waker::noop()));
+        match poll {
+            std::task::Poll::Ready(done) => Flushing::Done(done),
+            std::task::Poll::Pending => Flushing::Pending(write),
+        }
+    }
+
     /// The next endpoint id to hand out.
     pub fn next_endpoint_id(&self) -> Result<u32, StoreError> {
         Ok(self
@@ -313,6 +351,13 @@ impl Store {
 
     /// Writes `ep` and its IP allocations in one transaction; `next_id` advances the id counter.
     pub fn put_endpoint(&self, ep: &Endpoint, next_id: Option<u32>) -> Result<(), StoreError> {
+        self.stage_endpoint(ep, next_id)?;
+        self.db.flush()?;
+        Ok(())
+    }
+
+    /// [`Self::put_endpoint`] without the flush: durable once the next flush of any write ends.
+    pub fn stage_endpoint(&self, ep: &Endpoint, next_id: Option<u32>) -> Result<(), StoreError> {
         let value = encode("an endpoint", ep)?;
         (&self.endpoints, &self.ips, &self.meta).transaction(|(eps, ips, meta)| {
             eps.insert(&ep.id.to_be_bytes(), value.as_slice())?;
@@ -324,7 +369,6 @@ impl Store {
             }
             Ok::<_, ConflictableTransactionError<StoreError>>(())
         })?;
-        self.db.flush()?;
         Ok(())
     }
 

@@ -49,22 +49,29 @@ impl Shadow {
                 prefix_len: u8::try_from(b.prefix_len).unwrap_or(u8::MAX),
                 verdict,
             };
-            let flag_at = out.len();
-            let mut flags = 0;
-            out.push(0);
-            if e.identity != prev.identity {
-                flags |= IDENTITY;
-                // Keys ascend, so the step is small; wrapping keeps any order exact.
-                put_varint(&mut out, e.identity.wrapping_sub(prev.identity));
-            }
-            for (flag, now, before) in [
+            let bytes = [
                 (DIRECTION, e.direction, prev.direction),
                 (PROTO, e.proto, prev.proto),
                 (PREFIX_LEN, e.prefix_len, prev.prefix_len),
                 (VERDICT, e.verdict, prev.verdict),
-            ] {
+            ];
+            let mut flags = if e.identity == prev.identity {
+                0
+            } else {
+                IDENTITY
+            };
+            for (flag, now, before) in bytes {
                 if now != before {
                     flags |= flag;
+                }
+            }
+            out.push(flags);
+            if flags & IDENTITY != 0 {
+                // Keys ascend, so the step is small; wrapping keeps any order exact.
+                put_varint(&mut out, e.identity.wrapping_sub(prev.identity));
+            }
+            for (flag, now, _) in bytes {
+                if flags & flag != 0 {
                     out.push(now);
                 }
             }
@@ -73,7 +80,6 @@ impl Shadow {
                 &mut out,
                 u32::from(e.dport.wrapping_sub(prev.dport).swap_bytes()),
             );
-            out[flag_at] = flags;
             prev = e;
         }
         Self(out.into_boxed_slice())
