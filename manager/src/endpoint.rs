@@ -371,18 +371,20 @@ mod tests {
         Registry::open(Store::open(dir).unwrap(), pools).unwrap()
     }
 
+    /// Allocates, then writes the ready record as a registration does; returns the allocation.
+    fn ready_during_the_attach(r: &mut Registry) -> Endpoint {
+        let a = r.allocate_test(&req("c1")).unwrap();
+        let ready = r.prepare_ready(a.id, &register(&a)).unwrap();
+        let flushing = r.update_flushing(ready).unwrap();
+        assert_eq!(r.get(a.id).unwrap().state, EndpointState::Ready);
+        flushing.wait().unwrap();
+        a
+    }
+
     #[test]
     fn a_ready_record_written_during_the_attach_is_on_disk_once_waited_for() {
         let dir = tempfile::tempdir().unwrap();
-        let id = {
-            let mut r = reg_at(dir.path());
-            let a = r.allocate_test(&req("c1")).unwrap();
-            let ready = r.prepare_ready(a.id, &register(&a)).unwrap();
-            let flushing = r.update_flushing(ready).unwrap();
-            assert_eq!(r.get(a.id).unwrap().state, EndpointState::Ready);
-            flushing.wait().unwrap();
-            a.id
-        };
+        let id = ready_during_the_attach(&mut reg_at(dir.path())).id;
         let r = reg_at(dir.path());
         assert_eq!(r.get(id).unwrap().state, EndpointState::Ready);
         assert_eq!(r.get(id).unwrap().host_ifindex, Some(7));
@@ -393,10 +395,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let id = {
             let mut r = reg_at(dir.path());
-            let a = r.allocate_test(&req("c1")).unwrap();
-            let ready = r.prepare_ready(a.id, &register(&a)).unwrap();
-            let flushing = r.update_flushing(ready).unwrap();
-            flushing.wait().unwrap();
+            let a = ready_during_the_attach(&mut r);
             r.revert(a.clone()).unwrap();
             assert_eq!(r.get(a.id), Some(&a));
             a.id
