@@ -240,14 +240,16 @@ impl Registry {
     }
 
     /// [`Self::update`] whose write reaches the disk while the caller goes on: durable once the
-    /// returned flush is waited for. The record is current in memory at once.
-    pub fn update_flushing(&mut self, ep: Endpoint) -> Result<Flushing, EndpointError> {
-        if !self.endpoints.contains_key(&ep.id) {
-            return Err(EndpointError::NotFound(ep.id));
-        }
+    /// returned flush is waited for. The record is current in memory at once; the one it
+    /// replaced is returned, for [`Self::revert`].
+    pub fn update_flushing(&mut self, ep: Endpoint) -> Result<(Flushing, Endpoint), EndpointError> {
+        let current = self
+            .endpoints
+            .get_mut(&ep.id)
+            .ok_or(EndpointError::NotFound(ep.id))?;
         self.store.stage_endpoint(&ep, None)?;
-        self.endpoints.insert(ep.id, ep);
-        Ok(self.store.begin_flush())
+        let before = std::mem::replace(current, ep);
+        Ok((self.store.begin_flush(), before))
     }
 
     /// Puts back a record that [`Self::update_flushing`] replaced, in memory even when the
@@ -375,7 +377,8 @@ mod tests {
     fn ready_during_the_attach(r: &mut Registry) -> Endpoint {
         let a = r.allocate_test(&req("c1")).unwrap();
         let ready = r.prepare_ready(a.id, &register(&a)).unwrap();
-        let flushing = r.update_flushing(ready).unwrap();
+        let (flushing, before) = r.update_flushing(ready).unwrap();
+        assert_eq!(before, a, "the replaced record comes back");
         assert_eq!(r.get(a.id).unwrap().state, EndpointState::Ready);
         flushing.wait().unwrap();
         a

@@ -16,7 +16,7 @@ type FlushFuture = std::pin::Pin<Box<dyn Future<Output = sled::Result<usize>> + 
 pub enum Flushing {
     /// Still writing.
     Pending(FlushFuture),
-    /// Finished when it was started (nothing was staged).
+    /// Finished at the first poll: sled's I/O thread was done already, or the hand-off failed.
     Done(sled::Result<usize>),
 }
 

@@ -13,11 +13,9 @@ use weft_ebpf::{self as abi, PolicyKey};
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct Entry {
     identity: u32,
-    direction: u8,
-    proto: u8,
     dport: u16,
-    prefix_len: u8,
-    verdict: u8,
+    /// direction, proto, prefix length, verdict: in the order of [`BYTE_FLAGS`].
+    bytes: [u8; 4],
 }
 
 const _: () = assert!(abi::POLICY_FULL_PREFIX <= u8::MAX as u32);
@@ -25,10 +23,7 @@ const _: () = assert!(abi::POLICY_FULL_PREFIX <= u8::MAX as u32);
 // The flag byte: which fields differ from the previous entry (the first is compared with
 // all zeros). The port step always follows, as a varint.
 const IDENTITY: u8 = 1;
-const DIRECTION: u8 = 2;
-const PROTO: u8 = 4;
-const PREFIX_LEN: u8 = 8;
-const VERDICT: u8 = 16;
+const BYTE_FLAGS: [u8; 4] = [2, 4, 8, 16];
 
 /// A slot's installed entries, in key order.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -42,25 +37,22 @@ impl Shadow {
         for (b, &verdict) in encoded {
             let e = Entry {
                 identity: b.key.identity,
-                direction: b.key.direction,
-                proto: b.key.proto,
                 dport: b.key.dport,
                 // Never saturates: see `Entry`.
-                prefix_len: u8::try_from(b.prefix_len).unwrap_or(u8::MAX),
-                verdict,
+                bytes: [
+                    b.key.direction,
+                    b.key.proto,
+                    u8::try_from(b.prefix_len).unwrap_or(u8::MAX),
+                    verdict,
+                ],
             };
-            let bytes = [
-                (DIRECTION, e.direction, prev.direction),
-                (PROTO, e.proto, prev.proto),
-                (PREFIX_LEN, e.prefix_len, prev.prefix_len),
-                (VERDICT, e.verdict, prev.verdict),
-            ];
+            let changed = BYTE_FLAGS.iter().zip(e.bytes).zip(prev.bytes);
             let mut flags = if e.identity == prev.identity {
                 0
             } else {
                 IDENTITY
             };
-            for (flag, now, before) in bytes {
+            for ((flag, now), before) in changed.clone() {
                 if now != before {
                     flags |= flag;
                 }
@@ -70,11 +62,11 @@ impl Shadow {
                 // Keys ascend, so the step is small; wrapping keeps any order exact.
                 put_varint(&mut out, e.identity.wrapping_sub(prev.identity));
             }
-            for (flag, now, _) in bytes {
-                if flags & flag != 0 {
-                    out.push(now);
-                }
-            }
+            out.extend(
+                changed
+                    .filter(|&((flag, _), _)| flags & flag != 0)
+                    .map(|((_, now), _)| now),
+            );
             // Ports are in network byte order: the next port's step is in the high byte.
             put_varint(
                 &mut out,
@@ -88,7 +80,10 @@ impl Shadow {
     /// The entries of `slot` as they were packed.
     pub(crate) fn unpack(&self, slot: u32) -> Encoded {
         self.entries()
-            .map(|e| (block(slot, &e), e.verdict))
+            .map(|e| {
+                let [.., verdict] = e.bytes;
+                (block(slot, &e), verdict)
+            })
             .collect()
     }
 
@@ -106,12 +101,7 @@ impl Shadow {
             if flags & IDENTITY != 0 {
                 e.identity = prev.identity.wrapping_add(get_varint(&mut bytes));
             }
-            for (flag, field) in [
-                (DIRECTION, &mut e.direction),
-                (PROTO, &mut e.proto),
-                (PREFIX_LEN, &mut e.prefix_len),
-                (VERDICT, &mut e.verdict),
-            ] {
+            for (flag, field) in BYTE_FLAGS.iter().zip(&mut e.bytes) {
                 if flags & flag != 0 {
                     *field = bytes.next().unwrap_or_default();
                 }
@@ -127,15 +117,16 @@ impl Shadow {
 }
 
 fn block(slot: u32, e: &Entry) -> PolicyBlock {
+    let [direction, proto, prefix_len, _] = e.bytes;
     PolicyBlock {
         key: PolicyKey {
             policy_id: slot,
             identity: e.identity,
-            direction: e.direction,
-            proto: e.proto,
+            direction,
+            proto,
             dport: e.dport,
         },
-        prefix_len: u32::from(e.prefix_len),
+        prefix_len: u32::from(prefix_len),
     }
 }
 

@@ -633,8 +633,7 @@ impl Manager {
         // longest step of a register. The reply still waits for both. Should the manager die
         // before the datapath is done, its restart finds a ready endpoint whose veth exists
         // and programs it, as for any other; the runtime, which got no answer, retries or DELs.
-        let allocated = st.reg.get(id).cloned();
-        let flushing = st.reg.update_flushing(ep.clone())?;
+        let (flushing, before) = st.reg.update_flushing(ep.clone())?;
         let attached = self.datapath.attach_endpoint(&view);
         st.slots.join(ep.id, view.policy_id);
         let attach_us = t0.elapsed().as_micros();
@@ -650,11 +649,9 @@ impl Manager {
         let ep = match done {
             Ok(()) => ep,
             Err(e) => {
-                // The record goes back to `allocated` without an ifindex, so nothing else would
-                // ever detach what was just attached.
-                if let Some(before) = allocated
-                    && let Err(d) = st.reg.revert(before)
-                {
+                // The record goes back to what it was (`allocated` without an ifindex, for a
+                // first register), so nothing else would ever detach what was just attached.
+                if let Err(d) = st.reg.revert(before) {
                     tracing::error!(endpoint_id = id, "undoing a failed register: {d}");
                 }
                 for ip in &view.ips {
