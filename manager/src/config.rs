@@ -127,6 +127,11 @@ pub struct Cli {
     /// address: IP:PORT, or :PORT for every IPv4 address [default: off; the `DaemonSet` uses :9962].
     #[arg(long, value_name = "ADDR")]
     pub metrics_listen: Option<String>,
+    /// Seconds a label identity (and its policy slot) outlives its last endpoint, so a pod
+    /// replaced by one with the same labels keeps the number and finds its policy written;
+    /// 0 frees it with the endpoint [default: 60].
+    #[arg(long, value_name = "SECS")]
+    pub identity_grace_period: Option<u64>,
 }
 
 /// Cluster state backends.
@@ -177,6 +182,7 @@ struct FileConfig {
     #[serde(default)]
     non_masquerade_cidrs: Vec<ipnet::IpNet>,
     metrics_listen: Option<String>,
+    identity_grace_period: Option<u64>,
 }
 
 /// The resolved settings.
@@ -214,7 +220,12 @@ pub struct Config {
     pub uninstall: bool,
     /// TCP address serving `/metrics` (off when `None`).
     pub metrics_listen: Option<std::net::SocketAddr>,
+    /// How long an identity without endpoints is kept (`--identity-grace-period`).
+    pub identity_grace: std::time::Duration,
 }
+
+/// Default of `--identity-grace-period`, in seconds.
+pub const DEFAULT_IDENTITY_GRACE_S: u64 = 60;
 
 /// Kubernetes mode's settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -281,6 +292,11 @@ impl Config {
                 .map(|s| crate::prom::parse_listen(&s))
                 .transpose()
                 .map_err(|e| ConfigError::Invalid(e.to_string()))?,
+            identity_grace: std::time::Duration::from_secs(
+                cli.identity_grace_period
+                    .or(file.identity_grace_period)
+                    .unwrap_or(DEFAULT_IDENTITY_GRACE_S),
+            ),
         };
         match (
             cli.install_cni_bin.or(file.install_cni_bin),
@@ -450,6 +466,27 @@ mod tests {
         assert!(
             Cli::try_parse_from(["weft-manager", "--non-masquerade-cidrs", "10.0.0.0/33"]).is_err()
         );
+    }
+
+    #[test]
+    fn identity_grace_period_defaults_to_a_minute_and_zero_turns_it_off() {
+        let secs = |args: &[&str]| {
+            let mut all = vec!["weft-manager"];
+            all.extend_from_slice(args);
+            Config::resolve(Cli::parse_from(all))
+                .unwrap()
+                .identity_grace
+                .as_secs()
+        };
+        assert_eq!(secs(&[]), DEFAULT_IDENTITY_GRACE_S);
+        assert_eq!(secs(&["--identity-grace-period", "0"]), 0);
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("m.toml");
+        std::fs::write(&file, "identity_grace_period = 5\n").unwrap();
+        let path = file.to_str().unwrap();
+        assert_eq!(secs(&["--config", path]), 5);
+        assert_eq!(secs(&["--config", path, "--identity-grace-period", "7"]), 7);
+        assert!(Cli::try_parse_from(["weft-manager", "--identity-grace-period", "-1"]).is_err());
     }
 
     #[test]

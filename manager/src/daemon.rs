@@ -353,7 +353,9 @@ pub async fn start(config: &Config) -> Result<(Arc<Manager>, UnixListener), Star
         .list()
         .map(|ep| from_api_labels(&ep.labels))
         .collect();
-    let (policy, _) = PolicyState::restore(store, &label_sets)?;
+    let grace_ms = u64::try_from(config.identity_grace.as_millis()).unwrap_or(u64::MAX);
+    let (policy, _) =
+        PolicyState::restore_with_grace(store, &label_sets, grace_ms, crate::clock::now_ms())?;
     phases.mark("ipam+identities+policy");
 
     let k8s_node = node_name.clone();

@@ -65,6 +65,8 @@ pub struct PolicyState {
     cluster_ids: bool,
     /// Remote identities restored from disk that no kvstore listing has confirmed yet.
     unconfirmed: BTreeSet<Identity>,
+    /// How long a label identity outlives its last endpoint (0: freed with it).
+    identity_grace_ms: u64,
 }
 
 /// Store meta key of the remote identities (kvstore mode): a restart with etcd unreachable
@@ -191,6 +193,18 @@ impl PolicyState {
         store: Store,
         endpoint_labels: impl IntoIterator<Item = &'a LabelSet>,
     ) -> Result<(Self, Effects), PolicyStateError> {
+        Self::restore_with_grace(store, endpoint_labels, 0, 0)
+    }
+
+    /// [`Self::restore`] with an identity grace period ([`Self::set_identity_grace_ms`]): label
+    /// identities no endpoint uses any more are kept idle from `now_ms` instead of released, so
+    /// a restart changes no identity (and trusts the policy slots written for them).
+    pub fn restore_with_grace<'a>(
+        store: Store,
+        endpoint_labels: impl IntoIterator<Item = &'a LabelSet>,
+        grace_ms: u64,
+        now_ms: u64,
+    ) -> Result<(Self, Effects), PolicyStateError> {
         let mut alloc = IdentityAllocator::restore(store.load_identities()?)?;
         let (records, repo) = RuleRecords::load(&store)?;
         let mut ids = store.clone();
@@ -200,6 +214,9 @@ impl PolicyState {
         let mut cache = SelectorCache::build(&alloc, &repo);
         let mut cidrs = CidrReferences::new();
         let sync = cidrs.sync(&repo.cidr_prefixes(), &mut alloc, &mut ids, &mut cache)?;
+        if grace_ms > 0 {
+            alloc.idle_unused_labels(now_ms);
+        }
         for id in alloc.release_unused(&mut ids)? {
             cache.identity_removed(id);
         }
@@ -221,6 +238,7 @@ impl PolicyState {
                 remote: BTreeMap::new(),
                 cluster_ids: false,
                 unconfirmed: BTreeSet::new(),
+                identity_grace_ms: grace_ms,
             },
             effects,
         ))
@@ -368,20 +386,67 @@ impl PolicyState {
         Ok((got.id, effects))
     }
 
-    /// Drops a reference; the identity is freed (and forgotten on disk) with its last one.
+    /// Keeps a label identity that loses its last endpoint for `ms` (idle: same number, still
+    /// selected, still published to the kvstore) before freeing it; 0 frees it at once.
+    pub fn set_identity_grace_ms(&mut self, ms: u64) {
+        self.identity_grace_ms = ms;
+    }
+
+    /// See [`Self::set_identity_grace_ms`].
+    #[must_use]
+    pub fn identity_grace_ms(&self) -> u64 {
+        self.identity_grace_ms
+    }
+
+    /// Drops a reference. With its last one a label identity becomes idle for the grace period
+    /// (nothing changes for policy: a replacement pod with the same labels gets the same number
+    /// back); without a grace period, and for CIDR identities, it is freed (and forgotten on
+    /// disk) at once.
     pub fn release(&mut self, id: Identity) -> Result<Effects, PolicyStateError> {
+        self.release_at(id, crate::clock::now_ms())
+    }
+
+    /// [`Self::release`] at `now_ms`.
+    pub fn release_at(&mut self, id: Identity, now_ms: u64) -> Result<Effects, PolicyStateError> {
+        let labels = matches!(self.alloc.key_of(id), Some(IdentityKey::Labels(_)));
+        if self.identity_grace_ms > 0 && labels {
+            return match self.alloc.release_to_idle(id, now_ms) {
+                Ok(_) | Err(IdentityError::NotAllocated(_)) => Ok(Effects::default()),
+                Err(e) => Err(e.into()),
+            };
+        }
+        let mut ids = self.store.clone();
+        match self.alloc.release(&mut ids, id) {
+            Ok(true) => Ok(self.forgotten(id)),
+            Ok(false) | Err(IdentityError::NotAllocated(_)) => Ok(Effects::default()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Frees the label identities idle for the whole grace period at `now_ms` (housekeeping).
+    pub fn collect_idle_identities(&mut self, now_ms: u64) -> Result<Effects, PolicyStateError> {
         let mut ids = self.store.clone();
         let mut effects = Effects::default();
-        match self.alloc.release(&mut ids, id) {
-            Ok(true) if self.remote.contains_key(&id) => {} // other nodes still use it
-            Ok(true) => {
-                effects.changed = self.cache.identity_removed(id);
-                effects.identities.insert(id);
-            }
-            Ok(false) | Err(IdentityError::NotAllocated(_)) => {}
-            Err(e) => return Err(e.into()),
+        for id in self
+            .alloc
+            .collect_idle(&mut ids, now_ms, self.identity_grace_ms)?
+        {
+            let e = self.forgotten(id);
+            effects.changed.extend(e.changed);
+            effects.identities.extend(e.identities);
         }
         Ok(effects)
+    }
+
+    /// What the selector cache loses with a freed local identity.
+    fn forgotten(&mut self, id: Identity) -> Effects {
+        let mut effects = Effects::default();
+        if !self.remote.contains_key(&id) {
+            // (A remote one stays: other nodes still use it.)
+            effects.changed = self.cache.identity_removed(id);
+            effects.identities.insert(id);
+        }
+        effects
     }
 
     /// A label identity other nodes use (kvstore): the selector cache learns it, so local
@@ -439,12 +504,30 @@ impl PolicyState {
             .map(|(id, l)| (*id, l))
     }
 
-    /// Label identities this node holds references on, for publishing.
+    /// Label identities this node holds references on, idle ones included, for publishing:
+    /// the cluster keeps an idle number for this node, so a pod coming back with the same
+    /// labels never finds it freed or given to other labels meanwhile.
     pub fn held_labels(&self) -> impl Iterator<Item = (Identity, &LabelSet)> {
         self.alloc.iter().filter_map(|(id, key)| match key {
-            IdentityKey::Labels(l) if self.alloc.refcount(id).unwrap_or(0) > 0 => Some((id, l)),
+            IdentityKey::Labels(l)
+                if self.alloc.refcount(id).unwrap_or(0) > 0 || self.alloc.is_idle(id) =>
+            {
+                Some((id, l))
+            }
             _ => None,
         })
+    }
+
+    /// What a local identity (label set or CIDR) stands for; `None` once freed.
+    #[must_use]
+    pub fn identity_key(&self, id: Identity) -> Option<&IdentityKey> {
+        self.alloc.key_of(id)
+    }
+
+    /// Whether `id` is a label identity kept without endpoints for the grace period.
+    #[must_use]
+    pub fn is_idle(&self, id: Identity) -> bool {
+        self.alloc.is_idle(id)
     }
 
     /// Adds rules (same labels replace) and persists the repository.
@@ -558,6 +641,55 @@ mod tests {
         let ids: Vec<_> = st.identities().map(|(id, _, refs)| (id, refs)).collect();
         assert_eq!(ids, vec![(a, 1)], "b had no endpoint left and was released");
         assert_eq!(store.load_identities().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn a_released_identity_stays_idle_for_the_grace_period_then_leaves_the_selectors() {
+        let store = Store::temporary().unwrap();
+        let (mut st, _) = PolicyState::restore(store.clone(), []).unwrap();
+        st.set_identity_grace_ms(60_000);
+        let rules = weft_policy::parse::parse_policy_file(
+            "t.json",
+            r#"[{"labels":[{"key":"name","value":"r"}],"endpointSelector":{"matchLabels":{"app":"db"}},
+                "ingress":[{"fromEndpoints":[{"matchLabels":{"app":"web"}}]}]}]"#,
+        )
+        .unwrap();
+        st.add_rules(rules).unwrap();
+        st.acquire(&labels("db")).unwrap();
+        let (web, added) = st.acquire(&labels("web")).unwrap();
+        assert!(!added.changed.is_empty(), "db's selector gained web");
+        let released = st.release_at(web, 10_000).unwrap();
+        assert!(released.changed.is_empty() && released.identities.is_empty());
+        assert!(st.is_idle(web));
+        assert_eq!(
+            st.held_labels()
+                .map(|(id, _)| id)
+                .filter(|id| *id == web)
+                .count(),
+            1,
+            "an idle identity stays published"
+        );
+        // The replacement pod gets the same number, and nobody is regenerated.
+        let (again, effects) = st.acquire(&labels("web")).unwrap();
+        assert_eq!(again, web);
+        assert!(effects.changed.is_empty());
+        st.release_at(web, 20_000).unwrap();
+        assert!(
+            st.collect_idle_identities(79_999)
+                .unwrap()
+                .changed
+                .is_empty()
+        );
+        let gone = st.collect_idle_identities(80_000).unwrap();
+        assert!(!gone.changed.is_empty(), "db's selector loses web");
+        assert!(gone.identities.contains(&web));
+        assert!(st.local_id(&labels("web")).is_none());
+        assert_eq!(store.load_identities().unwrap().len(), 1, "only db on disk");
+        // Without a grace period the last release frees at once.
+        st.set_identity_grace_ms(0);
+        let (web2, _) = st.acquire(&labels("web")).unwrap();
+        assert!(!st.release_at(web2, 90_000).unwrap().changed.is_empty());
+        assert!(st.local_id(&labels("web")).is_none());
     }
 
     #[test]

@@ -154,6 +154,9 @@ pub async fn housekeeping(manager: std::sync::Arc<Manager>, every: Duration) {
             drain_delete_queue(&manager, queue).await;
         }
         reap_abandoned(&manager, crate::clock::now_ms()).await;
+        if let Err(e) = manager.collect_idle(crate::clock::now_ms()) {
+            tracing::error!("freeing idle identities failed; retrying: {e}");
+        }
         manager.persist_slot_records();
         match manager.repair_if_needed() {
             Ok(true) => tracing::warn!("recomputed every endpoint after a failed regeneration"),

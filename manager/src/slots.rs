@@ -73,6 +73,9 @@ struct Slot {
     /// Restored from a previous run with a matching generation: its entries are what that
     /// run wrote completely.
     trusted: bool,
+    /// Since when (ms) a slot without members is kept for the next endpoint of its key
+    /// ([`SlotTable::mark_idle`]).
+    idle_since: Option<u64>,
 }
 
 /// What a restore found.
@@ -147,6 +150,7 @@ impl SlotTable {
                     digest: record.filter(|_| trusted).map(|rec| rec.digest),
                     generation: if trusted { generation } else { 0 },
                     trusted,
+                    idle_since: None,
                 },
             );
             if trusted {
@@ -199,6 +203,7 @@ impl SlotTable {
                 digest: None,
                 generation: 0,
                 trusted: false,
+                idle_since: None,
             },
         );
         self.by_key.insert(key, slot);
@@ -215,6 +220,7 @@ impl SlotTable {
         }
         if let Some(s) = self.slots.get_mut(&slot) {
             s.members.insert(endpoint_id);
+            s.idle_since = None;
         }
         old.filter(|&o| o != slot)
     }
@@ -251,6 +257,49 @@ impl SlotTable {
     #[must_use]
     pub fn is_unused(&self, slot: u32) -> bool {
         self.slots.get(&slot).is_some_and(|s| s.members.is_empty())
+    }
+
+    /// Keeps `slot`, which has no member, for reuse by the next endpoint of its key (a pod
+    /// replaced by one with the same labels), idle since `now_ms`, until
+    /// [`Self::idle_expired`] hands it back for release. Its entries stay as last written; a
+    /// reuse recomputes the policy and rewrites the slot only if that differs
+    /// (`Manager::prepare_slot`).
+    pub fn mark_idle(&mut self, slot: u32, now_ms: u64) {
+        if let Some(s) = self.slots.get_mut(&slot)
+            && s.members.is_empty()
+            && s.idle_since.is_none()
+        {
+            s.idle_since = Some(now_ms);
+        }
+    }
+
+    /// Whether `slot` is kept idle (no member) for reuse.
+    #[must_use]
+    pub fn is_idle(&self, slot: u32) -> bool {
+        self.slots
+            .get(&slot)
+            .is_some_and(|s| s.members.is_empty() && s.idle_since.is_some())
+    }
+
+    /// Idle slots to release at `now_ms`: idle for at least `grace_ms`, or standing for an
+    /// identity `held` says is gone.
+    #[must_use]
+    pub fn idle_expired(
+        &self,
+        now_ms: u64,
+        grace_ms: u64,
+        held: impl Fn(Identity) -> bool,
+    ) -> Vec<u32> {
+        self.slots
+            .iter()
+            .filter(|(_, s)| s.members.is_empty())
+            .filter(|(_, s)| {
+                s.idle_since.is_some_and(|t| {
+                    now_ms.saturating_sub(t) >= grace_ms || s.key.is_some_and(|k| !held(k.identity))
+                })
+            })
+            .map(|(id, _)| *id)
+            .collect()
     }
 
     /// Forgets a released slot.

@@ -85,6 +85,9 @@ impl IdentityStore for MemoryStore {
 struct Slot {
     key: IdentityKey,
     refs: u64,
+    /// Since when (ms) an identity without references is kept for reuse
+    /// ([`IdentityAllocator::release_to_idle`]); `None` while referenced, and for restored ids.
+    idle_since: Option<u64>,
 }
 
 /// Result of [`IdentityAllocator::acquire`].
@@ -147,7 +150,14 @@ impl IdentityAllocator {
                 IdentityKey::Cidr(_) => a.next_cidr = a.next_cidr.max(id + 1).min(range.1),
             }
             a.by_key.insert(key.clone(), id);
-            a.by_id.insert(id, Slot { key, refs: 0 });
+            a.by_id.insert(
+                id,
+                Slot {
+                    key,
+                    refs: 0,
+                    idle_since: None,
+                },
+            );
         }
         Ok(a)
     }
@@ -171,7 +181,8 @@ impl IdentityAllocator {
                 .get_mut(&id)
                 .ok_or(IdentityError::NotAllocated(id))?;
             slot.refs += 1;
-            // A restored, unreferenced id becomes "new" for nobody: it was already known.
+            slot.idle_since = None;
+            // A restored or idle id becomes "new" for nobody: it was already known.
             return Ok(Acquired { id, new: false });
         }
         let (lo, hi) = Self::range_of(key);
@@ -193,6 +204,7 @@ impl IdentityAllocator {
             Slot {
                 key: key.clone(),
                 refs: 1,
+                idle_since: None,
             },
         );
         let next = if id == hi { lo } else { id + 1 };
@@ -238,6 +250,7 @@ impl IdentityAllocator {
                 });
             };
             slot.refs += 1;
+            slot.idle_since = None;
             return Ok(Acquired { id, new: false });
         }
         Self::check_range(key, id)?;
@@ -254,6 +267,7 @@ impl IdentityAllocator {
             Slot {
                 key: key.clone(),
                 refs: 1,
+                idle_since: None,
             },
         );
         Ok(Acquired { id, new: true })
@@ -281,7 +295,72 @@ impl IdentityAllocator {
         Ok(true)
     }
 
-    /// Frees every restored identity nobody re-acquired; returns the freed ids.
+    /// Drops one reference, but keeps an identity that loses its last one, idle since `now_ms`,
+    /// instead of freeing it: the next endpoint with the same key gets the same number back,
+    /// and nothing that selects it changes (Cilium keeps identities until a GC interval for the
+    /// same reason). [`Self::collect_idle`] frees it later. Returns true when the identity
+    /// became idle. Nothing is written to the store.
+    pub fn release_to_idle(&mut self, id: Identity, now_ms: u64) -> Result<bool, IdentityError> {
+        let slot = self
+            .by_id
+            .get_mut(&id)
+            .filter(|s| s.refs > 0)
+            .ok_or(IdentityError::NotAllocated(id))?;
+        slot.refs -= 1;
+        if slot.refs > 0 {
+            return Ok(false);
+        }
+        slot.idle_since = Some(now_ms);
+        Ok(true)
+    }
+
+    /// Frees the identities idle for at least `grace_ms` at `now_ms`; returns them.
+    pub fn collect_idle(
+        &mut self,
+        store: &mut dyn IdentityStore,
+        now_ms: u64,
+        grace_ms: u64,
+    ) -> Result<Vec<Identity>, IdentityError> {
+        let expired: Vec<Identity> = self
+            .by_id
+            .iter()
+            .filter(|(_, s)| {
+                s.refs == 0
+                    && s.idle_since
+                        .is_some_and(|t| now_ms.saturating_sub(t) >= grace_ms)
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        for id in &expired {
+            store.remove(*id)?;
+            if let Some(slot) = self.by_id.remove(id) {
+                self.by_key.remove(&slot.key);
+            }
+        }
+        Ok(expired)
+    }
+
+    /// Whether `id` is kept without references (see [`Self::release_to_idle`]).
+    #[must_use]
+    pub fn is_idle(&self, id: Identity) -> bool {
+        self.by_id.get(&id).is_some_and(|s| s.idle_since.is_some())
+    }
+
+    /// Keeps every restored label identity nobody re-acquired as idle since `now_ms` (a restart
+    /// inside the grace period changes no number and no selector); returns them.
+    pub fn idle_unused_labels(&mut self, now_ms: u64) -> Vec<Identity> {
+        let mut idle = Vec::new();
+        for (id, s) in &mut self.by_id {
+            if s.refs == 0 && s.idle_since.is_none() && matches!(s.key, IdentityKey::Labels(_)) {
+                s.idle_since = Some(now_ms);
+                idle.push(*id);
+            }
+        }
+        idle
+    }
+
+    /// Frees every restored identity nobody re-acquired and none kept idle; returns the freed
+    /// ids.
     pub fn release_unused(
         &mut self,
         store: &mut dyn IdentityStore,
@@ -289,7 +368,7 @@ impl IdentityAllocator {
         let unused: Vec<Identity> = self
             .by_id
             .iter()
-            .filter(|(_, s)| s.refs == 0)
+            .filter(|(_, s)| s.refs == 0 && s.idle_since.is_none())
             .map(|(id, _)| *id)
             .collect();
         for id in &unused {
@@ -391,6 +470,74 @@ mod tests {
         );
         // Not reused right away.
         assert_eq!(a.acquire(&mut store, &lbl("web")).unwrap().id, 258);
+    }
+
+    #[test]
+    fn an_idle_identity_keeps_its_number_until_collected() {
+        let mut store = MemoryStore::default();
+        let mut a = IdentityAllocator::new();
+        let web = a.acquire(&mut store, &lbl("web")).unwrap().id;
+        a.acquire(&mut store, &lbl("web")).unwrap();
+        assert!(
+            !a.release_to_idle(web, 1_000).unwrap(),
+            "one reference left"
+        );
+        assert!(!a.is_idle(web));
+        assert!(a.release_to_idle(web, 1_000).unwrap());
+        assert!(a.is_idle(web));
+        assert_eq!(a.refcount(web), Some(0));
+        assert!(store.saved.contains_key(&web), "kept on disk while idle");
+        assert_eq!(
+            a.release_to_idle(web, 1_001),
+            Err(IdentityError::NotAllocated(web)),
+            "no reference left to drop"
+        );
+        // Reused while idle: same number, not new, no longer idle.
+        assert_eq!(
+            a.acquire(&mut store, &lbl("web")).unwrap(),
+            Acquired {
+                id: web,
+                new: false
+            }
+        );
+        assert!(!a.is_idle(web));
+        assert!(a.release_to_idle(web, 2_000).unwrap());
+        // Not before the grace period is over; exactly at its end, yes.
+        assert!(a.collect_idle(&mut store, 2_999, 1_000).unwrap().is_empty());
+        let db = a.acquire(&mut store, &lbl("db")).unwrap().id;
+        assert_eq!(a.collect_idle(&mut store, 3_000, 1_000).unwrap(), vec![web]);
+        assert_eq!(a.refcount(web), None);
+        assert!(!store.saved.contains_key(&web));
+        assert_eq!(
+            a.refcount(db),
+            Some(1),
+            "referenced ids are never collected"
+        );
+        assert_ne!(a.acquire(&mut store, &lbl("web")).unwrap().id, web);
+    }
+
+    #[test]
+    fn restored_unclaimed_ids_are_released_or_kept_idle() {
+        let mut store = MemoryStore::default();
+        let cidr = IdentityKey::Cidr("10.0.0.0/8".parse().unwrap());
+        let restored = [(300, lbl("web")), (301, lbl("db")), (1 << 24, cidr)];
+        let mut a = IdentityAllocator::restore(restored.clone()).unwrap();
+        assert!(a.collect_idle(&mut store, u64::MAX, 0).unwrap().is_empty());
+        assert_eq!(
+            a.release_unused(&mut store).unwrap(),
+            vec![300, 301, 1 << 24]
+        );
+
+        let mut a = IdentityAllocator::restore(restored).unwrap();
+        a.acquire(&mut store, &lbl("db")).unwrap();
+        assert_eq!(
+            a.idle_unused_labels(5),
+            vec![300],
+            "labels only, unclaimed only"
+        );
+        assert_eq!(a.release_unused(&mut store).unwrap(), vec![1 << 24]);
+        assert!(a.is_idle(300));
+        assert_eq!(a.collect_idle(&mut store, 15, 10).unwrap(), vec![300]);
     }
 
     #[test]

@@ -18,6 +18,18 @@ stats() {
 }
 median() { read -r _ m _ _ <<<"$(stats "$@")"; echo "$m"; }
 
+# installed_plugin PATH NAME: copies a built weft-cni into this run's CNI bin dir
+# ($WEFT_TMP/cni-bin/NAME) and prints the copy's path. A plugin runs from where it was
+# installed by a copy (`weft-manager --install-cni-bin`, an image's init step), as ptp runs from
+# /usr/lib/cni where dpkg put it; never from cargo's target dir. The same bytes exec'd from the
+# linker's output (written piecewise) took 158 page faults per ADD against 140 for a copy, and
+# 0.3 ms more CPU and wall time, interleaved in one run (docs/BENCHMARKS.md, session 11).
+installed_plugin() {
+  mkdir -p "$WEFT_TMP/cni-bin" || die "cannot create $WEFT_TMP/cni-bin"
+  cp "$1" "$WEFT_TMP/cni-bin/$2" || die "cannot install $1 into $WEFT_TMP/cni-bin"
+  echo "$WEFT_TMP/cni-bin/$2"
+}
+
 # Pod i's labels. MIX=mixed (default): 25 apps, 3 tiers, 2 zones -> up to 150 label sets
 # (identities) for 250 pods, so selectors match several identities. MIX=deployment: 25
 # deployments whose replicas share all labels (tier and zone follow the app) -> 25 identities,

@@ -51,12 +51,14 @@ start_etcd() {
 stop_etcd() { kill "$ETCD_PID" 2>/dev/null; wait "$ETCD_PID" 2>/dev/null; ETCD_PID=; }
 start_etcd || die "etcd did not start (log: $WEFT_TMP/etcd.log)"
 
+# A short identity grace period (default 60 s): the check that a freed identity leaves the
+# other nodes sees it within seconds.
 start_mgr() { # N [extra flags]
   local n=$1; shift
   mkdir -p "$WEFT_TMP/n$n"
   nsenter --net="/run/netns/$(nodens "$n")" "$WEFT_BIN/weft-manager" --state-dir "$WEFT_TMP/n$n/state" \
     --socket "$(sock "$n")" --bpffs "${WEFT_BPFFS}-n$n" --node-name "$(nodens "$n")" --pod-cidr "10.2$n.0.0/24" \
-    --kvstore etcd --kvstore-endpoints "$ETCD_URL" --kvstore-lease-ttl "$TTL" "$@" >>"$WEFT_TMP/n$n/manager.log" 2>&1 &
+    --kvstore etcd --kvstore-endpoints "$ETCD_URL" --kvstore-lease-ttl "$TTL" --identity-grace-period 2 "$@" >>"$WEFT_TMP/n$n/manager.log" 2>&1 &
   MGR[$n]=$!
   ctl "$n" status --wait 20 >/dev/null
 }
@@ -139,7 +141,7 @@ A_TMP=$(pod_ip a-tmp); TMP_ID=$(ident 1 a-tmp)
 check "a new label set on A is known on B" until_ok 10 in_ipcache 2 "$A_TMP" "$TMP_ID"
 del_pod 1 a-tmp >/dev/null
 check "pod deleted on A: its IP leaves B's ipcache" until_ok 10 not_in_ipcache 2 "$A_TMP"
-check "its now unused identity leaves B" until_ok 10 eval '! ctl 2 -o json identity list | jq -e --argjson id "$TMP_ID" "any(.[]; .id == \$id)"'
+check "its now unused identity leaves B once A's grace period is over" until_ok 15 eval '! ctl 2 -o json identity list | jq -e --argjson id "$TMP_ID" "any(.[]; .id == \$id)"'
 
 echo "== masquerade: leaving the cluster with the node's address"
 # An "outside" host on the underlay with no route to any pod CIDR: a pod's packet only gets an

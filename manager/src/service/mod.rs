@@ -628,6 +628,7 @@ impl Manager {
         let labels = from_api_labels(&ep.labels);
         view.policy_id =
             self.prepare_slot(&mut st, ep.identity, &labels, &self.named_ports(&ep))?;
+        let slot_us = t0.elapsed().as_micros();
         ep.policy_revision = st.pol.repo().revision();
         // The ready record goes to disk while the programs attach: its write (~0.3 ms) was the
         // longest step of a register. The reply still waits for both. Should the manager die
@@ -678,6 +679,7 @@ impl Manager {
             host_ifname = %ep.host_ifname,
             revision = ep.policy_revision,
             policy_slot = view.policy_id,
+            slot_us,
             attach_us,
             datapath_us,
             us = t_req.elapsed().as_micros(),
@@ -747,7 +749,7 @@ impl Manager {
         }
         self.flush_ipcache(st)?;
         if let Some(slot) = st.slots.leave(id) {
-            self.release_if_unused(st, slot)?;
+            self.retire_slot(st, slot)?;
         }
         let deleted = st.reg.forget(id)?;
         if let Some(gone) = &deleted

@@ -385,7 +385,7 @@ impl Manager {
                     view.policy_id = slot;
                     self.datapath.attach_endpoint(&view)?;
                     if let Some(old) = st.slots.join(ep.id, slot) {
-                        self.release_if_unused(&mut st, old)?;
+                        self.retire_slot(&mut st, old)?;
                     }
                     Ok(())
                 });

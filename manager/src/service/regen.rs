@@ -164,7 +164,43 @@ impl Manager {
         }
         self.datapath.switch_slot(endpoint_id, slot)?;
         if let Some(old) = st.slots.join(endpoint_id, slot) {
-            self.release_if_unused(st, old)?;
+            self.retire_slot(st, old)?;
+        }
+        Ok(())
+    }
+
+    /// A slot lost a member: without members it is kept idle for the identity grace period
+    /// (the next pod with the same labels finds its entries written), or released at once
+    /// when there is none.
+    pub(crate) fn retire_slot(&self, st: &mut State, slot: u32) -> Result<(), ManagerError> {
+        if st.pol.identity_grace_ms() > 0 {
+            st.slots.mark_idle(slot, crate::clock::now_ms());
+            return Ok(());
+        }
+        self.release_if_unused(st, slot)
+    }
+
+    /// Housekeeping: frees the label identities and policy slots idle for the whole grace
+    /// period at `now_ms`. Peers selecting a freed identity lose its entries.
+    pub fn collect_idle(&self, now_ms: u64) -> Result<(), ManagerError> {
+        let mut st = self.state();
+        let effects = st.pol.collect_idle_identities(now_ms)?;
+        let grace = st.pol.identity_grace_ms();
+        let pol = &st.pol;
+        let expired = st
+            .slots
+            .idle_expired(now_ms, grace, |id| pol.identity_key(id).is_some());
+        for slot in &expired {
+            self.release_if_unused(&mut st, *slot)?;
+        }
+        if !effects.identities.is_empty() {
+            tracing::info!(identities = ?effects.identities, slots = expired.len(), "idle identities freed");
+            self.poke_cluster();
+            if let Err(e) = self.regenerate_users(&mut st, &effects) {
+                // The identities are gone already: the repair recomputes every endpoint.
+                self.mark_needs_regeneration();
+                return Err(e);
+            }
         }
         Ok(())
     }
@@ -191,6 +227,11 @@ impl Manager {
         let (slot, created) = st.slots.ensure(SlotKey::new(identity, named));
         if created || st.slots.digest(slot).is_none() || st.slots.is_unused(slot) {
             let policy = st.pol.compute(labels, named);
+            // An idle slot was not regenerated while nobody used it: its entries are what it
+            // last held completely (`digest`). Rewritten only if the policy moved since.
+            if st.slots.digest(slot) == Some(crate::datapath::policy_digest(&policy)) {
+                return Ok(slot);
+            }
             let written = self.write_slot(st, slot, &policy);
             if written.is_err() && st.slots.is_unused(slot) {
                 // Nobody points at it: remove what may have been written.
@@ -280,7 +321,18 @@ impl Manager {
         // Every ready endpoint runs this datapath's programs now: only from here may the next
         // start trust them (docs/DATAPATH.md, "Program pins").
         self.datapath.commit_programs()?;
-        let unused = st.slots.unused();
+        // A slot nobody uses whose write is trusted, for an identity kept idle, stays idle as
+        // it was before the restart; the others are read back (to know what to delete) and
+        // released.
+        let (idle, unused): (Vec<u32>, Vec<u32>) = st.slots.unused().into_iter().partition(|s| {
+            st.pol.identity_grace_ms() > 0
+                && restored.trusted.contains(s)
+                && st.slots.key(*s).is_some_and(|k| st.pol.is_idle(k.identity))
+        });
+        let now = crate::clock::now_ms();
+        for slot in &idle {
+            st.slots.mark_idle(*slot, now);
+        }
         let read_back: BTreeSet<u32> = restored
             .untrusted
             .iter()
@@ -296,6 +348,7 @@ impl Manager {
         tracing::info!(
             slots = st.slots.len(),
             trusted = restored.trusted.len(),
+            idle = idle.len(),
             read_back = read_back.len(),
             reattached = n,
             ready = ready.len(),

@@ -1,7 +1,7 @@
 //! Policy slots through the manager's operations, over the fake datapath: sharing by identity,
 //! reference counting, the order of a label change's switch, and the restart's trust decision.
 
-use super::test_support::{fake_manager_on, ready_pod};
+use super::test_support::{fake_manager_on, fake_manager_with_grace, ready_pod};
 use super::*;
 use crate::datapath::{FakeCall, FakeDatapath};
 use crate::hostnet::FakeHostNet;
@@ -310,4 +310,133 @@ fn verify_reports_a_filter_that_does_not_run_the_programs() {
         "{:?}",
         r.problems
     );
+}
+
+#[test]
+fn a_pod_replaced_within_the_grace_period_finds_its_identity_and_slot_then_both_expire() {
+    let dp = Arc::new(FakeDatapath::default());
+    let m = manager_on(&Store::temporary().unwrap(), &dp);
+    m.state().pol.set_identity_grace_ms(60_000);
+    m.import_policy("p.json", RULES).unwrap();
+    let db = pod(&m, "d", "db");
+    let w0 = pod(&m, "w0", "web");
+    let (web, slot) = (w0.identity, dp.slot_of(w0.id).unwrap());
+    let db_slot = dp.slot_of(db.id).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+
+    dp.clear_calls();
+    rt.block_on(m.delete("w0", "eth0")).unwrap();
+    assert!(
+        !dp.calls().contains(&FakeCall::ReleaseSlot(slot)),
+        "kept idle"
+    );
+    let touches = |calls: &[FakeCall], slot: u32| {
+        calls.iter().any(|c| {
+            matches!(c, FakeCall::ApplyPolicy(s) | FakeCall::ApplyPolicyIdentities(s, _) if *s == slot)
+        })
+    };
+    assert!(!touches(&dp.calls(), db_slot), "db's peers did not change");
+    let idle = m.identities().into_iter().find(|i| i.id == web).unwrap();
+    assert_eq!(idle.references, 0);
+    assert_consistent(&m, "an idle slot in the maps");
+
+    dp.clear_calls();
+    let w1 = pod(&m, "w1", "web");
+    assert_eq!((w1.identity, dp.slot_of(w1.id)), (web, Some(slot)));
+    assert!(
+        !dp.calls()
+            .iter()
+            .any(|c| matches!(c, FakeCall::ApplyPolicy(_))),
+        "nothing to write: {:?}",
+        dp.calls()
+    );
+    assert_consistent(&m, "reused");
+
+    // A change while the slot is idle is not applied to it; its next user rewrites it.
+    rt.block_on(m.delete("w1", "eth0")).unwrap();
+    m.delete_policy(&["r=1".into()], false).unwrap();
+    dp.clear_calls();
+    let w2 = pod(&m, "w2", "web");
+    assert_eq!(dp.slot_of(w2.id), Some(slot));
+    assert!(dp.calls().contains(&FakeCall::ApplyPolicy(slot)));
+    assert_consistent(&m, "reused after a change");
+
+    // Past the grace period: the slot goes, the number goes, db's policy loses web.
+    rt.block_on(m.delete("w2", "eth0")).unwrap();
+    let now = crate::clock::now_ms();
+    dp.clear_calls();
+    m.collect_idle(now).unwrap();
+    assert!(dp.calls().is_empty(), "not yet: {:?}", dp.calls());
+    m.collect_idle(now + 60_000).unwrap();
+    assert!(dp.calls().contains(&FakeCall::ReleaseSlot(slot)));
+    assert!(
+        touches(&dp.calls(), db_slot),
+        "db loses web: {:?}",
+        dp.calls()
+    );
+    assert!(m.identities().iter().all(|i| i.id != web));
+    assert_eq!(dp.slots().len(), 1);
+    assert_consistent(&m, "expired");
+    let w3 = pod(&m, "w3", "web");
+    assert_ne!(
+        w3.identity, web,
+        "a freed number is not handed out again soon"
+    );
+}
+
+#[test]
+fn a_restart_keeps_idle_identities_and_their_trusted_slots_without_reading_them_back() {
+    let store = Store::temporary().unwrap();
+    let dp = Arc::new(FakeDatapath::default());
+    let with_grace = |grace_ms| {
+        let m = fake_manager_with_grace(
+            &store,
+            Arc::new(FakeHostNet::default()),
+            dp.clone(),
+            grace_ms,
+        );
+        dp.clear_calls();
+        m.readopt().unwrap();
+        m.reconcile_datapath().unwrap();
+        m.regenerate_all().unwrap();
+        m
+    };
+    let m = with_grace(60_000);
+    m.import_policy("p.json", RULES).unwrap();
+    let _db = pod(&m, "d", "db");
+    let w0 = pod(&m, "w0", "web");
+    let slot = dp.slot_of(w0.id).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(m.delete("w0", "eth0")).unwrap();
+    m.persist_slot_records();
+    drop(m);
+
+    // Nothing changed while down: the idle identity and its slot are as they were.
+    let m = with_grace(60_000);
+    assert!(loaded(&dp).is_empty(), "{:?}", dp.calls());
+    assert_eq!(slot_writes(&dp), 0, "{:?}", dp.calls());
+    assert!(dp.slots().contains(&slot));
+    let idle = m.identities().into_iter().find(|i| i.id == w0.identity);
+    assert_eq!(idle.map(|i| i.references), Some(0));
+    assert_consistent(&m, "idle slot restored");
+    dp.clear_calls();
+    let w1 = pod(&m, "w1", "web");
+    assert_eq!((w1.identity, dp.slot_of(w1.id)), (w0.identity, Some(slot)));
+    assert_eq!(slot_writes(&dp), 0, "{:?}", dp.calls());
+    rt.block_on(m.delete("w1", "eth0")).unwrap();
+    m.persist_slot_records();
+    drop(m);
+
+    // Without a grace period the restart frees both: the slot is read back and released.
+    let m = with_grace(0);
+    assert_eq!(loaded(&dp), BTreeSet::from([slot]));
+    assert!(!dp.slots().contains(&slot));
+    assert!(m.identities().iter().all(|i| i.id != w0.identity));
+    assert_consistent(&m, "no grace");
 }

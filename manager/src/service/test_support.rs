@@ -22,6 +22,16 @@ pub(crate) fn fake_manager_on(
     net: Arc<FakeHostNet>,
     dp: Arc<FakeDatapath>,
 ) -> Manager {
+    fake_manager_with_grace(store, net, dp, 0)
+}
+
+/// The same with an identity grace period of `grace_ms` (`--identity-grace-period`).
+pub(crate) fn fake_manager_with_grace(
+    store: &Store,
+    net: Arc<FakeHostNet>,
+    dp: Arc<FakeDatapath>,
+    grace_ms: u64,
+) -> Manager {
     let cidr = crate::node::select(
         &crate::node::NodeManifest::default(),
         &["10.0.1.0/24".into()],
@@ -31,7 +41,9 @@ pub(crate) fn fake_manager_on(
     let reg = Registry::open(store.clone(), vec![crate::ipam::Pool::new(cidr[0].cidr)])
         .expect("registry");
     let labels: Vec<_> = reg.list().map(|ep| from_api_labels(&ep.labels)).collect();
-    let (pol, _) = PolicyState::restore(store.clone(), &labels).expect("policy state");
+    let (pol, _) =
+        PolicyState::restore_with_grace(store.clone(), &labels, grace_ms, crate::clock::now_ms())
+            .expect("policy state");
     Manager::new("n".into(), cidr, reg, pol, net, dp)
 }
 
