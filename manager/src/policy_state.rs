@@ -628,6 +628,16 @@ mod tests {
         LabelSet::for_pod("default", [("app", app)])
     }
 
+    /// One rule: app=db admits app=web.
+    fn db_from_web() -> Vec<Rule> {
+        weft_policy::parse::parse_policy_file(
+            "t.json",
+            r#"[{"labels":[{"key":"name","value":"r"}],"endpointSelector":{"matchLabels":{"app":"db"}},
+                "ingress":[{"fromEndpoints":[{"matchLabels":{"app":"web"}}]}]}]"#,
+        )
+        .unwrap()
+    }
+
     #[test]
     fn identities_survive_a_restart_with_the_same_ids() {
         let store = Store::temporary().unwrap();
@@ -648,13 +658,7 @@ mod tests {
         let store = Store::temporary().unwrap();
         let (mut st, _) = PolicyState::restore(store.clone(), []).unwrap();
         st.set_identity_grace_ms(60_000);
-        let rules = weft_policy::parse::parse_policy_file(
-            "t.json",
-            r#"[{"labels":[{"key":"name","value":"r"}],"endpointSelector":{"matchLabels":{"app":"db"}},
-                "ingress":[{"fromEndpoints":[{"matchLabels":{"app":"web"}}]}]}]"#,
-        )
-        .unwrap();
-        st.add_rules(rules).unwrap();
+        st.add_rules(db_from_web()).unwrap();
         st.acquire(&labels("db")).unwrap();
         let (web, added) = st.acquire(&labels("web")).unwrap();
         assert!(!added.changed.is_empty(), "db's selector gained web");
@@ -701,13 +705,7 @@ mod tests {
             st.acquire(&labels("web")),
             Err(PolicyStateError::NeedsCluster(_))
         ));
-        let rules = weft_policy::parse::parse_policy_file(
-            "t.json",
-            r#"[{"labels":[{"key":"name","value":"r"}],"endpointSelector":{"matchLabels":{"app":"db"}},
-                "ingress":[{"fromEndpoints":[{"matchLabels":{"app":"web"}}]}]}]"#,
-        )
-        .unwrap();
-        st.add_rules(rules).unwrap();
+        st.add_rules(db_from_web()).unwrap();
         let e = st.remote_identity_added(300, labels("web"));
         assert_eq!(e.identities, [300].into());
         assert!(

@@ -331,13 +331,23 @@ impl IdentityAllocator {
             })
             .map(|(id, _)| *id)
             .collect();
-        for id in &expired {
+        self.forget(store, &expired)?;
+        Ok(expired)
+    }
+
+    /// Removes `ids` from the store, then from both tables.
+    fn forget(
+        &mut self,
+        store: &mut dyn IdentityStore,
+        ids: &[Identity],
+    ) -> Result<(), IdentityError> {
+        for id in ids {
             store.remove(*id)?;
             if let Some(slot) = self.by_id.remove(id) {
                 self.by_key.remove(&slot.key);
             }
         }
-        Ok(expired)
+        Ok(())
     }
 
     /// Whether `id` is kept without references (see [`Self::release_to_idle`]).
@@ -371,12 +381,7 @@ impl IdentityAllocator {
             .filter(|(_, s)| s.refs == 0 && s.idle_since.is_none())
             .map(|(id, _)| *id)
             .collect();
-        for id in &unused {
-            store.remove(*id)?;
-            if let Some(slot) = self.by_id.remove(id) {
-                self.by_key.remove(&slot.key);
-            }
-        }
+        self.forget(store, &unused)?;
         Ok(unused)
     }
 
