@@ -11,7 +11,7 @@
 
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use weft_policy::mapstate::Identity;
+use weft_policy::mapstate::{EndpointPolicy, Identity};
 use weft_policy::rule::NamedPorts;
 
 use crate::store::{Store, StoreError};
@@ -53,12 +53,36 @@ fn fnv(bytes: &[u8]) -> u64 {
     h
 }
 
-/// The persisted part of a slot.
+/// A slot's enforcement flags: whether its members' ingress and egress are policed at all.
+/// The kernel keeps them only in its members' `endpoints` entries, so a slot kept without
+/// members across a restart has them from its record alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Enforcement {
+    /// Ingress is enforced.
+    pub ingress: bool,
+    /// Egress is enforced.
+    pub egress: bool,
+}
+
+impl Enforcement {
+    /// The flags `policy` gives its endpoints.
+    #[must_use]
+    pub fn of(policy: &EndpointPolicy) -> Self {
+        Self {
+            ingress: policy.ingress_enforced,
+            egress: policy.egress_enforced,
+        }
+    }
+}
+
+/// The persisted part of a slot. A record from before `enforcement` existed does not parse:
+/// its slot is read back and rewritten, as one without a record.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct Record {
     key: SlotKey,
     generation: u64,
     digest: u64,
+    enforcement: Enforcement,
 }
 
 #[derive(Debug, Clone)]
@@ -68,6 +92,8 @@ struct Slot {
     members: BTreeSet<u32>,
     /// Digest of the contents, when known to be complete.
     digest: Option<u64>,
+    /// The flags of the last complete whole-policy write.
+    enforcement: Option<Enforcement>,
     /// Generation of the last complete write (0: none yet, or one failed).
     generation: u64,
     /// Restored from a previous run with a matching generation: its entries are what that
@@ -148,6 +174,7 @@ impl SlotTable {
                     key,
                     members: BTreeSet::new(),
                     digest: record.filter(|_| trusted).map(|rec| rec.digest),
+                    enforcement: record.filter(|_| trusted).map(|rec| rec.enforcement),
                     generation: if trusted { generation } else { 0 },
                     trusted,
                     idle_since: None,
@@ -201,6 +228,7 @@ impl SlotTable {
                 key: Some(key),
                 members: BTreeSet::new(),
                 digest: None,
+                enforcement: None,
                 generation: 0,
                 trusted: false,
                 idle_since: None,
@@ -313,26 +341,44 @@ impl SlotTable {
         self.unpersisted.insert(slot);
     }
 
-    /// Starts a write of `slot`: its contents are unknown until [`Self::written`]. Returns the
-    /// generation to write.
-    pub fn begin_write(&mut self, slot: u32) -> u64 {
+    /// Starts a write of `slot`: its contents are unknown until [`Self::written`], and so are
+    /// its enforcement flags if the write is of a `whole` policy. Returns the generation to
+    /// write.
+    pub fn begin_write(&mut self, slot: u32, whole: bool) -> u64 {
         let generation = self.next_generation;
         self.next_generation += 1;
         if let Some(s) = self.slots.get_mut(&slot) {
             s.digest = None;
             s.generation = 0;
             s.trusted = false;
+            if whole {
+                s.enforcement = None;
+            }
         }
         self.unpersisted.insert(slot);
         generation
     }
 
-    /// A write of `slot` completed at `generation`, leaving contents with `digest`.
-    pub fn written(&mut self, slot: u32, generation: u64, digest: u64) {
+    /// A write of `slot` completed at `generation`, leaving contents with `digest`, and the
+    /// flags `enforcement` (`None`: a write of some identities' entries, which keeps them).
+    pub fn written(
+        &mut self,
+        slot: u32,
+        generation: u64,
+        digest: u64,
+        enforcement: Option<Enforcement>,
+    ) {
         if let Some(s) = self.slots.get_mut(&slot) {
             s.digest = Some(digest);
             s.generation = generation;
+            s.enforcement = enforcement.or(s.enforcement);
         }
+    }
+
+    /// The enforcement flags of a slot's last complete write, if known.
+    #[must_use]
+    pub fn enforcement(&self, slot: u32) -> Option<Enforcement> {
+        self.slots.get(&slot).and_then(|s| s.enforcement)
     }
 
     /// The digest of a slot's complete contents, if known.
@@ -373,15 +419,18 @@ impl SlotTable {
         let mut remove = Vec::new();
         for slot in &self.unpersisted {
             match self.slots.get(slot) {
-                Some(s) => match (s.key, s.digest) {
-                    (Some(key), Some(digest)) if s.generation != 0 => put.push((
-                        *slot,
-                        Record {
-                            key,
-                            generation: s.generation,
-                            digest,
-                        },
-                    )),
+                Some(s) => match (s.key, s.digest, s.enforcement) {
+                    (Some(key), Some(digest), Some(enforcement)) if s.generation != 0 => {
+                        put.push((
+                            *slot,
+                            Record {
+                                key,
+                                generation: s.generation,
+                                digest,
+                                enforcement,
+                            },
+                        ));
+                    }
                     _ => remove.push(*slot),
                 },
                 None => remove.push(*slot),

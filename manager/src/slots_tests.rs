@@ -4,6 +4,11 @@ fn key(identity: Identity) -> SlotKey {
     SlotKey::new(identity, &NamedPorts::new())
 }
 
+const ENFORCED: Enforcement = Enforcement {
+    ingress: true,
+    egress: false,
+};
+
 #[test]
 fn same_key_shares_a_slot_and_named_ports_split_it() {
     let mut t = SlotTable::new(Store::temporary().unwrap());
@@ -50,8 +55,8 @@ fn restore_trusts_only_matching_complete_generations() {
     let (c, _) = t.ensure(key(302));
     let mut kernel = BTreeMap::new();
     for slot in [a, b, c] {
-        let generation = t.begin_write(slot);
-        t.written(slot, generation, 7);
+        let generation = t.begin_write(slot, true);
+        t.written(slot, generation, 7, Some(ENFORCED));
         kernel.insert(slot, generation);
     }
     t.persist(Some(42)).unwrap();
@@ -72,7 +77,7 @@ fn restore_trusts_only_matching_complete_generations() {
     assert_eq!(r.key(9), None);
     // New generations are above every one seen, in the store or in the kernel.
     let mut r = r;
-    assert!(r.begin_write(a) > kernel[&c]);
+    assert!(r.begin_write(a, true) > kernel[&c]);
     // Other inputs: nothing is trusted without recompute.
     let (_, restored) = SlotTable::restore(store, &kernel, 43).unwrap();
     assert!(!restored.inputs_unchanged);
@@ -83,11 +88,11 @@ fn a_failed_write_is_never_persisted_as_complete() {
     let store = Store::temporary().unwrap();
     let mut t = SlotTable::new(store.clone());
     let (a, _) = t.ensure(key(300));
-    let g1 = t.begin_write(a);
-    t.written(a, g1, 1);
+    let g1 = t.begin_write(a, true);
+    t.written(a, g1, 1, Some(ENFORCED));
     t.persist(Some(1)).unwrap();
     // A second write starts and fails: no `written`.
-    let _g2 = t.begin_write(a);
+    let _g2 = t.begin_write(a, false);
     t.persist(None).unwrap();
     let kernel = BTreeMap::from([(a, g1)]);
     let (_, restored) = SlotTable::restore(store, &kernel, 1).unwrap();
@@ -99,4 +104,33 @@ fn a_failed_write_is_never_persisted_as_complete() {
         !restored.inputs_unchanged,
         "inputs cleared by persist(None)"
     );
+}
+
+#[test]
+fn enforcement_survives_a_restart_and_only_a_whole_write_forgets_it() {
+    let store = Store::temporary().unwrap();
+    let mut t = SlotTable::new(store.clone());
+    let (a, _) = t.ensure(key(300));
+    let g = t.begin_write(a, true);
+    t.written(a, g, 1, Some(ENFORCED));
+    // A write of some identities' entries keeps the flags.
+    let g = t.begin_write(a, false);
+    t.written(a, g, 2, None);
+    assert_eq!(t.enforcement(a), Some(ENFORCED));
+    t.persist(Some(1)).unwrap();
+    let kernel = BTreeMap::from([(a, g)]);
+    let (r, restored) = SlotTable::restore(store.clone(), &kernel, 1).unwrap();
+    assert_eq!(restored.trusted, BTreeSet::from([a]));
+    assert_eq!(r.enforcement(a), Some(ENFORCED));
+
+    // A whole write that fails leaves them unknown: never persisted as complete.
+    let _ = t.begin_write(a, true);
+    assert_eq!(t.enforcement(a), None);
+    let g = t.begin_write(a, false);
+    t.written(a, g, 3, None);
+    t.persist(Some(1)).unwrap();
+    let kernel = BTreeMap::from([(a, g)]);
+    let (r, restored) = SlotTable::restore(store, &kernel, 1).unwrap();
+    assert!(restored.trusted.is_empty(), "no record without flags");
+    assert_eq!(r.enforcement(a), None);
 }

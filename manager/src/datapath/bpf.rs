@@ -250,6 +250,11 @@ impl Datapath for BpfDatapath {
         self.lock().switch_slot(endpoint_id, slot)
     }
 
+    fn restore_slot_flags(&self, slot: u32, ingress_enforced: bool, egress_enforced: bool) {
+        self.lock()
+            .restore_slot_flags(slot, ingress_enforced, egress_enforced);
+    }
+
     fn release_slot(&self, slot: u32) -> Result<(), DatapathError> {
         self.lock().release_slot(slot)
     }

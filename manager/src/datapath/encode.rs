@@ -227,14 +227,24 @@ pub fn digest(encoded: &Encoded, flags: u32) -> u64 {
 /// The [`digest`] a slot holding `policy` has.
 #[must_use]
 pub fn policy_digest(policy: &EndpointPolicy) -> u64 {
+    digest(&encode_policy(0, policy), enforcement_flags(policy))
+}
+
+/// The `endpoints` entry's enforcement bits of `policy`.
+pub(crate) fn enforcement_flags(policy: &EndpointPolicy) -> u32 {
+    flag_bits(policy.ingress_enforced, policy.egress_enforced)
+}
+
+/// The `endpoints` entry's enforcement bits.
+pub(crate) fn flag_bits(ingress: bool, egress: bool) -> u32 {
     let mut flags = 0;
-    if policy.ingress_enforced {
+    if ingress {
         flags |= abi::EP_INGRESS_ENFORCED;
     }
-    if policy.egress_enforced {
+    if egress {
         flags |= abi::EP_EGRESS_ENFORCED;
     }
-    digest(&encode_policy(0, policy), flags)
+    flags
 }
 
 /// What to change to go from `old` to `new`: upserts (new or changed) to write first, then the

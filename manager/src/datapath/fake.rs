@@ -44,6 +44,11 @@ struct State {
     endpoints: BTreeMap<u32, EndpointDatapath>,
     /// Policy per slot.
     policies: BTreeMap<u32, EndpointPolicy>,
+    /// The enforcement flags in each endpoint's kernel entry (ingress, egress).
+    entry_flags: BTreeMap<u32, (bool, bool)>,
+    /// What the datapath process knows of each slot's flags: like the real one's, lost with
+    /// the process ([`FakeDatapath::reopen`]) except where a member's entry has them.
+    slot_flags: BTreeMap<u32, (bool, bool)>,
     generations: BTreeMap<u32, u64>,
     ipcache: BTreeMap<ipnet::IpNet, crate::ipcache::Value>,
     fail_attach: bool,
@@ -53,6 +58,13 @@ struct State {
     committed: bool,
     /// Endpoints whose filters do not run the current programs.
     tampered: BTreeSet<u32>,
+}
+
+impl State {
+    /// The flags an entry pointing at `slot` gets: unknown ones are none, as in the kernel.
+    fn flags_of(&self, slot: u32) -> (bool, bool) {
+        self.slot_flags.get(&slot).copied().unwrap_or_default()
+    }
 }
 
 /// The fake. `FakeDatapath::default()` starts empty.
@@ -104,6 +116,18 @@ impl FakeDatapath {
     #[must_use]
     pub fn slots(&self) -> BTreeSet<u32> {
         self.state().policies.keys().copied().collect()
+    }
+
+    /// A new datapath process over the same kernel state (a manager restart): what it knows of
+    /// slot flags comes from the endpoints' entries only.
+    pub fn reopen(&self) {
+        let mut s = self.state();
+        let known: BTreeMap<u32, (bool, bool)> = s
+            .endpoints
+            .values()
+            .filter_map(|ep| Some((ep.policy_id, *s.entry_flags.get(&ep.endpoint_id)?)))
+            .collect();
+        s.slot_flags = known;
     }
 
     /// Overwrites a slot's generation (tests of the restart's trust decision).
@@ -172,6 +196,8 @@ impl Datapath for FakeDatapath {
                 ep.host_ifname
             )));
         }
+        let flags = s.flags_of(ep.policy_id);
+        s.entry_flags.insert(ep.endpoint_id, flags);
         s.endpoints.insert(ep.endpoint_id, ep.clone());
         s.tampered.remove(&ep.endpoint_id);
         Ok(())
@@ -180,7 +206,10 @@ impl Datapath for FakeDatapath {
     fn readopt_endpoint(&self, ep: &EndpointDatapath) -> Result<bool, DatapathError> {
         {
             let mut s = self.state();
-            if s.reused && s.endpoints.get(&ep.endpoint_id) == Some(ep) {
+            if s.reused
+                && s.endpoints.get(&ep.endpoint_id) == Some(ep)
+                && s.entry_flags.get(&ep.endpoint_id) == Some(&s.flags_of(ep.policy_id))
+            {
                 s.calls.push(FakeCall::ReadoptKept(ep.endpoint_id));
                 return Ok(false);
             }
@@ -219,6 +248,7 @@ impl Datapath for FakeDatapath {
         let mut s = self.state();
         s.calls.push(FakeCall::Detach(ep.endpoint_id));
         s.endpoints.remove(&ep.endpoint_id);
+        s.entry_flags.remove(&ep.endpoint_id);
         Ok(())
     }
 
@@ -231,6 +261,17 @@ impl Datapath for FakeDatapath {
         let mut s = self.state();
         s.calls.push(FakeCall::ApplyPolicy(slot));
         s.policies.insert(slot, policy.clone());
+        let flags = (policy.ingress_enforced, policy.egress_enforced);
+        s.slot_flags.insert(slot, flags);
+        let members: Vec<u32> = s
+            .endpoints
+            .values()
+            .filter(|e| e.policy_id == slot)
+            .map(|e| e.endpoint_id)
+            .collect();
+        for ep in members {
+            s.entry_flags.insert(ep, flags);
+        }
         s.generations.insert(slot, generation);
         Ok(fake_digest(slot, policy))
     }
@@ -258,8 +299,10 @@ impl Datapath for FakeDatapath {
     fn switch_slot(&self, endpoint_id: u32, slot: u32) -> Result<(), DatapathError> {
         let mut s = self.state();
         s.calls.push(FakeCall::SwitchSlot(endpoint_id, slot));
+        let flags = s.flags_of(slot);
         if let Some(ep) = s.endpoints.get_mut(&endpoint_id) {
             ep.policy_id = slot;
+            s.entry_flags.insert(endpoint_id, flags);
         }
         Ok(())
     }
@@ -269,7 +312,15 @@ impl Datapath for FakeDatapath {
         s.calls.push(FakeCall::ReleaseSlot(slot));
         s.policies.remove(&slot);
         s.generations.remove(&slot);
+        s.slot_flags.remove(&slot);
         Ok(())
+    }
+
+    fn restore_slot_flags(&self, slot: u32, ingress_enforced: bool, egress_enforced: bool) {
+        self.state()
+            .slot_flags
+            .entry(slot)
+            .or_insert((ingress_enforced, egress_enforced));
     }
 
     fn slot_generations(&self) -> Result<BTreeMap<u32, u64>, DatapathError> {
@@ -312,15 +363,19 @@ impl Datapath for FakeDatapath {
             .endpoints
             .values()
             .map(|ep| {
-                let p = s.policies.get(&ep.policy_id);
+                let (ingress_enforced, egress_enforced) = s
+                    .entry_flags
+                    .get(&ep.endpoint_id)
+                    .copied()
+                    .unwrap_or_default();
                 (
                     ep.endpoint_id,
                     super::KernelEndpoint {
                         ifindex: ep.host_ifindex,
                         identity: ep.identity,
                         policy_id: ep.policy_id,
-                        ingress_enforced: p.is_some_and(|p| p.ingress_enforced),
-                        egress_enforced: p.is_some_and(|p| p.egress_enforced),
+                        ingress_enforced,
+                        egress_enforced,
                         mac: ep.pod_mac,
                         ips: ep.ips.clone(),
                     },
@@ -364,6 +419,7 @@ impl Datapath for FakeDatapath {
             .collect();
         for id in &stale {
             s.endpoints.remove(id);
+            s.entry_flags.remove(id);
         }
         Ok(stale)
     }

@@ -105,6 +105,13 @@ pub trait Datapath: Send + Sync {
     /// changes slot and enforcement flags together.
     fn switch_slot(&self, endpoint_id: u32, slot: u32) -> Result<(), DatapathError>;
 
+    /// Gives a slot nobody points at its enforcement flags: those of its last whole write, kept
+    /// by the manager. A restarted datapath learns a slot's flags from its members' `endpoints`
+    /// entries, the only place the kernel has them, so a slot kept idle across a restart has
+    /// none until told; the next endpoint pointed at it gets them. Flags the kernel's entries
+    /// gave it already are kept.
+    fn restore_slot_flags(&self, slot: u32, ingress_enforced: bool, egress_enforced: bool);
+
     /// Removes every entry of a slot no endpoint points at any more, then its generation.
     fn release_slot(&self, slot: u32) -> Result<(), DatapathError>;
 

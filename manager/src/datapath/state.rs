@@ -2,7 +2,9 @@
 //! in-memory mirrors needed to diff policies and find endpoints by id.
 
 use super::batch;
-use super::encode::{Encoded, PolicyBlock, diff, digest, encode_entries, encode_policy};
+use super::encode::{
+    Encoded, PolicyBlock, diff, digest, encode_entries, encode_policy, enforcement_flags, flag_bits,
+};
 use super::error::DatapathError;
 use super::shadow::Shadow;
 use super::types::EndpointDatapath;
@@ -126,17 +128,6 @@ pub(crate) fn ipcache_key(prefix: ipnet::IpNet) -> Key<abi::IpcacheKey> {
         abi::IPCACHE_FIXED_PREFIX + u32::from(prefix.prefix_len()),
         data,
     )
-}
-
-fn enforcement_flags(policy: &EndpointPolicy) -> u32 {
-    let mut flags = 0;
-    if policy.ingress_enforced {
-        flags |= abi::EP_INGRESS_ENFORCED;
-    }
-    if policy.egress_enforced {
-        flags |= abi::EP_EGRESS_ENFORCED;
-    }
-    flags
 }
 
 const ENFORCE_MASK: u32 = abi::EP_INGRESS_ENFORCED | abi::EP_EGRESS_ENFORCED;
@@ -331,6 +322,13 @@ impl Maps {
             }
         }
         Ok(())
+    }
+
+    /// See [`super::Datapath::restore_slot_flags`].
+    pub(crate) fn restore_slot_flags(&mut self, slot: u32, ingress: bool, egress: bool) {
+        self.slot_flags
+            .entry(slot)
+            .or_insert(flag_bits(ingress, egress));
     }
 
     /// Gives every member of `slot` the slot's enforcement flags.

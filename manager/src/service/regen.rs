@@ -108,13 +108,13 @@ impl Manager {
         entries: &BTreeMap<PolicyEntry, Verdict>,
     ) -> Result<(), ManagerError> {
         let t0 = std::time::Instant::now();
-        let generation = st.slots.begin_write(slot);
+        let generation = st.slots.begin_write(slot, false);
         let digest = self
             .datapath
             .apply_policy_identities(slot, identities, entries, generation)
             .inspect_err(|_| self.prom.regeneration_failed())?;
         self.prom.regenerated(t0.elapsed());
-        st.slots.written(slot, generation, digest);
+        st.slots.written(slot, generation, digest, None);
         tracing::debug!(
             slot,
             identities = identities.len(),
@@ -134,13 +134,15 @@ impl Manager {
         policy: &EndpointPolicy,
     ) -> Result<(), ManagerError> {
         let t0 = std::time::Instant::now();
-        let generation = st.slots.begin_write(slot);
+        let generation = st.slots.begin_write(slot, true);
         let digest = self
             .datapath
             .apply_policy(slot, policy, generation)
             .inspect_err(|_| self.prom.regeneration_failed())?;
         self.prom.regenerated(t0.elapsed());
-        st.slots.written(slot, generation, digest);
+        let enforcement = crate::slots::Enforcement::of(policy);
+        st.slots
+            .written(slot, generation, digest, Some(enforcement));
         tracing::debug!(
             slot,
             entries = policy.entries.len(),
@@ -322,16 +324,19 @@ impl Manager {
         // start trust them (docs/DATAPATH.md, "Program pins").
         self.datapath.commit_programs()?;
         // A slot nobody uses whose write is trusted, for an identity kept idle, stays idle as
-        // it was before the restart; the others are read back (to know what to delete) and
-        // released.
+        // it was before the restart, with the enforcement flags its record kept (no member's
+        // entry holds them); the others are read back (to know what to delete) and released.
         let (idle, unused): (Vec<u32>, Vec<u32>) = st.slots.unused().into_iter().partition(|s| {
             st.pol.identity_grace_ms() > 0
                 && restored.trusted.contains(s)
                 && st.slots.key(*s).is_some_and(|k| st.pol.is_idle(k.identity))
         });
         let now = crate::clock::now_ms();
-        for slot in &idle {
-            st.slots.mark_idle(*slot, now);
+        for &slot in &idle {
+            st.slots.mark_idle(slot, now);
+            if let Some(e) = st.slots.enforcement(slot) {
+                self.datapath.restore_slot_flags(slot, e.ingress, e.egress);
+            }
         }
         let read_back: BTreeSet<u32> = restored
             .untrusted

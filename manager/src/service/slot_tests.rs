@@ -429,6 +429,10 @@ fn a_restart_keeps_idle_identities_and_their_trusted_slots_without_reading_them_
     let w1 = pod(&m, "w1", "web");
     assert_eq!((w1.identity, dp.slot_of(w1.id)), (w0.identity, Some(slot)));
     assert_eq!(slot_writes(&dp), 0, "{:?}", dp.calls());
+    assert_consistent(
+        &m,
+        "idle slot reused after a restart, with its enforcement flags",
+    );
     rt.block_on(m.delete("w1", "eth0")).unwrap();
     m.persist_slot_records();
     drop(m);

@@ -32,6 +32,8 @@ pub(crate) fn fake_manager_with_grace(
     dp: Arc<FakeDatapath>,
     grace_ms: u64,
 ) -> Manager {
+    // A manager is a new process: its datapath knows no more than the kernel maps hold.
+    dp.reopen();
     let cidr = crate::node::select(
         &crate::node::NodeManifest::default(),
         &["10.0.1.0/24".into()],
