@@ -26,29 +26,6 @@ pub struct PolicyBlock {
     pub prefix_len: u32,
 }
 
-impl PolicyBlock {
-    /// The blocks of one policy slot and peer identity in an [`Encoded`].
-    pub(crate) fn identity_range(
-        policy_id: u32,
-        identity: u32,
-    ) -> std::ops::RangeInclusive<PolicyBlock> {
-        let key = |direction, proto, dport| PolicyKey {
-            policy_id,
-            identity,
-            direction,
-            proto,
-            dport,
-        };
-        PolicyBlock {
-            key: key(0, 0, 0),
-            prefix_len: 0,
-        }..=PolicyBlock {
-            key: key(u8::MAX, u8::MAX, u16::MAX),
-            prefix_len: u32::MAX,
-        }
-    }
-}
-
 /// Encoded policy of a slot: block → `VERDICT_ALLOW` or `VERDICT_DENY`.
 pub type Encoded = BTreeMap<PolicyBlock, u8>;
 
@@ -206,6 +183,11 @@ pub fn lookup_encoded(
 /// builds (it is persisted): FNV-1a over the key bytes, prefix lengths and verdicts, in order.
 #[must_use]
 pub fn digest(encoded: &Encoded, flags: u32) -> u64 {
+    digest_sorted(encoded.iter().map(|(b, v)| (*b, *v)), flags)
+}
+
+/// The [`digest`] of entries given in key order.
+pub(crate) fn digest_sorted(entries: impl Iterator<Item = (PolicyBlock, u8)>, flags: u32) -> u64 {
     const PRIME: u64 = 0x0000_0100_0000_01b3;
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     let mut feed = |bytes: &[u8]| {
@@ -214,12 +196,12 @@ pub fn digest(encoded: &Encoded, flags: u32) -> u64 {
         }
     };
     feed(&flags.to_le_bytes());
-    for (b, v) in encoded {
+    for (b, v) in entries {
         feed(&b.prefix_len.to_le_bytes());
         feed(&b.key.identity.to_le_bytes());
         feed(&[b.key.direction, b.key.proto]);
         feed(&b.key.dport.to_le_bytes());
-        feed(&[*v]);
+        feed(&[v]);
     }
     h
 }

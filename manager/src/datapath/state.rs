@@ -3,7 +3,8 @@
 
 use super::batch;
 use super::encode::{
-    Encoded, PolicyBlock, diff, digest, encode_entries, encode_policy, enforcement_flags, flag_bits,
+    Encoded, PolicyBlock, diff, digest_sorted, encode_entries, encode_policy, enforcement_flags,
+    flag_bits,
 };
 use super::error::DatapathError;
 use super::shadow::Shadow;
@@ -285,15 +286,6 @@ impl Maps {
         Ok(())
     }
 
-    /// A slot's installed entries, taken out of the shadow for a write (which puts back what
-    /// reached the kernel).
-    fn take_installed(&mut self, slot: u32) -> Encoded {
-        self.installed
-            .remove(&slot)
-            .map(|s| s.unpack(slot))
-            .unwrap_or_default()
-    }
-
     fn set_generation(&mut self, slot: u32, generation: u64) -> Result<(), DatapathError> {
         self.policy_gen
             .insert(slot, generation, 0)
@@ -389,11 +381,11 @@ impl Maps {
     ) -> Result<u64, DatapathError> {
         self.ensure_loaded(slot)?;
         let new = encode_policy(slot, policy);
-        let current = self.take_installed(slot);
-        let (upserts, removes) = diff(&current, &new);
+        let base = self.installed.remove(&slot).unwrap_or_default();
+        let (upserts, removes) = diff(&base.unpack(slot), &new);
         self.write(
             slot,
-            current,
+            &base,
             &upserts,
             &removes,
             Some(enforcement_flags(policy)),
@@ -412,28 +404,29 @@ impl Maps {
     ) -> Result<u64, DatapathError> {
         self.ensure_loaded(slot)?;
         let new = encode_entries(slot, entries);
-        let current = self.take_installed(slot);
-        let old: Encoded = identities
-            .iter()
-            .flat_map(|&id| current.range(PolicyBlock::identity_range(slot, id)))
-            .map(|(b, v)| (*b, *v))
+        let base = self.installed.remove(&slot).unwrap_or_default();
+        let old: Encoded = base
+            .iter(slot)
+            .filter(|(b, _)| identities.contains(&b.key.identity))
             .collect();
         let (upserts, removes) = diff(&old, &new);
-        self.write(slot, current, &upserts, &removes, None, generation)
+        self.write(slot, &base, &upserts, &removes, None, generation)
     }
 
-    /// Writes a diff into the policy map and records in `installed` exactly what reached the
-    /// kernel, also after a failure half-way. The slot's generation is 0 while it is written
-    /// and `generation` once it is complete. Returns the digest of the slot's contents.
+    /// Writes a diff into the policy map over `base` (the slot's shadow, taken out of
+    /// `installed`) and records in `installed` exactly what reached the kernel, also after a
+    /// failure half-way. The slot's generation is 0 while it is written and `generation` once
+    /// it is complete. Returns the digest of the slot's contents.
     fn write(
         &mut self,
         slot: u32,
-        mut current: Encoded,
+        base: &Shadow,
         upserts: &[(PolicyBlock, u8)],
         removes: &[PolicyBlock],
         flags: Option<u32>,
         generation: u64,
     ) -> Result<u64, DatapathError> {
+        let (mut upserts_done, mut removes_done) = (0, 0);
         let result = (|| {
             self.set_generation(slot, 0)?;
             // Add-before-delete (Cilium #46927): the union of old and new never drops a packet
@@ -447,24 +440,28 @@ impl Maps {
                 })
                 .collect();
             let written = batch::update(self.policy_fd(), &keys, &values);
-            let done = written.as_ref().map_or_else(|e| e.done, |()| upserts.len());
-            current.extend(upserts.iter().take(done).copied());
+            upserts_done = written.as_ref().map_or_else(|e| e.done, |()| upserts.len());
             written.map_err(batch_error)?;
             if let Some(flags) = flags {
                 self.set_slot_flags(slot, flags)?;
             }
             let keys: Vec<LpmKey> = removes.iter().map(LpmKey::of).collect();
             let deleted = batch::delete(self.policy_fd(), &keys);
-            let done = deleted.as_ref().map_or_else(|e| e.done, |()| removes.len());
-            for block in removes.iter().take(done) {
-                current.remove(block);
-            }
+            removes_done = deleted.as_ref().map_or_else(|e| e.done, |()| removes.len());
             deleted.map_err(batch_error)?;
             self.set_generation(slot, generation)
         })();
+        // Upserts and removes are disjoint (`diff`); a remove is the later write.
+        let reached: BTreeMap<PolicyBlock, Option<u8>> = upserts
+            .iter()
+            .take(upserts_done)
+            .map(|&(b, v)| (b, Some(v)))
+            .chain(removes.iter().take(removes_done).map(|&b| (b, None)))
+            .collect();
+        let shadow = base.merged(slot, &reached);
         let flags = self.slot_flags.get(&slot).copied().unwrap_or(0);
-        let print = digest(&current, flags);
-        self.installed.insert(slot, Shadow::pack(&current));
+        let print = digest_sorted(shadow.iter(slot), flags);
+        self.installed.insert(slot, shadow);
         result.map(|()| print)
     }
 
