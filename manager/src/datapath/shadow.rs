@@ -85,12 +85,7 @@ impl Shadow {
 
     /// The entries of `slot` as they were packed.
     pub(crate) fn unpack(&self, slot: u32) -> Encoded {
-        self.entries()
-            .map(|e| {
-                let [.., verdict] = e.bytes;
-                (block(slot, &e), verdict)
-            })
-            .collect()
+        self.iter(slot).collect()
     }
 
     /// The entries of `slot`, in key order, without building a map.
@@ -130,7 +125,7 @@ impl Shadow {
 
     /// The keys of `slot`'s entries, in key order.
     pub(crate) fn blocks(&self, slot: u32) -> impl Iterator<Item = PolicyBlock> + '_ {
-        self.entries().map(move |e| block(slot, &e))
+        self.iter(slot).map(|(b, _)| b)
     }
 
     fn entries(&self) -> impl Iterator<Item = Entry> + '_ {
@@ -263,6 +258,20 @@ mod tests {
         }
     }
 
+    /// An allowed ingress TCP entry per identity and port.
+    fn ports_of(identities: [u32; 3], ports: std::ops::Range<u16>) -> Encoded {
+        identities
+            .into_iter()
+            .flat_map(|identity| ports.clone().map(move |port| (identity, port)))
+            .map(|(identity, port)| {
+                (
+                    raw(identity, 0, 6, port.to_be(), abi::POLICY_FULL_PREFIX),
+                    1,
+                )
+            })
+            .collect()
+    }
+
     #[test]
     fn extreme_fields_come_back_exactly() {
         let mut encoded = Encoded::new();
@@ -291,12 +300,7 @@ mod tests {
 
     #[test]
     fn one_identitys_ports_cost_about_two_bytes_each() {
-        let mut encoded = Encoded::new();
-        for identity in [256, 300, 70_000] {
-            for port in (8000..8100).map(u16::to_be) {
-                encoded.insert(raw(identity, 0, 6, port, abi::POLICY_FULL_PREFIX), 1);
-            }
-        }
+        let encoded = ports_of([256, 300, 70_000], 8000..8100);
         let shadow = Shadow::pack(&encoded);
         assert_eq!(shadow.unpack(9), encoded);
         assert!(
@@ -308,12 +312,7 @@ mod tests {
 
     #[test]
     fn a_merge_equals_decoding_changing_and_encoding_again() {
-        let mut encoded = Encoded::new();
-        for identity in [256, 300, 70_000] {
-            for port in (8000..8050).map(u16::to_be) {
-                encoded.insert(raw(identity, 0, 6, port, abi::POLICY_FULL_PREFIX), 1);
-            }
-        }
+        let encoded = ports_of([256, 300, 70_000], 8000..8050);
         let shadow = Shadow::pack(&encoded);
         let mut changes = BTreeMap::new();
         // A changed verdict, removals (first, middle and last entries), inserts before the

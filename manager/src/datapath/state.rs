@@ -478,11 +478,8 @@ impl Maps {
         let deleted = batch::delete(self.policy_fd(), &keys);
         if let Err(e) = deleted {
             if let Some(shadow) = self.installed.get_mut(&slot) {
-                let mut current = shadow.unpack(slot);
-                for block in blocks.iter().take(e.done) {
-                    current.remove(block);
-                }
-                *shadow = Shadow::pack(&current);
+                let removed = blocks.iter().take(e.done).map(|&b| (b, None)).collect();
+                *shadow = shadow.merged(slot, &removed);
             }
             return Err(batch_error(e));
         }
