@@ -148,6 +148,8 @@ fn compute_from(
     opts: ComputeOptions,
     only: Option<&BTreeSet<Identity>>,
 ) -> EndpointPolicy {
+    let only = only.map(Only::new);
+    let only = only.as_ref();
     let mut out = EndpointPolicy::default();
     for dir in [Direction::Ingress, Direction::Egress] {
         let rules: Vec<&Rule> = selecting
@@ -189,39 +191,57 @@ fn entry(direction: Direction, identity: Identity, pp: PortProto) -> PolicyEntry
     PolicyEntry::new(direction, identity, pp.proto, pp.lo, pp.hi)
 }
 
+/// `only` with what a peer's identities are checked against: `only` without the by-IP bit,
+/// and the wildcard 0, sorted (built once per computation, not per peer).
+struct Only<'a> {
+    identities: &'a BTreeSet<Identity>,
+    candidates: Vec<Identity>,
+}
+
+impl<'a> Only<'a> {
+    fn new(identities: &'a BTreeSet<Identity>) -> Self {
+        let candidates: BTreeSet<Identity> = std::iter::once(reserved::ANY)
+            .chain(identities.iter().map(|&id| id & !reserved::BY_IP))
+            .collect();
+        Self {
+            identities,
+            candidates: candidates.into_iter().collect(),
+        }
+    }
+}
+
 fn expand(
     pr: &PeerRule,
     named: &NamedPorts,
     dir: Direction,
     cache: &SelectorCache,
-    only: Option<&BTreeSet<Identity>>,
+    only: Option<&Only<'_>>,
     out: &mut BTreeSet<PolicyEntry>,
 ) {
-    let resolved = pr.resolved_ports(named);
-    let ports: &[PortProto] = &resolved;
+    // Resolved on first use: a restricted computation matches few of its rules' peers.
+    let mut resolved: Option<Vec<PortProto>> = None;
     for peer in &pr.peers {
         let ids = cache.identities(peer);
         let by_ip = matches!(peer, PeerSelector::Cidr(c) if c.match_pods);
         let mut add = |id: Identity| {
+            let ports: &[PortProto] = resolved.get_or_insert_with(|| pr.resolved_ports(named));
             out.extend(ports.iter().map(|&pp| entry(dir, id, pp)));
             // A Kubernetes ipBlock also matches pods by IP: the by-IP twin of each of its CIDR
             // identities (the datapath looks it up with the pod's `cidr_identity`).
             if by_ip && id >= reserved::FIRST_CIDR {
                 let twin = reserved::by_ip(id);
-                if only.is_none_or(|o| o.contains(&twin)) {
+                if only.is_none_or(|o| o.identities.contains(&twin)) {
                     out.extend(ports.iter().map(|&pp| entry(dir, twin, pp)));
                 }
             }
         };
         match only {
             None => ids.iter().for_each(|&id| add(id)),
-            Some(only) => std::iter::once(&reserved::ANY)
-                .chain(only)
-                .map(|&id| id & !reserved::BY_IP)
-                .collect::<BTreeSet<_>>()
-                .into_iter()
+            Some(only) => only
+                .candidates
+                .iter()
                 .filter(|id| ids.contains(id))
-                .for_each(add),
+                .for_each(|&id| add(id)),
         }
     }
 }

@@ -77,24 +77,33 @@ impl Default for Repository {
 
 /// Labels that name a rule for replacement. Rules from Kubernetes objects are replaced as a
 /// whole object (kind, namespace, name — not uid, so a re-created object replaces its old
-/// version); other rules by all their labels.
-fn replace_key(rule: &Rule) -> Vec<&Label> {
-    let derived = [
+/// version); other rules by all their labels. Empty: the rule replaces nothing.
+fn replace_key(rule: &Rule) -> impl Iterator<Item = &Label> {
+    const DERIVED: [&str; 3] = [
         keys::POLICY_DERIVED_FROM,
         keys::POLICY_NAME,
         keys::POLICY_NAMESPACE,
     ];
-    let k8s: Vec<&Label> = rule
+    let k8s = |l: &Label| l.source == source::K8S && DERIVED.contains(&l.key.as_str());
+    let object = rule
         .labels
         .iter()
-        .filter(|l| l.source == source::K8S && derived.contains(&l.key.as_str()))
-        .collect();
-    if k8s.iter().any(|l| l.key == keys::POLICY_DERIVED_FROM) {
-        k8s
-    } else {
-        rule.labels.iter().collect()
-    }
+        .any(|l| l.source == source::K8S && l.key == keys::POLICY_DERIVED_FROM);
+    rule.labels.iter().filter(move |l| !object || k8s(l))
 }
+
+/// True when an incoming rule replaces a rule with `labels`: its key is non-empty and
+/// contained in them.
+fn replaces(incoming: &Rule, labels: &LabelSet) -> bool {
+    let mut key = replace_key(incoming).peekable();
+    key.peek().is_some() && labels.contains_all(key)
+}
+
+/// Old rules × incoming keys up to which the rules an import replaces are found by testing
+/// each key directly; above it, through a [`ReplaceIndex`]. A re-imported file names most of
+/// its rules by position ([`Incoming::Existing`]); those replace themselves, so only the few
+/// rules it does not name are tested, and building the index would cost more than that.
+const DIRECT_TESTS: usize = 8192;
 
 /// Replacement keys indexed so that finding the rules an import replaces is linear, not
 /// rules × keys: a rule's labels contain a key only if they contain each of its labels, so each
@@ -131,6 +140,50 @@ impl<'a> ReplaceIndex<'a> {
                 .is_some_and(|ks| ks.iter().any(|k| labels.contains_all(k.iter().copied())))
         })
     }
+}
+
+fn resolve<'a>(old: &'a [Rule], r: &'a Incoming) -> Option<&'a Rule> {
+    match r {
+        Incoming::New(r) => Some(r),
+        Incoming::Existing(i) => old.get(*i),
+    }
+}
+
+/// Positions (ascending) of the `old` rules that `incoming` replaces: those whose labels
+/// contain an incoming rule's non-empty key. `direct_tests`: see [`DIRECT_TESTS`].
+fn replaced_by(old: &[Rule], incoming: &[Incoming], direct_tests: usize) -> Vec<usize> {
+    let has_key = |r: &Rule| replace_key(r).next().is_some();
+    // A rule's key is among its own labels: a rule named by position replaces itself.
+    let mut replaced = vec![false; old.len()];
+    for r in incoming {
+        if let Incoming::Existing(i) = r
+            && old.get(*i).is_some_and(has_key)
+            && let Some(x) = replaced.get_mut(*i)
+        {
+            *x = true;
+        }
+    }
+    let unnamed = replaced.iter().filter(|x| !**x).count();
+    let keyed: Vec<&Rule> = incoming
+        .iter()
+        .filter_map(|r| resolve(old, r))
+        .filter(|r| has_key(r))
+        .collect();
+    let rest = replaced.iter_mut().zip(old).filter(|(x, _)| !**x);
+    if unnamed.saturating_mul(keyed.len()) <= direct_tests {
+        for (x, rule) in rest {
+            *x = keyed.iter().any(|k| replaces(k, &rule.labels));
+        }
+    } else {
+        let keys: BTreeSet<Vec<&Label>> = keyed.iter().map(|r| replace_key(r).collect()).collect();
+        let index = ReplaceIndex::new(&keys);
+        for (x, rule) in rest {
+            *x = index.replaces(&rule.labels);
+        }
+    }
+    (0..old.len())
+        .filter(|&i| replaced.get(i).copied().unwrap_or(false))
+        .collect()
 }
 
 impl Repository {
@@ -191,54 +244,49 @@ impl Repository {
     /// rule already here: exactly the same change, without parsing, cloning or comparing that
     /// rule (a re-imported file with one rule edited costs that one rule).
     pub fn add_reusing(&mut self, rules: Vec<Incoming>) -> RepoChange {
-        fn resolve<'a>(old: &'a [Rule], r: &'a Incoming) -> Option<&'a Rule> {
-            match r {
-                Incoming::New(r) => Some(r),
-                Incoming::Existing(i) => old.get(*i),
-            }
-        }
         let old = std::mem::take(&mut self.rules);
         let old_hashes = std::mem::take(&mut self.hashes);
-        let keys: BTreeSet<Vec<&Label>> = rules
-            .iter()
-            .filter_map(|r| resolve(&old, r))
-            .map(replace_key)
-            .filter(|k| !k.is_empty())
-            .collect();
-        let index = ReplaceIndex::new(&keys);
-        let replaced: Vec<usize> = (0..old.len())
-            .filter(|&i| old.get(i).is_some_and(|r| index.replaces(&r.labels)))
-            .collect();
-        drop(index);
-        drop(keys);
+        let replaced = replaced_by(&old, &rules, DIRECT_TESTS);
         self.revision += 1;
         // Pair each new rule with an identical replaced one, which then stays where it is (so
         // the order survives a restart: the manager persists rules in that order). Re-imported
         // files keep their order, so the next unpaired old rule is tried first and the search is
-        // linear in practice.
+        // linear in practice; content hashes spare comparing rules that differ.
         let mut unpaired: Vec<Option<usize>> = replaced.into_iter().map(Some).collect();
         let mut hint = 0;
         let mut added = Vec::new();
+        let mut added_hashes = Vec::new();
         for r in rules {
+            let h = match &r {
+                Incoming::New(r) => r.content_hash(),
+                Incoming::Existing(i) => old_hashes.get(*i).copied().unwrap_or_default(),
+            };
             let same = |slot: &Option<usize>| match (&r, slot) {
                 (_, None) => false,
                 (Incoming::Existing(i), Some(j)) if i == j => true,
-                (r, Some(j)) => old.get(*j).is_some() && old.get(*j) == resolve(&old, r),
+                (r, Some(j)) => {
+                    old_hashes.get(*j) == Some(&h)
+                        && old.get(*j).is_some()
+                        && old.get(*j) == resolve(&old, r)
+                }
             };
-            match (hint..unpaired.len())
+            if let Some(k) = (hint..unpaired.len())
                 .chain(0..hint)
                 .find(|&k| unpaired.get(k).is_some_and(same))
             {
-                Some(k) => {
-                    if let Some(slot) = unpaired.get_mut(k) {
-                        *slot = None;
-                    }
-                    hint = k + 1;
+                if let Some(slot) = unpaired.get_mut(k) {
+                    *slot = None;
                 }
-                None => match r {
-                    Incoming::New(r) => added.push(r),
-                    Incoming::Existing(i) => added.extend(old.get(i).cloned()),
-                },
+                hint = k + 1;
+            } else {
+                let rule = match r {
+                    Incoming::New(r) => Some(r),
+                    Incoming::Existing(i) => old.get(i).cloned(),
+                };
+                if let Some(rule) = rule {
+                    added.push(rule);
+                    added_hashes.push(h);
+                }
             }
         }
         let mut gone: Vec<usize> = unpaired.into_iter().flatten().collect();
@@ -256,7 +304,7 @@ impl Repository {
             }
         }
         self.rules.extend(added.iter().cloned());
-        self.hashes.extend(added.iter().map(Rule::content_hash));
+        self.hashes.extend(added_hashes);
         RepoChange {
             revision: self.revision,
             added,
@@ -437,5 +485,66 @@ mod tests {
         r.add(vec![rule(&["name=a"])]);
         let j = serde_json::to_string(&r).unwrap();
         assert_eq!(serde_json::from_str::<Repository>(&j).unwrap(), r);
+    }
+}
+
+#[cfg(test)]
+mod replace_props {
+    use super::*;
+    use crate::selector::Selector;
+    use proptest::prelude::*;
+
+    /// Labels from a small pool, so that keys often contain each other; kind 3 is a
+    /// Kubernetes object (replaced by kind, namespace and name, whatever its uid).
+    fn labels() -> impl Strategy<Value = LabelSet> {
+        (0u8..4, 0u8..3, any::<bool>(), 0u8..2).prop_map(|(kind, n, extra, uid)| {
+            let mut l = Vec::new();
+            match kind {
+                0 => {}
+                3 => {
+                    for (k, v) in [
+                        (keys::POLICY_DERIVED_FROM, "NetworkPolicy".to_string()),
+                        (keys::POLICY_NAME, format!("n{n}")),
+                        (keys::POLICY_NAMESPACE, "default".to_string()),
+                        (keys::POLICY_UID, format!("u{uid}")),
+                    ] {
+                        l.push(Label::new(source::K8S, k, &v));
+                    }
+                }
+                _ => l.push(Label::new(source::UNSPEC, "name", &format!("r{n}"))),
+            }
+            if extra {
+                l.push(Label::new(source::UNSPEC, "x", "y"));
+            }
+            l.into_iter().collect()
+        })
+    }
+
+    fn incoming(old: usize) -> impl Strategy<Value = Incoming> {
+        prop_oneof![
+            labels().prop_map(|l| Incoming::New(Rule::new(Selector::all(), l))),
+            (0..old.max(1) + 1).prop_map(Incoming::Existing),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn direct_tests_and_the_index_find_exactly_the_rules_whose_labels_hold_a_key(
+            (old, inc) in proptest::collection::vec(labels(), 0..8).prop_flat_map(|old| {
+                let n = old.len();
+                (Just(old), proptest::collection::vec(incoming(n), 0..8))
+            })
+        ) {
+            let old: Vec<Rule> = old.into_iter().map(|l| Rule::new(Selector::all(), l)).collect();
+            let want: Vec<usize> = (0..old.len())
+                .filter(|&j| {
+                    inc.iter()
+                        .filter_map(|r| resolve(&old, r))
+                        .any(|r| replaces(r, &old[j].labels))
+                })
+                .collect();
+            prop_assert_eq!(&replaced_by(&old, &inc, usize::MAX), &want);
+            prop_assert_eq!(&replaced_by(&old, &inc, 0), &want);
+        }
     }
 }

@@ -37,22 +37,27 @@ pub(crate) fn dir_byte(d: Direction) -> u8 {
 }
 
 /// Splits `[lo, hi]` into aligned blocks `(start, log2 size)`, largest first from `lo`.
+#[cfg(test)]
 pub(crate) fn port_blocks(lo: u16, hi: u16) -> Vec<(u16, u32)> {
-    let mut out = Vec::new();
+    port_block_iter(lo, hi).collect()
+}
+
+/// [`port_blocks`] without a vector: most entries are one port, one block.
+fn port_block_iter(lo: u16, hi: u16) -> impl Iterator<Item = (u16, u32)> {
     let (mut start, end) = (u32::from(lo), u32::from(hi));
-    while start <= end {
+    std::iter::from_fn(move || {
+        if start > end {
+            return None;
+        }
         let mut bits = start.trailing_zeros().min(16);
         while start + (1 << bits) - 1 > end {
             bits -= 1;
         }
         // start <= end <= 65535: the conversion cannot fail; stopping is the safe answer anyway.
-        let Ok(port) = u16::try_from(start) else {
-            break;
-        };
-        out.push((port, bits));
+        let port = u16::try_from(start).ok()?;
         start += 1 << bits;
-    }
-    out
+        Some((port, bits))
+    })
 }
 
 /// The 24 variable bits (proto, port) of a key and how many of them the block fixes.
@@ -91,27 +96,26 @@ pub fn encode_entries(policy_id: u32, entries: &BTreeMap<PolicyEntry, Verdict>) 
             proto: entry.proto,
             dport: 0,
         };
-        let blocks = if entry.proto == 0 {
+        let mut add = |b: PolicyBlock| {
+            let v = out.entry(b).or_insert(verdict);
+            *v = (*v).max(verdict); // VERDICT_DENY > VERDICT_ALLOW
+        };
+        if entry.proto == 0 {
             // Any protocol: ports are meaningless (the contract says they must be "any").
-            vec![PolicyBlock {
+            add(PolicyBlock {
                 prefix_len: abi::POLICY_FIXED_PREFIX,
                 key,
-            }]
+            });
         } else {
-            port_blocks(entry.port_lo, entry.port_hi)
-                .into_iter()
-                .map(|(start, bits)| PolicyBlock {
+            for (start, bits) in port_block_iter(entry.port_lo, entry.port_hi) {
+                add(PolicyBlock {
                     prefix_len: abi::POLICY_FULL_PREFIX - bits,
                     key: PolicyKey {
                         dport: start.to_be(),
                         ..key
                     },
-                })
-                .collect()
-        };
-        for b in blocks {
-            let v = out.entry(b).or_insert(verdict);
-            *v = (*v).max(verdict); // VERDICT_DENY > VERDICT_ALLOW
+                });
+            }
         }
     }
     // Only a deny of the same identity and direction can cover an allow block: grouping them
@@ -187,23 +191,44 @@ pub fn digest(encoded: &Encoded, flags: u32) -> u64 {
 }
 
 /// The [`digest`] of entries given in key order.
-pub(crate) fn digest_sorted(entries: impl Iterator<Item = (PolicyBlock, u8)>, flags: u32) -> u64 {
-    const PRIME: u64 = 0x0000_0100_0000_01b3;
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut feed = |bytes: &[u8]| {
-        for &b in bytes {
-            h = (h ^ u64::from(b)).wrapping_mul(PRIME);
-        }
-    };
-    feed(&flags.to_le_bytes());
+fn digest_sorted(entries: impl Iterator<Item = (PolicyBlock, u8)>, flags: u32) -> u64 {
+    let mut d = Digest::new(flags);
     for (b, v) in entries {
-        feed(&b.prefix_len.to_le_bytes());
-        feed(&b.key.identity.to_le_bytes());
-        feed(&[b.key.direction, b.key.proto]);
-        feed(&b.key.dport.to_le_bytes());
-        feed(&[v]);
+        d.add(&b, v);
     }
-    h
+    d.finish()
+}
+
+/// A [`digest`] fed one entry at a time, in key order (a write digests the slot while it
+/// packs its shadow, in the same pass).
+pub(crate) struct Digest(u64);
+
+impl Digest {
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+
+    pub(crate) fn new(flags: u32) -> Self {
+        let mut d = Self(0xcbf2_9ce4_8422_2325);
+        d.feed(&flags.to_le_bytes());
+        d
+    }
+
+    fn feed(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(Self::PRIME);
+        }
+    }
+
+    pub(crate) fn add(&mut self, b: &PolicyBlock, verdict: u8) {
+        self.feed(&b.prefix_len.to_le_bytes());
+        self.feed(&b.key.identity.to_le_bytes());
+        self.feed(&[b.key.direction, b.key.proto]);
+        self.feed(&b.key.dport.to_le_bytes());
+        self.feed(&[verdict]);
+    }
+
+    pub(crate) fn finish(&self) -> u64 {
+        self.0
+    }
 }
 
 /// The [`digest`] a slot holding `policy` has.

@@ -100,6 +100,16 @@ impl Shadow {
     /// in one pass over both: a write changing a few entries of a large slot never decodes the
     /// slot into a map (docs/BENCHMARKS.md, "one-rule change").
     pub(crate) fn merged(&self, slot: u32, changes: &BTreeMap<PolicyBlock, Option<u8>>) -> Self {
+        self.merged_with(slot, changes, |_| {})
+    }
+
+    /// [`Self::merged`], showing `each` every entry of the result in key order.
+    pub(crate) fn merged_with(
+        &self,
+        slot: u32,
+        changes: &BTreeMap<PolicyBlock, Option<u8>>,
+        each: impl FnMut(&(PolicyBlock, u8)),
+    ) -> Self {
         let mut base = self.iter(slot).peekable();
         let mut changes = changes.iter().peekable();
         let merged = std::iter::from_fn(move || {
@@ -120,7 +130,7 @@ impl Shadow {
                 }
             }
         });
-        Self::pack_sorted(merged, self.0.len() / 2)
+        Self::pack_sorted(merged.inspect(each), self.0.len() / 2)
     }
 
     /// The keys of `slot`'s entries, in key order.

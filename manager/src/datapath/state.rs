@@ -3,8 +3,7 @@
 
 use super::batch;
 use super::encode::{
-    Encoded, PolicyBlock, diff, digest_sorted, encode_entries, encode_policy, enforcement_flags,
-    flag_bits,
+    Digest, Encoded, PolicyBlock, diff, encode_entries, encode_policy, enforcement_flags, flag_bits,
 };
 use super::error::DatapathError;
 use super::shadow::Shadow;
@@ -458,11 +457,11 @@ impl Maps {
             .map(|&(b, v)| (b, Some(v)))
             .chain(removes.iter().take(removes_done).map(|&b| (b, None)))
             .collect();
-        let shadow = base.merged(slot, &reached);
         let flags = self.slot_flags.get(&slot).copied().unwrap_or(0);
-        let print = digest_sorted(shadow.iter(slot), flags);
+        let mut print = Digest::new(flags);
+        let shadow = base.merged_with(slot, &reached, |(b, v)| print.add(b, *v));
         self.installed.insert(slot, shadow);
-        result.map(|()| print)
+        result.map(|()| print.finish())
     }
 
     /// Removes a slot's entries, then its generation (the key stays while entries may remain).

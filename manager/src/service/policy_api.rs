@@ -194,11 +194,24 @@ impl Manager {
         // read-back repairs the maps to whichever repository was stored.
         let store = st.pol.store().clone();
         let (regenerated, flushed) = std::thread::scope(|s| {
-            let flush = s.spawn(|| store.flush());
+            let flush = s.spawn(|| {
+                let t = std::time::Instant::now();
+                store.flush().map(|()| t.elapsed())
+            });
+            let t = std::time::Instant::now();
             let regenerated = self
                 .regenerate_for_change(&mut st, change, effects)
                 .and_then(|n| self.apply_effects_after(&mut st, effects).map(|()| n));
-            (regenerated, flush.join())
+            let maps = t.elapsed();
+            let flushed = flush.join();
+            if let Ok(Ok(fsync)) = &flushed {
+                tracing::debug!(
+                    maps_us = maps.as_micros(),
+                    fsync_us = fsync.as_micros(),
+                    "policy change written (maps, and the store's flush beside them)"
+                );
+            }
+            (regenerated, flushed.map(|f| f.map(|_| ())))
         });
         let flushed = flushed
             .unwrap_or_else(|panic| std::panic::resume_unwind(panic))

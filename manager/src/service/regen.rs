@@ -574,6 +574,26 @@ fn identity_work(
     work
 }
 
+/// `f` of every item, in order; the second half on another thread. Each selected slot's
+/// computation matches every rule's selector and expands the rules that select it: pure
+/// work that the node's two cores halve (docs/BENCHMARKS.md, "one-rule change").
+fn on_two_cores<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    if items.len() < 2 {
+        return items.iter().map(&f).collect();
+    }
+    let (first, second) = items.split_at(items.len() / 2);
+    std::thread::scope(|s| {
+        let other = s.spawn(|| second.iter().map(&f).collect::<Vec<R>>());
+        let mut out: Vec<R> = first.iter().map(&f).collect();
+        out.extend(
+            other
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+        );
+        out
+    })
+}
+
 /// What a change means for one endpoint.
 #[derive(Clone)]
 enum Update {
@@ -613,53 +633,50 @@ fn change_work(
             }
         }
     }
-    let mut work = Vec::new();
-    for (slot, (ep, named)) in slot_representatives(m, st, &BTreeSet::new()) {
-        let labels = from_api_labels(&ep.labels);
-        let update = (|| {
-            let labels = &labels;
-            let named = &named;
-            if !change.selects(labels) {
-                return None;
-            }
-            if !sliceable {
-                return Some(Update::Whole);
-            }
-            let selecting: Vec<&Rule> = st.pol.repo().selecting(labels).collect();
-            let mut now = EnforcementCounts::default();
-            for r in &selecting {
-                now.add(r, 1);
-            }
-            let mut before = now;
-            for r in change
-                .added
-                .iter()
-                .filter(|r| r.endpoint_selector.matches(labels))
-            {
-                before.add(r, -1);
-            }
-            for r in change
-                .removed
-                .iter()
-                .filter(|r| r.endpoint_selector.matches(labels))
-            {
-                before.add(r, 1);
-            }
-            if before.shape() != now.shape() {
-                return Some(Update::Whole);
-            }
-            let policy = compute_restricted(
-                &selecting,
-                named,
-                st.pol.cache(),
-                st.pol.options(),
-                &identities,
-            );
-            Some(Update::Identities(Arc::new(policy.entries)))
-        })();
-        if let Some(update) = update {
-            work.push((slot, update));
+    let selected: Vec<(u32, LabelSet, NamedPorts)> = slot_representatives(m, st, &BTreeSet::new())
+        .into_iter()
+        .filter_map(|(slot, (ep, named))| {
+            let labels = from_api_labels(&ep.labels);
+            change.selects(&labels).then_some((slot, labels, named))
+        })
+        .collect();
+    let (repo, cache, options) = (st.pol.repo(), st.pol.cache(), st.pol.options());
+    let identities_ref = &identities;
+    let update = |(_, labels, named): &(u32, LabelSet, NamedPorts)| {
+        if !sliceable {
+            return Update::Whole;
         }
-    }
+        let selecting: Vec<&Rule> = repo.selecting(labels).collect();
+        let mut now = EnforcementCounts::default();
+        for r in &selecting {
+            now.add(r, 1);
+        }
+        let mut before = now;
+        for r in change
+            .added
+            .iter()
+            .filter(|r| r.endpoint_selector.matches(labels))
+        {
+            before.add(r, -1);
+        }
+        for r in change
+            .removed
+            .iter()
+            .filter(|r| r.endpoint_selector.matches(labels))
+        {
+            before.add(r, 1);
+        }
+        if before.shape() != now.shape() {
+            return Update::Whole;
+        }
+        let policy = compute_restricted(&selecting, named, cache, options, identities_ref);
+        Update::Identities(Arc::new(policy.entries))
+    };
+    let updates = on_two_cores(&selected, update);
+    let work = selected
+        .iter()
+        .map(|(slot, ..)| *slot)
+        .zip(updates)
+        .collect();
     (identities, work)
 }

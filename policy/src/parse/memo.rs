@@ -117,10 +117,10 @@ fn skip_ws(b: &[u8], mut i: usize) -> usize {
 fn string_end(b: &[u8], mut i: usize) -> Option<usize> {
     i += 1;
     loop {
+        i += memchr::memchr2(b'"', b'\\', b.get(i..)?)?;
         match b.get(i)? {
             b'"' => return Some(i + 1),
-            b'\\' => i += 2,
-            _ => i += 1,
+            _ => i += 2,
         }
     }
 }
@@ -134,6 +134,11 @@ fn value_end(b: &[u8], mut i: usize) -> Option<usize> {
         b'{' | b'[' => {
             let mut depth = 0usize;
             loop {
+                // Most bytes are none of these: skip them without the per-byte match.
+                i += b
+                    .get(i..)?
+                    .iter()
+                    .position(|c| matches!(c, b'"' | b'{' | b'[' | b'}' | b']'))?;
                 match b.get(i)? {
                     b'"' => {
                         i = string_end(b, i)?;
@@ -145,13 +150,12 @@ fn value_end(b: &[u8], mut i: usize) -> Option<usize> {
                             return None;
                         }
                     }
-                    b'}' | b']' => {
+                    _ => {
                         depth -= 1;
                         if depth == 0 {
                             return Some(i + 1);
                         }
                     }
-                    _ => {}
                 }
                 i += 1;
             }
