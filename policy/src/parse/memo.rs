@@ -31,7 +31,19 @@ pub enum Piece<'a> {
 #[derive(Debug, Default)]
 pub struct ParseMemo {
     by_text: HashMap<u64, u64>,
+    /// The last rule list split: a re-applied file differs from it in a few bytes, so only the
+    /// elements between their common prefix and suffix are split and hashed again.
+    last: Option<LastFile>,
 }
+
+/// A split rule list: its text and its elements as (start, end, text hash).
+#[derive(Debug, Default)]
+struct LastFile {
+    text: String,
+    elements: Vec<Element>,
+}
+
+type Element = (usize, usize, u64);
 
 /// Nesting deeper than this takes the full parser: `serde_json`'s recursion limit counts the
 /// enclosing array, so an element alone could parse where the file does not.
@@ -51,15 +63,15 @@ impl ParseMemo {
             parse_policy_file(file, text)
                 .map(|rules| rules.into_iter().map(Piece::Parsed).collect())
         };
-        let Some(elements) = json_array_elements(text) else {
+        let Some(elements) = split_reusing(text, self.last.as_ref()) else {
             return full();
         };
         if self.by_text.len() > 4 * elements.len() + 4096 {
             self.by_text.clear();
         }
         let mut out = Vec::with_capacity(elements.len());
-        for element in elements {
-            let h = hash_of(element);
+        for &(start, end, h) in &elements {
+            let element = text.get(start..end).unwrap_or_default();
             if let Some(&rule) = self.by_text.get(&h) {
                 out.push(Piece::Known {
                     rule,
@@ -74,6 +86,11 @@ impl ParseMemo {
             self.by_text.insert(h, rule.content_hash());
             out.push(Piece::Parsed(rule));
         }
+        // Into the same buffer: a fresh one would fault in the file's pages on every import.
+        let last = self.last.get_or_insert_with(LastFile::default);
+        last.text.clear();
+        last.text.push_str(text);
+        last.elements = elements;
         Ok(out)
     }
 }
@@ -177,6 +194,18 @@ fn value_end(b: &[u8], mut i: usize) -> Option<usize> {
 /// partitions the text: if every element is valid JSON, so is the whole.
 #[must_use]
 pub fn json_array_elements(text: &str) -> Option<Vec<&str>> {
+    split_reusing(text, None)?
+        .into_iter()
+        .map(|(start, end, _)| text.get(start..end))
+        .collect()
+}
+
+/// [`json_array_elements`] as (start, end, text hash), taking from `last` the elements in the
+/// prefix and suffix `text` shares with it. The split is a left-to-right scan whose state at
+/// an element's start is only "an element starts here": an element that ends before the
+/// common prefix does is found at the same place, and once the scan reaches the start of an
+/// element of `last` inside the common suffix, the rest is `last`'s rest, shifted.
+fn split_reusing(text: &str, last: Option<&LastFile>) -> Option<Vec<Element>> {
     let b = text.as_bytes();
     let mut i = skip_ws(b, 0);
     if b.get(i) != Some(&b'[') {
@@ -186,13 +215,28 @@ pub fn json_array_elements(text: &str) -> Option<Vec<&str>> {
     if b.get(i) == Some(&b']') {
         return None;
     }
-    let mut out = Vec::new();
+    let (mut out, tail) = match last {
+        Some(last) => reused(b, last),
+        None => (Vec::new(), Tail::default()),
+    };
+    if let Some(&(_, end, _)) = out.last() {
+        i = skip_ws(b, end);
+        match b.get(i)? {
+            b',' => i = skip_ws(b, i + 1),
+            b']' => return (skip_ws(b, i + 1) == b.len()).then_some(out),
+            _ => return None,
+        }
+    }
     loop {
+        if let Some(rest) = tail.from(i) {
+            out.extend(rest);
+            return Some(out);
+        }
         let end = value_end(b, i)?;
         if end == i {
             return None;
         }
-        out.push(text.get(i..end)?);
+        out.push((i, end, hash_of(text.get(i..end)?)));
         i = skip_ws(b, end);
         match b.get(i)? {
             b',' => i = skip_ws(b, i + 1),
@@ -201,6 +245,89 @@ pub fn json_array_elements(text: &str) -> Option<Vec<&str>> {
         }
     }
     (skip_ws(b, i + 1) == b.len()).then_some(out)
+}
+
+/// The elements of the last file inside the suffix it shares with the new text.
+#[derive(Default)]
+struct Tail<'l> {
+    elements: &'l [Element],
+    /// Where the shared suffix starts in the new text.
+    from: usize,
+    /// New length minus old length.
+    shift: isize,
+}
+
+impl Tail<'_> {
+    /// The new text's elements from `i` on, when an element of the shared suffix starts there.
+    fn from(&self, i: usize) -> Option<impl Iterator<Item = Element> + '_> {
+        if i < self.from {
+            return None;
+        }
+        let old = i.checked_add_signed(-self.shift)?;
+        let k = self.elements.binary_search_by_key(&old, |e| e.0).ok()?;
+        let shift = self.shift;
+        Some(self.elements.get(k..)?.iter().map(move |&(s, e, h)| {
+            (
+                s.checked_add_signed(shift).unwrap_or(s),
+                e.checked_add_signed(shift).unwrap_or(e),
+                h,
+            )
+        }))
+    }
+}
+
+/// Bytes compared at once (by `memcmp`) when looking for a shared prefix or suffix.
+const CHUNK: usize = 256;
+
+/// How many bytes two chunked texts share from their chunks' side: whole equal chunks, then
+/// `within` the first chunks that differ.
+fn common_len<'x>(
+    a: impl Iterator<Item = &'x [u8]>,
+    b: impl Iterator<Item = &'x [u8]>,
+    within: impl Fn(&[u8], &[u8]) -> usize,
+) -> usize {
+    let mut n = 0;
+    for (x, y) in a.zip(b) {
+        if x == y {
+            n += x.len();
+        } else {
+            return n + within(x, y);
+        }
+    }
+    n
+}
+
+/// The elements of `last` that end inside the prefix it shares with `b` (a byte before the
+/// prefix's end: a scalar ends where its separator is), and the ones inside the shared suffix.
+fn reused<'l>(b: &[u8], last: &'l LastFile) -> (Vec<Element>, Tail<'l>) {
+    let old = last.text.as_bytes();
+    let prefix = common_len(b.chunks(CHUNK), old.chunks(CHUNK), |x, y| {
+        x.iter().zip(y).take_while(|(x, y)| x == y).count()
+    });
+    let room = b.len().min(old.len()) - prefix;
+    let suffix = common_len(b.rchunks(CHUNK), old.rchunks(CHUNK), |x, y| {
+        x.iter()
+            .rev()
+            .zip(y.iter().rev())
+            .take_while(|(x, y)| x == y)
+            .count()
+    })
+    .min(room);
+    let head = last.elements.partition_point(|e| e.1 < prefix);
+    let first_tail = last
+        .elements
+        .partition_point(|e| e.0 < old.len() - suffix)
+        .max(head);
+    let shift = isize::try_from(b.len()).unwrap_or(isize::MAX)
+        - isize::try_from(old.len()).unwrap_or(isize::MAX);
+    (
+        last.elements.get(..head).unwrap_or_default().to_vec(),
+        Tail {
+            elements: last.elements.get(first_tail..).unwrap_or_default(),
+            from: b.len() - suffix,
+            shift,
+        },
+    )
 }
 
 #[cfg(test)]
@@ -282,5 +409,94 @@ mod tests {
     fn too_deep_elements_take_the_full_parser() {
         let deep = format!("[{}1{}]", "[".repeat(127), "]".repeat(127));
         assert_eq!(json_array_elements(&deep), None);
+    }
+
+    /// What [`ParseMemo::parse`] keeps of a text it split.
+    fn last_of(text: &str) -> Option<LastFile> {
+        Some(LastFile {
+            text: text.into(),
+            elements: split_reusing(text, None)?,
+        })
+    }
+
+    #[test]
+    fn reusing_the_last_split_changes_nothing_on_the_edge_cases() {
+        let cases = [
+            ("[1,2,3]", "[1,2,3]"),
+            ("[1,2,3]", "[1,2,34]"),
+            ("[1,2,3]", "[12,2,3]"),
+            ("[1,2,3]", "[1,2 ,3]"),
+            ("[1,2,3]", "[1,2]"),
+            ("[1,2,3]", "[1,2,3,4]"),
+            ("[\"a\",\"b\"]", "[\"a\",\"b\",\"a\",\"b\"]"),
+            ("[{\"a\":[1]},{\"b\":2}]", "[{\"a\":[1]}]"),
+            ("[{\"a\":[1]},{\"b\":2}]", "[{\"a\":[1],\"c\":{}},{\"b\":2}]"),
+            ("[1,2,3]", "[1,2,3] x"),
+            ("[1,2,3]", "[1,2,3"),
+        ];
+        for (old, new) in cases {
+            let last = last_of(old).unwrap();
+            assert_eq!(
+                split_reusing(new, Some(&last)),
+                split_reusing(new, None),
+                "{old} -> {new}"
+            );
+        }
+    }
+
+    #[test]
+    fn reusing_the_last_split_of_long_texts_equals_splitting_again() {
+        let file = |edit: usize, with: &str| {
+            let els: Vec<String> = (0..600)
+                .map(|i| {
+                    if i == edit {
+                        with.to_string()
+                    } else {
+                        format!(r#"{{"rule":"r{i}","ports":[{}]}}"#, i % 7)
+                    }
+                })
+                .collect();
+            format!("[\n{}\n]", els.join(",\n"))
+        };
+        let last = last_of(&file(usize::MAX, "")).unwrap();
+        for edit in [0, 1, 57, 300, 598, 599] {
+            for with in ["1", r#"{"rule":"x"}"#, r#"{"rule":"r0","ports":[0]} , 5"#] {
+                let new = file(edit, with);
+                let reused = split_reusing(&new, Some(&last));
+                assert_eq!(reused, split_reusing(&new, None), "edit {edit} {with}");
+                assert!(reused.is_some());
+            }
+        }
+    }
+
+    fn element() -> impl proptest::strategy::Strategy<Value = String> {
+        proptest::prop_oneof![
+            proptest::string::string_regex("[0-9a-z]{1,3}").unwrap(),
+            proptest::string::string_regex(r#""[a-z,\]]{0,3}""#).unwrap(),
+            proptest::string::string_regex(r#"\{"k":\[[0-9]{1,2}\]\}"#).unwrap(),
+        ]
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn reusing_the_last_split_equals_splitting_again(
+            elements in proptest::collection::vec(element(), 1..8),
+            at in 0usize..64,
+            cut in 0usize..6,
+            insert in r#"[\[\]{}",: a-z0-9]{0,6}"#,
+        ) {
+            let old = format!("[{}]", elements.join(","));
+            let at = at.min(old.len());
+            let end = (at + cut).min(old.len());
+            let new = format!(
+                "{}{}{}",
+                old.get(..at).unwrap_or_default(),
+                insert,
+                old.get(end..).unwrap_or_default()
+            );
+            if let Some(last) = last_of(&old) {
+                proptest::prop_assert_eq!(split_reusing(&new, Some(&last)), split_reusing(&new, None));
+            }
+        }
     }
 }
