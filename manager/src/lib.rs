@@ -25,6 +25,7 @@ pub mod ctl;
 pub mod daemon;
 pub mod datapath;
 pub mod endpoint;
+mod fnv;
 pub mod guard;
 pub mod hostnet;
 pub mod ipam;

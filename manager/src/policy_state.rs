@@ -255,25 +255,19 @@ impl PolicyState {
     /// remote one. Stable across builds (persisted by `crate::slots`): FNV-1a over JSON.
     #[must_use]
     pub fn inputs_digest(&self) -> u64 {
-        const PRIME: u64 = 0x0000_0100_0000_01b3;
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        let mut feed = |bytes: &[u8]| {
-            for &b in bytes {
-                h = (h ^ u64::from(b)).wrapping_mul(PRIME);
-            }
-        };
-        feed(&self.repo.revision().to_le_bytes());
+        let mut h = crate::fnv::Fnv::new();
+        h.feed(&self.repo.revision().to_le_bytes());
         for (id, key) in self.alloc.iter() {
-            feed(&id.to_le_bytes());
+            h.feed(&id.to_le_bytes());
             // Identity keys always encode; an empty encoding would only make trust less likely.
-            feed(&serde_json::to_vec(key).unwrap_or_default());
+            h.feed(&serde_json::to_vec(key).unwrap_or_default());
         }
-        feed(b"remote");
+        h.feed(b"remote");
         for (id, labels) in &self.remote {
-            feed(&id.to_le_bytes());
-            feed(&serde_json::to_vec(&IdentityKey::Labels(labels.clone())).unwrap_or_default());
+            h.feed(&id.to_le_bytes());
+            h.feed(&serde_json::to_vec(&IdentityKey::Labels(labels.clone())).unwrap_or_default());
         }
-        h
+        h.finish()
     }
 
     /// The repository.

@@ -39,18 +39,10 @@ impl SlotKey {
                 bytes.push(*proto);
                 bytes.extend_from_slice(&port.to_le_bytes());
             }
-            fnv(&bytes)
+            crate::fnv::hash(&bytes)
         };
         Self { identity, ports }
     }
-}
-
-fn fnv(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in bytes {
-        h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
 }
 
 /// A slot's enforcement flags: whether its members' ingress and egress are policed at all.

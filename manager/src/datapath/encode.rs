@@ -201,21 +201,17 @@ fn digest_sorted(entries: impl Iterator<Item = (PolicyBlock, u8)>, flags: u32) -
 
 /// A [`digest`] fed one entry at a time, in key order (a write digests the slot while it
 /// packs its shadow, in the same pass).
-pub(crate) struct Digest(u64);
+pub(crate) struct Digest(crate::fnv::Fnv);
 
 impl Digest {
-    const PRIME: u64 = 0x0000_0100_0000_01b3;
-
     pub(crate) fn new(flags: u32) -> Self {
-        let mut d = Self(0xcbf2_9ce4_8422_2325);
-        d.feed(&flags.to_le_bytes());
-        d
+        let mut h = crate::fnv::Fnv::new();
+        h.feed(&flags.to_le_bytes());
+        Self(h)
     }
 
     fn feed(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(Self::PRIME);
-        }
+        self.0.feed(bytes);
     }
 
     pub(crate) fn add(&mut self, b: &PolicyBlock, verdict: u8) {
@@ -227,7 +223,7 @@ impl Digest {
     }
 
     pub(crate) fn finish(&self) -> u64 {
-        self.0
+        self.0.finish()
     }
 }
 
