@@ -3,9 +3,10 @@
  * Weft's per-endpoint datapath, attached to the host side of each pod's veth:
  *   from_pod  (tc ingress of the host veth)  = packets leaving the pod  -> the pod's EGRESS policy
  *   to_pod    (tc egress of the host veth)   = packets entering the pod -> the pod's INGRESS policy
- * Order per IP packet: conntrack (own tuple, then reversed tuple) -> enforcement flag -> policy
- * (exact peer identity, then identity 0; deny beats allow) -> create ct entry -> metrics, and a
- * ringbuf event on drop. docs/DATAPATH.md describes the map encodings.
+ * Order per IP packet: conntrack (own tuple, then reversed tuple; never for an ACK-less TCP SYN)
+ * -> enforcement flag -> policy (exact peer identity, then identity 0; deny beats allow) ->
+ * create ct entry -> metrics, and a ringbuf event on drop. docs/DATAPATH.md describes the map
+ * encodings and the conntrack rules.
  */
 #include <linux/bpf.h>
 #include <linux/pkt_cls.h>
@@ -15,13 +16,22 @@
 #include "weft_maps.h"
 #include "parse.h"
 
+#ifndef likely
+#define likely(x) __builtin_expect(!!(x), 1)
+#endif
+#ifndef unlikely
+#define unlikely(x) __builtin_expect(!!(x), 0)
+#endif
+
 #define ETH_P_IP_BE bpf_htons(0x0800)
 #define ETH_P_IPV6_BE bpf_htons(0x86DD)
 #define ETH_P_ARP_BE bpf_htons(0x0806)
 
-/* Idle lifetimes of conntrack entries; LRU eviction bounds the table anyway. */
-#define CT_LIFETIME_TCP_NS (6ULL * 3600 * 1000000000ULL)
-#define CT_LIFETIME_OTHER_NS (60ULL * 1000000000ULL)
+#define NS_PER_S 1000000000ULL
+/* Idle lifetimes of conntrack entries (weft_maps.h); LRU eviction bounds the table anyway. */
+#define CT_LIFETIME_TCP_NS (WEFT_CT_LIFETIME_TCP_S * NS_PER_S)
+#define CT_LIFETIME_OTHER_NS (WEFT_CT_LIFETIME_OTHER_S * NS_PER_S)
+#define CT_CLOSE_TIMEOUT_NS (WEFT_CT_CLOSE_TIMEOUT_S * NS_PER_S)
 /* Refresh last_seen at most once a second: a write per packet would bounce the cache line
  * between CPUs for every packet of a busy flow. */
 #define CT_REFRESH_NS 1000000000ULL
@@ -207,13 +217,32 @@ static __always_inline int ct_related(const struct flow *f, __u32 endpoint_id, _
 
 static __always_inline int ct_alive(struct ct_value *v, __u8 proto, __u64 now)
 {
+	__u64 idle = now - v->last_seen_ns;
+
+	/* A closed connection's entry lives out its close timeout (the last ACK, a retransmitted
+	 * FIN) and is not refreshed. */
+	if (unlikely((v->flags & WEFT_CT_CLOSED) == WEFT_CT_CLOSED))
+		return idle <= CT_CLOSE_TIMEOUT_NS;
 	__u64 lifetime = proto == IPPROTO_TCP ? CT_LIFETIME_TCP_NS : CT_LIFETIME_OTHER_NS;
 
-	if (now - v->last_seen_ns > lifetime)
+	if (idle > lifetime)
 		return 0;
-	if (now - v->last_seen_ns > CT_REFRESH_NS)
+	if (idle > CT_REFRESH_NS)
 		v->last_seen_ns = now;
 	return 1;
+}
+
+/* A FIN closes its sender's side (`side`), an RST the whole connection. Once both sides are
+ * closed, the close timeout starts. */
+static __always_inline void ct_close(struct ct_value *v, __u8 tcp_flags, __u8 side, __u64 now)
+{
+	__u8 flags = v->flags | ((tcp_flags & TCP_FLAG_RST) ? WEFT_CT_CLOSED : side);
+
+	if (flags == v->flags)
+		return;
+	if ((flags & WEFT_CT_CLOSED) == WEFT_CT_CLOSED)
+		v->last_seen_ns = now;
+	v->flags = flags;
 }
 
 /* The first fragment records its ports, later ones take them over (fragments of one datagram
@@ -335,23 +364,34 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 	struct ct_value *cv;
 
 	ct_fill(&ck, &f, endpoint_id, dir, 0);
-	cv = bpf_map_lookup_elem(&ct, &ck);
-	if (cv && ct_alive(cv, f.proto, now)) {
-		count(endpoint_id, dir, WEFT_REASON_ALLOW_ESTABLISHED, skb->len);
-		return TC_ACT_OK;
-	}
-	struct ct_key rk = {};
+	/* The reopen rule: a TCP SYN without ACK starts a connection (TCP never sends one inside
+	 * an established one), so it never passes on conntrack, whether an entry for its tuple is
+	 * open, closed or absent. It meets the current policy; allowed, it writes the entry afresh
+	 * below; denied, it is dropped and the old entry is left to what is left of the old
+	 * connection. Costs nothing on other packets: tcp_flags is 0 for every other protocol. */
+	if (likely((f.tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) != TCP_FLAG_SYN)) {
+		cv = bpf_map_lookup_elem(&ct, &ck);
+		if (cv && ct_alive(cv, f.proto, now)) {
+			if (unlikely(f.tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST)))
+				ct_close(cv, f.tcp_flags, WEFT_CT_CLOSING_ORIG, now);
+			count(endpoint_id, dir, WEFT_REASON_ALLOW_ESTABLISHED, skb->len);
+			return TC_ACT_OK;
+		}
+		struct ct_key rk = {};
 
-	ct_fill(&rk, &f, endpoint_id, dir, 1);
-	cv = bpf_map_lookup_elem(&ct, &rk);
-	if (cv && ct_alive(cv, f.proto, now)) {
-		count(endpoint_id, dir, WEFT_REASON_ALLOW_REPLY, skb->len);
-		return TC_ACT_OK;
-	}
+		ct_fill(&rk, &f, endpoint_id, dir, 1);
+		cv = bpf_map_lookup_elem(&ct, &rk);
+		if (cv && ct_alive(cv, f.proto, now)) {
+			if (unlikely(f.tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST)))
+				ct_close(cv, f.tcp_flags, WEFT_CT_CLOSING_REPLY, now);
+			count(endpoint_id, dir, WEFT_REASON_ALLOW_REPLY, skb->len);
+			return TC_ACT_OK;
+		}
 
-	if (f.related && ct_related(&f, endpoint_id, dir)) {
-		count(endpoint_id, dir, WEFT_REASON_ALLOW_RELATED, skb->len);
-		return TC_ACT_OK;
+		if (f.related && ct_related(&f, endpoint_id, dir)) {
+			count(endpoint_id, dir, WEFT_REASON_ALLOW_RELATED, skb->len);
+			return TC_ACT_OK;
+		}
 	}
 
 	__u8 reason = WEFT_REASON_ALLOW_NOT_ENFORCED;

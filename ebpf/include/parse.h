@@ -57,6 +57,8 @@ struct flow {
 	__u8 icmp_echo_request;
 	/* TCP/UDP/SCTP: may create a ct entry. */
 	__u8 has_ports;
+	/* TCP: the flags byte (TCP_FLAG_*); 0 for every other protocol and for later fragments. */
+	__u8 tcp_flags;
 	/* Part of a fragmented datagram (0 = not fragmented, 1 = first, 2 = later). */
 	__u8 frag;
 	__u32 frag_id;
@@ -68,6 +70,12 @@ struct flow {
 	__u8 inner_saddr[16];
 	__u8 inner_daddr[16];
 };
+
+/* TCP header flags (the 14th byte of the header). */
+#define TCP_FLAG_FIN 0x01
+#define TCP_FLAG_SYN 0x02
+#define TCP_FLAG_RST 0x04
+#define TCP_FLAG_ACK 0x10
 
 #define FRAG_NONE 0
 #define FRAG_FIRST 1
@@ -124,7 +132,27 @@ static __always_inline int parse_l4(struct __sk_buff *skb, __u32 off, struct flo
 		return PARSE_OK;
 
 	switch (f->proto) {
-	case IPPROTO_TCP:
+	case IPPROTO_TCP: {
+		/* Ports, sequence and acknowledgement numbers, data offset, flags: one load. A first
+		 * fragment too short to hold the flags is invalid (RFC 1858's tiny fragments). */
+		struct {
+			__be16 sport;
+			__be16 dport;
+			__be32 seq;
+			__be32 ack_seq;
+			__u8 doff;
+			__u8 flags;
+		} tcp;
+
+		if (bpf_skb_load_bytes(skb, off, &tcp, sizeof(tcp)) < 0)
+			return PARSE_INVALID;
+		f->sport = tcp.sport;
+		f->dport = tcp.dport;
+		f->policy_port = tcp.dport;
+		f->tcp_flags = tcp.flags;
+		f->has_ports = 1;
+		return PARSE_OK;
+	}
 	case IPPROTO_UDP:
 	case IPPROTO_SCTP: {
 		__be16 ports[2];

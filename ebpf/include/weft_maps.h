@@ -124,8 +124,24 @@ struct ct_value {
 	__u64 created_ns;
 	__u64 last_seen_ns;
 	__u8 reason;
-	__u8 pad[7];
+	__u8 flags;
+	__u8 pad[6];
 };
+
+/*
+ * ct_value.flags: which side of a TCP connection has closed it. A FIN sets its sender's bit, an
+ * RST both (it aborts the connection). With both bits set the entry is closed: it is no longer
+ * refreshed and expires WEFT_CT_CLOSE_TIMEOUT_S after the close. An ACK-less SYN never passes on
+ * an entry, open or closed: it meets the policy and, if allowed, writes the entry afresh.
+ */
+#define WEFT_CT_CLOSING_ORIG (1u << 0)
+#define WEFT_CT_CLOSING_REPLY (1u << 1)
+#define WEFT_CT_CLOSED (WEFT_CT_CLOSING_ORIG | WEFT_CT_CLOSING_REPLY)
+
+/* Idle lifetimes of ct entries (seconds); LRU eviction bounds the table anyway. */
+#define WEFT_CT_LIFETIME_TCP_S (6 * 3600)
+#define WEFT_CT_LIFETIME_OTHER_S 60
+#define WEFT_CT_CLOSE_TIMEOUT_S 10
 
 /*
  * frags: LRU_HASH. Only the first fragment of an IP datagram carries the L4 header; its ports

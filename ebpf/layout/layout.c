@@ -42,6 +42,12 @@ int main(void)
 	CONST(u8, WEFT_REASON_ALLOW_RELATED);
 	CONST(u8, WEFT_REASON_DROP_SPOOFED);
 	CONST(u8, WEFT_REASON_MAX);
+	CONST(u8, WEFT_CT_CLOSING_ORIG);
+	CONST(u8, WEFT_CT_CLOSING_REPLY);
+	CONST(u8, WEFT_CT_CLOSED);
+	CONST(u64, WEFT_CT_LIFETIME_TCP_S);
+	CONST(u64, WEFT_CT_LIFETIME_OTHER_S);
+	CONST(u64, WEFT_CT_CLOSE_TIMEOUT_S);
 
 	printf("/// (struct, field or \"\" for sizeof, offset or size) as the C compiler laid them out.\n");
 	printf("pub const C_LAYOUT: &[(&str, &str, usize)] = &[\n");
@@ -80,6 +86,7 @@ int main(void)
 	FIELD(ct_value, created_ns);
 	FIELD(ct_value, last_seen_ns);
 	FIELD(ct_value, reason);
+	FIELD(ct_value, flags);
 	SIZE(frag_key);
 	FIELD(frag_key, saddr);
 	FIELD(frag_key, daddr);

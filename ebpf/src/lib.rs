@@ -168,8 +168,10 @@ pub struct CtValue {
     pub last_seen_ns: u64,
     /// Why the first packet passed (`REASON_*`).
     pub reason: u8,
+    /// TCP close state: `CT_CLOSING_ORIG` / `CT_CLOSING_REPLY` (both = `CT_CLOSED`).
+    pub flags: u8,
     /// Padding (zero).
-    pub pad: [u8; 7],
+    pub pad: [u8; 6],
 }
 
 /// Key of the `frags` map: one fragmented datagram.

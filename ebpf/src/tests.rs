@@ -98,7 +98,7 @@ fn rust_layout_matches_c() {
         "ct_value",
         CtValue,
         lpm_shift = 0,
-        [created_ns, last_seen_ns, reason]
+        [created_ns, last_seen_ns, reason, flags]
     );
     check!(
         c,

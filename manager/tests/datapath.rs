@@ -7,6 +7,10 @@ mod support;
 #[path = "datapath/lifecycle.rs"]
 mod lifecycle;
 
+/// The conntrack reopen rule and established flows across a policy change.
+#[path = "datapath/reopen.rs"]
+mod reopen;
+
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 use support::checks::{

@@ -130,6 +130,15 @@ fn policy(maps: &Maps) -> Result<Vec<Value>, DatapathError> {
     Ok(out)
 }
 
+/// The TCP close state a ct entry records (other protocols stay "open").
+fn close_state(flags: u8) -> &'static str {
+    match flags & abi::CT_CLOSED {
+        0 => "open",
+        abi::CT_CLOSED => "closed",
+        _ => "closing",
+    }
+}
+
 fn policy_gen(maps: &Maps) -> Result<Vec<Value>, DatapathError> {
     Ok(maps
         .generations()?
@@ -151,6 +160,7 @@ fn ct(maps: &Maps) -> Result<Vec<Value>, DatapathError> {
             "dst": addr_from(k.family, &k.daddr).to_string(),
             "dport": u16::from_be(k.dport),
             "reason": drop_reason_name(v.reason),
+            "state": close_state(v.flags),
             "created_ns": v.created_ns,
             "last_seen_ns": v.last_seen_ns,
         }));
@@ -210,8 +220,16 @@ pub(crate) fn dump(maps: &Maps, name: &str) -> Result<Vec<Value>, DatapathError>
 
 #[cfg(test)]
 mod tests {
-    use super::port_range;
+    use super::{close_state, port_range};
     use weft_ebpf as abi;
+
+    #[test]
+    fn close_state_names_each_side() {
+        assert_eq!(close_state(0), "open");
+        assert_eq!(close_state(abi::CT_CLOSING_ORIG), "closing");
+        assert_eq!(close_state(abi::CT_CLOSING_REPLY), "closing");
+        assert_eq!(close_state(abi::CT_CLOSED), "closed");
+    }
 
     #[test]
     fn port_range_from_prefix() {

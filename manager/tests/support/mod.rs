@@ -3,6 +3,7 @@
 //! Everything (netns, veths via their netns, the bpffs pin dir) is removed in Drop, also on panic.
 
 pub mod checks;
+pub mod sessions;
 pub mod traffic;
 
 use std::fs::File;
