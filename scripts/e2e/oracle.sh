@@ -165,7 +165,7 @@ nsenter --net="/run/netns/$WEFT_NODE" python3 "$ROOT/scripts/oracle/driver.py" \
   --replay "bash scripts/e2e/oracle.sh" --seed "$SEED" --cases "$CASE_LIST" $CORPUS
 rc=$?
 if [ "$rc" != 0 ] && [ -n "${WEFT_ORACLE_KEEP:-}" ]; then
-  mkdir -p "$WEFT_ORACLE_KEEP" && cp "$WEFT_TMP"/case-*.json "$WEFT_TMP/world.json" "$WEFT_TMP/manager.log" "$WEFT_ORACLE_KEEP/" 2>/dev/null
+  mkdir -p "$WEFT_ORACLE_KEEP" && cp "$WEFT_TMP"/case-*.json "$WEFT_TMP"/verify-*.txt "$WEFT_TMP/world.json" "$WEFT_TMP/manager.log" "$WEFT_ORACLE_KEEP/" 2>/dev/null
   echo "  the cases, world and manager log are in $WEFT_ORACLE_KEEP"
 fi
 exit "$rc"

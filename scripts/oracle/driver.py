@@ -265,7 +265,10 @@ def run_case(a, weft, world, case, verdicts, ports, events, state, out):
         if ok:
             out.append(f"    step {si}: map verify: consistent")
         else:
-            out.append(f"    step {si}: map verify: FAILED")
+            path = os.path.join(a.workdir, f"verify-{case['id'].replace(' ', '-')}-step-{si}.txt")
+            with open(path, "w") as f:
+                f.write(text + "\n")
+            out.append(f"    step {si}: map verify: FAILED (its whole output: {path})")
             mismatches.append(f"step {si}: map verify found the maps inconsistent: {text[-400:]}")
     # Positive control: nothing in force, every cell answered.
     weft.set_policies([])
