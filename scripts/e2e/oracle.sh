@@ -20,8 +20,14 @@ set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 
-# Regression cases: (seed case) pairs that found real defects; they stay in the default run.
-REGRESSION=${WEFT_ORACLE_REGRESSION-}
+# Regression cases: (seed case) pairs kept in the default run (docs/ORACLE.md, "Findings").
+# The default seeds already hold cases for issue #25's egress named ports, host-bit CIDRs and
+# conntrack reuse (seed 1 case 0, seed 2 cases 1-2) and for map verify's extra blocks (seed 1
+# case 3); beside them:
+#   9 0   egress to ipBlock 0.0.0.0/0 does not match pods (#25)
+#   25 1  map verify: the policy map holds blocks a fresh computation does not
+#   50 1, 56 2   port ranges ending on a served port (the cases scripts/oracle/mutation.sh uses)
+REGRESSION=${WEFT_ORACLE_REGRESSION-9 0 25 1 50 1 56 2}
 
 if [ -z "${WEFT_ORACLE_CHILD:-}" ]; then
   seed= cases= case= corpus=
@@ -93,10 +99,11 @@ NODE=$WEFT_P
 
 PIDS=()
 stop_all() {
-  local p
+  local rc=$? p
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
   for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done
-  weft_cleanup
+  (exit "$rc")
+  weft_cleanup # reads $? as the run's status
 }
 trap stop_all EXIT
 
