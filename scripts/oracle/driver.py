@@ -316,7 +316,12 @@ def main():
     print(f"  ok   control: all {len(first)} cells answered before any policy (TCP, UDP, SCTP)")
     state["control"] = results
 
-    for k in a.cases.split():
+    case_list = a.cases.split()
+    if a.corpus and a.cases == "all":
+        listing = json.loads(subprocess.run([a.oracle, "corpus", "--world", a.world], capture_output=True, text=True, check=True).stdout)
+        case_list = [str(i) for i in range(len(listing["cases"]))]
+        print(f"  cyclonus's generator: {len(case_list)} cases; left out ({len(listing['skipped'])}): " + "; ".join(listing["skipped"]))
+    for k in case_list:
         case_file = os.path.join(a.workdir, f"case-{k}.json")
         gen = [a.oracle, "corpus", "--world", a.world, "--case", k] if a.corpus else \
             [a.oracle, "case", "--world", a.world, "--seed", str(a.seed), "--case", k]
