@@ -166,7 +166,7 @@ labelled() {
 }
 check "the 9 pods are ready with their labels from the pod watch" eventually labelled
 
-nsenter --net="/run/netns/$WEFT_NODE" python3 "$ROOT/scripts/oracle/driver.py" \
+nsenter --net="/run/netns/$WEFT_NODE" python3 -u "$ROOT/scripts/oracle/driver.py" \
   --world "$WEFT_TMP/world.json" --oracle "$ORACLE" --weftctl "$WEFT_BIN/weftctl" --socket "$WEFT_SOCK" \
   --url "$URL" --prefix "$WEFT_P" --events "$WEFT_TMP/events.jsonl" --workdir "$WEFT_TMP" \
   --replay "bash scripts/e2e/oracle.sh" --seed "$SEED" --cases "$CASE_LIST" $CORPUS
