@@ -17,7 +17,7 @@ type PodId = (String, String);
 struct Inner {
     pods: HashMap<PodId, Pod>,
     namespaces: HashMap<String, BTreeMap<String, String>>,
-    rejected: BTreeMap<PolicyKey, String>,
+    statuses: BTreeMap<PolicyKey, PolicyStatus>,
 }
 
 /// Shared between the watchers (writers) and the manager (readers).
@@ -25,6 +25,33 @@ struct Inner {
 pub struct ClusterCache {
     inner: Mutex<Inner>,
     changed: Notify,
+}
+
+/// How much of a policy object is in force, when not all of it as written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PolicyStatus {
+    /// Refused whole: it could not be read far enough to know which pods it selects (its
+    /// previous rules, if any, stay in force).
+    Rejected(String),
+    /// In force except `not_enforced` (each left out: allows nothing, or a deny widened to its
+    /// whole direction, so its pods fail closed); `warnings` are enforced with a caveat.
+    Partial {
+        /// What was left out, and what that means.
+        not_enforced: Vec<String>,
+        /// What is enforced with a caveat (e.g. a CIDR with host bits set, masked).
+        warnings: Vec<String>,
+    },
+}
+
+/// A policy object in force except some of its rules, or with warnings.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Partial {
+    /// `NetworkPolicy ns/name` etc.
+    pub object: String,
+    /// Parts left out.
+    pub not_enforced: Vec<String>,
+    /// Parts enforced with a caveat.
+    pub warnings: Vec<String>,
 }
 
 /// A policy object the manager refused, and why.
@@ -125,12 +152,12 @@ impl ClusterCache {
         self.lock().namespaces.keys().cloned().collect()
     }
 
-    /// Records the outcome of translating a policy object (`None`: accepted or deleted).
-    pub fn set_policy_status(&self, key: &PolicyKey, error: Option<String>) {
+    /// Records the outcome of translating a policy object (`None`: fully in force, or deleted).
+    pub fn set_policy_status(&self, key: &PolicyKey, status: Option<PolicyStatus>) {
         let mut g = self.lock();
-        match error {
-            Some(e) => g.rejected.insert(key.clone(), e),
-            None => g.rejected.remove(key),
+        match status {
+            Some(s) => g.statuses.insert(key.clone(), s),
+            None => g.statuses.remove(key),
         };
     }
 
@@ -138,11 +165,34 @@ impl ClusterCache {
     #[must_use]
     pub fn rejected(&self) -> Vec<Rejected> {
         self.lock()
-            .rejected
+            .statuses
             .iter()
-            .map(|(k, e)| Rejected {
-                object: k.to_string(),
-                error: e.clone(),
+            .filter_map(|(k, s)| match s {
+                PolicyStatus::Rejected(e) => Some(Rejected {
+                    object: k.to_string(),
+                    error: e.clone(),
+                }),
+                PolicyStatus::Partial { .. } => None,
+            })
+            .collect()
+    }
+
+    /// Policy objects in force except some parts, or with warnings.
+    #[must_use]
+    pub fn partial(&self) -> Vec<Partial> {
+        self.lock()
+            .statuses
+            .iter()
+            .filter_map(|(k, s)| match s {
+                PolicyStatus::Partial {
+                    not_enforced,
+                    warnings,
+                } => Some(Partial {
+                    object: k.to_string(),
+                    not_enforced: not_enforced.clone(),
+                    warnings: warnings.clone(),
+                }),
+                PolicyStatus::Rejected(_) => None,
             })
             .collect()
     }

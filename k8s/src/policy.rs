@@ -7,6 +7,7 @@
 use serde_json::Value;
 use std::fmt;
 use weft_policy::labels::{Label, keys, source};
+use weft_policy::parse::NoteKind;
 use weft_policy::rule::Rule;
 
 /// Rule label key marking rules that came from the API server.
@@ -128,9 +129,27 @@ pub fn origin_label() -> Label {
     Label::new(source::K8S, ORIGIN_KEY, ORIGIN_CLUSTER)
 }
 
-/// The rules of one object, with the origin label. `Err`: why the object is rejected, in the
+/// One object translated: its rules and what Weft could not enforce of it, or enforces with a
+/// caveat.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Translated {
+    /// Which object.
+    pub key: PolicyKey,
+    /// Its rules, with the origin label.
+    pub rules: Vec<Rule>,
+    /// Parts left out (fail closed: each allows nothing, or a deny widened to its whole
+    /// direction), each as `field.path: why; what that means`.
+    pub not_enforced: Vec<String>,
+    /// Parts enforced with a caveat (e.g. a CIDR with host bits set, masked).
+    pub warnings: Vec<String>,
+}
+
+/// The rules of one object, with the origin label, failing closed
+/// ([`weft_policy::parse::parse_cluster_object`]): a rule Weft cannot express is left out and
+/// the object's pods stay isolated. `Err`: the object cannot even be read far enough to know
+/// which pods it selects (metadata, `podSelector`/`endpointSelector`, `policyTypes`), in the
 /// policy parser's words (field path and the fix).
-pub fn translate(kind: PolicyKind, obj: &Value) -> Result<(PolicyKey, Vec<Rule>), String> {
+pub fn translate(kind: PolicyKind, obj: &Value) -> Result<Translated, String> {
     let key = PolicyKey::of(kind, obj)?;
     // Watch events of typed resources may omit apiVersion/kind; the parser dispatches on them.
     let mut obj = obj.clone();
@@ -143,12 +162,25 @@ pub fn translate(kind: PolicyKind, obj: &Value) -> Result<(PolicyKey, Vec<Rule>)
         map.entry("kind").or_insert_with(|| kind.as_str().into());
     }
     let text = serde_json::to_string(&obj).map_err(|e| e.to_string())?;
-    let mut rules = weft_policy::parse::parse_policy_file(&key.to_string(), &text)
+    let parsed = weft_policy::parse::parse_cluster_object(&key.to_string(), &text)
         .map_err(|e| e.to_string())?;
+    let mut rules = parsed.rules;
     for r in &mut rules {
         r.labels.insert(origin_label());
     }
-    Ok((key, rules))
+    let (mut not_enforced, mut warnings) = (Vec::new(), Vec::new());
+    for n in parsed.notes {
+        match n.kind {
+            NoteKind::NotEnforced => not_enforced.push(n.to_string()),
+            NoteKind::Warning => warnings.push(n.to_string()),
+        }
+    }
+    Ok(Translated {
+        key,
+        rules,
+        not_enforced,
+        warnings,
+    })
 }
 
 #[cfg(test)]
@@ -172,7 +204,7 @@ mod tests {
 
     #[test]
     fn cnp_is_namespaced_and_marked_as_cluster() {
-        let (key, rules) =
+        let Translated { key, rules, .. } =
             translate(PolicyKind::CiliumNetworkPolicy, &testdata::json("cnp.json")).unwrap();
         assert_eq!(
             key.to_string(),
@@ -196,7 +228,7 @@ mod tests {
 
     #[test]
     fn ccnp_selects_every_namespace() {
-        let (key, rules) = translate(
+        let Translated { key, rules, .. } = translate(
             PolicyKind::CiliumClusterwideNetworkPolicy,
             &testdata::json("ccnp.json"),
         )
@@ -215,7 +247,7 @@ mod tests {
     #[test]
     fn network_policy_namespace_selector_on_any_key() {
         let obj = testdata::json("networkpolicy-ns-expr-named-port.json");
-        let (_, rules) = translate(PolicyKind::NetworkPolicy, &obj).unwrap();
+        let rules = translate(PolicyKind::NetworkPolicy, &obj).unwrap().rules;
         assert!(rules[0].ingress[0].ports.is_empty());
         assert_eq!(
             rules[0].ingress[0].named_ports,
@@ -234,20 +266,43 @@ mod tests {
     }
 
     #[test]
-    fn rejected_object_says_why() {
+    fn an_egress_named_port_is_enforced() {
         let mut obj = testdata::json("networkpolicy-ns-expr-named-port.json");
         obj["spec"]["egress"] = obj["spec"]["ingress"].clone();
         obj["spec"]["egress"][0]["to"] = obj["spec"]["egress"][0]["from"].take();
         obj["spec"]["policyTypes"] = serde_json::json!(["Ingress", "Egress"]);
+        let t = translate(PolicyKind::NetworkPolicy, &obj).unwrap();
+        assert!(t.not_enforced.is_empty() && t.warnings.is_empty(), "{t:?}");
+        assert_eq!(t.rules[0].egress[0].named_ports[0].name, "http");
+    }
+
+    #[test]
+    fn what_cannot_be_expressed_is_named_and_the_pods_stay_isolated() {
+        let mut obj = testdata::json("networkpolicy-ns-expr-named-port.json");
+        obj["spec"]["policyTypes"] = serde_json::json!(["Ingress", "Egress"]);
+        obj["spec"]["egress"] = serde_json::json!([
+            {"to": [{"ipBlock": {"cidr": "10.0.16.5/4"}}], "ports": [{"port": "http"}]}
+        ]);
+        let t = translate(PolicyKind::NetworkPolicy, &obj).unwrap();
+        assert!(t.rules[0].default_deny(Direction::Egress));
+        assert!(t.rules[0].egress.is_empty());
+        assert_eq!(
+            t.not_enforced,
+            ["spec.egress[0].ports: not supported yet: a named port (http) in an egress rule with an ipBlock peer (give the port number); towards the ipBlock peers this rule allows only its numeric ports"]
+        );
+        assert!(t.warnings[0].contains("spec.egress[0].to[0].ipBlock.cidr: \"10.0.16.5/4\" has host bits set: enforced as 0.0.0.0/4"), "{:?}", t.warnings);
+    }
+
+    #[test]
+    fn an_object_whose_selector_cannot_be_read_is_rejected() {
+        let mut obj = testdata::json("networkpolicy-ns-expr-named-port.json");
+        obj["spec"]["podSelector"] = serde_json::json!({"matchExpressions": [{"key": "a", "operator": "Equals"}]});
         let err = translate(PolicyKind::NetworkPolicy, &obj).unwrap_err();
         assert!(
             err.starts_with("NetworkPolicy prod/allow-payments-http"),
             "{err}"
         );
-        assert!(
-            err.contains("not supported yet: named port \"http\" in an egress rule"),
-            "{err}"
-        );
+        assert!(err.contains("unknown operator \"Equals\""), "{err}");
     }
 
     #[test]

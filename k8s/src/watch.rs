@@ -4,7 +4,7 @@
 //! resourceVersion (bookmarks keep it fresh) and re-lists when the server answers 410 Gone;
 //! after a re-list, objects that were not listed again are treated as deleted.
 
-use crate::cache::ClusterCache;
+use crate::cache::{ClusterCache, PolicyStatus};
 use crate::policy::{PolicyKey, PolicyKind, translate};
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
@@ -294,24 +294,40 @@ impl<K: Resource + serde::Serialize> Handler<K> for Policies {
                 return;
             }
         };
-        let outcome = translate(self.kind, &value).and_then(|(key, rules)| {
-            if self.applied.get(&key) == Some(&rv) {
-                return Ok(key);
+        let outcome = translate(self.kind, &value).and_then(|t| {
+            if self.applied.get(&t.key) != Some(&rv) {
+                w.sink
+                    .policy_apply(&t.key, t.rules)
+                    .map_err(|e| format!("{}: {e}", t.key))?;
+                self.applied.insert(t.key.clone(), rv.clone());
+                for n in &t.not_enforced {
+                    tracing::warn!(key = %t.key, "policy rule not enforced (fails closed): {n}");
+                }
+                for n in &t.warnings {
+                    tracing::warn!(key = %t.key, "policy warning: {n}");
+                }
+                if !t.not_enforced.is_empty() {
+                    w.stats.count(self.kind.as_str(), "partial");
+                }
             }
-            w.sink
-                .policy_apply(&key, rules)
-                .map_err(|e| format!("{key}: {e}"))?;
-            self.applied.insert(key.clone(), rv.clone());
-            Ok(key)
+            let status = (!t.not_enforced.is_empty() || !t.warnings.is_empty()).then_some(
+                PolicyStatus::Partial {
+                    not_enforced: t.not_enforced,
+                    warnings: t.warnings,
+                },
+            );
+            Ok((t.key, status))
         });
         match outcome {
-            Ok(key) => w.cache.set_policy_status(&key, None),
+            Ok((key, status)) => w.cache.set_policy_status(&key, status),
             Err(e) => {
-                // The object's previous rules, if any, stay in force (as in Cilium).
+                // The object's previous rules, if any, stay in force (as in Cilium): without its
+                // selector there is no telling which pods to isolate.
                 w.stats.count(self.kind.as_str(), "rejected");
                 tracing::warn!(kind = self.kind.as_str(), "policy rejected: {e}");
                 if let Ok(key) = PolicyKey::of(self.kind, &value) {
-                    w.cache.set_policy_status(&key, Some(e));
+                    w.cache
+                        .set_policy_status(&key, Some(PolicyStatus::Rejected(e)));
                 }
             }
         }

@@ -97,6 +97,10 @@ fn script() -> Replay {
     let mut np_bad = np_named.clone();
     np_bad["metadata"]["name"] = "bad-port".into();
     np_bad["spec"]["ingress"][0]["ports"][0]["port"] = 70000.into();
+    let mut np_bad_selector = np_named.clone();
+    np_bad_selector["metadata"]["name"] = "bad-selector".into();
+    np_bad_selector["spec"]["podSelector"] =
+        serde_json::json!({"matchExpressions": [{"key": "app", "operator": "Equals", "values": ["x"]}]});
     Replay::default()
         .list(
             "/api/v1/nodes",
@@ -121,7 +125,7 @@ fn script() -> Replay {
                 "networking.k8s.io/v1",
                 "NetworkPolicy",
                 "20",
-                vec![np_ok.clone(), np_named, np_bad],
+                vec![np_ok.clone(), np_named, np_bad, np_bad_selector],
             ),
         )
         .watch(
@@ -260,16 +264,34 @@ async fn watchers_resume_relist_and_deliver() {
         state,
     )
     .await;
+    // A rule that cannot be expressed is left out, and the object still isolates its pods; an
+    // object whose selector cannot be read is rejected.
+    assert!(
+        ev.contains(&"apply NetworkPolicy prod/bad-port rules=1".to_owned()),
+        "{ev:#?}"
+    );
+    let partial = w.cache.partial();
+    assert_eq!(partial.len(), 1, "{partial:?}");
+    assert_eq!(partial[0].object, "NetworkPolicy prod/bad-port");
+    assert!(
+        partial[0].not_enforced[0].contains("70000\" is not a port number"),
+        "{partial:?}"
+    );
     let rejected = w.cache.rejected();
     assert_eq!(rejected.len(), 1, "{rejected:?}");
-    assert_eq!(rejected[0].object, "NetworkPolicy prod/bad-port");
+    assert_eq!(rejected[0].object, "NetworkPolicy prod/bad-selector");
     assert!(
-        rejected[0].error.contains("70000\" is not a port number"),
+        rejected[0].error.contains("unknown operator \"Equals\""),
         "{rejected:?}"
     );
     let counts = w.stats.snapshot();
     assert_eq!(
         counts.get(&("NetworkPolicy".into(), "rejected".into())),
+        Some(&1),
+        "{counts:?}"
+    );
+    assert_eq!(
+        counts.get(&("NetworkPolicy".into(), "partial".into())),
         Some(&1),
         "{counts:?}"
     );

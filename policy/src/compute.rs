@@ -218,16 +218,29 @@ fn expand(
     only: Option<&Only<'_>>,
     out: &mut BTreeSet<PolicyEntry>,
 ) {
+    // Ingress names resolve against the endpoint's own pod (`named`), the same for every peer;
+    // egress names against each destination identity's pods.
+    let by_destination = dir == Direction::Egress && !pr.named_ports.is_empty();
     // Resolved on first use: a restricted computation matches few of its rules' peers.
     let mut resolved: Option<Vec<PortProto>> = None;
     for peer in &pr.peers {
         let ids = cache.identities(peer);
         let by_ip = matches!(peer, PeerSelector::Cidr(c) if c.match_pods);
         let mut add = |id: Identity| {
-            let ports: &[PortProto] = resolved.get_or_insert_with(|| pr.resolved_ports(named));
+            let ports: &[PortProto] = resolved.get_or_insert_with(|| {
+                if by_destination {
+                    pr.numeric_ports()
+                } else {
+                    pr.resolved_ports(named)
+                }
+            });
             out.extend(ports.iter().map(|&pp| entry(dir, id, pp)));
+            if by_destination && let Some(theirs) = cache.named_ports(id) {
+                out.extend(pr.destination_ports(theirs).map(|pp| entry(dir, id, pp)));
+            }
             // A Kubernetes ipBlock also matches pods by IP: the by-IP twin of each of its CIDR
-            // identities (the datapath looks it up with the pod's `cidr_identity`).
+            // identities (the datapath looks it up with the pod's `cidr_identity`). Egress
+            // names never come with an ipBlock (the parser splits them off).
             if by_ip && id >= reserved::FIRST_CIDR {
                 let twin = reserved::by_ip(id);
                 if only.is_none_or(|o| o.identities.contains(&twin)) {
@@ -242,6 +255,16 @@ fn expand(
                 .iter()
                 .filter(|id| ids.contains(id))
                 .for_each(|&id| add(id)),
+        }
+        // The wildcard's identity 0 has no pods and so no names: its names stand for every
+        // identity whose pods have them.
+        if by_destination && SelectorCache::is_wildcard(peer) {
+            for (&id, theirs) in cache.all_named_ports() {
+                if only.is_some_and(|o| o.candidates.binary_search(&id).is_err()) {
+                    continue;
+                }
+                out.extend(pr.destination_ports(theirs).map(|pp| entry(dir, id, pp)));
+            }
         }
     }
 }

@@ -5,7 +5,10 @@
 //! [`compute::compute`] per affected endpoint → [`diff::plan`] against what is installed.
 //! [`trace::trace`] explains a single flow. Identities come from
 //! [`identity::IdentityAllocator`]; every allocation or release is reported to the selector
-//! cache, which says which selectors (and so which endpoints) changed. See `docs/POLICY.md`.
+//! cache, which says which selectors (and so which endpoints) changed. Pods' named ports, which
+//! egress rules' `port: name` resolve against per destination identity, are kept by
+//! [`peerports::PeerPorts`] and handed to the selector cache the same way. Cluster objects are
+//! parsed failing closed ([`parse::parse_cluster_object`]). See `docs/POLICY.md`.
 #![warn(missing_docs)]
 // Input reaches these crates from the API, policy files and the CNI: no path may panic on it.
 #![cfg_attr(
@@ -25,6 +28,7 @@ pub mod identity;
 pub mod labels;
 pub mod mapstate;
 pub mod parse;
+pub mod peerports;
 pub mod repository;
 pub mod rule;
 pub mod selector;

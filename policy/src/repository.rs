@@ -378,11 +378,7 @@ impl Repository {
     /// Every CIDR prefix in use (excepts included): each needs a CIDR identity.
     #[must_use]
     pub fn cidr_prefixes(&self) -> BTreeSet<IpNet> {
-        self.rules
-            .iter()
-            .flat_map(Rule::cidr_prefixes)
-            .filter(|p| p.prefix_len() > 0)
-            .collect()
+        self.rules.iter().flat_map(Rule::cidr_prefixes).collect()
     }
 
     /// True when a rule applying to this endpoint uses one of `changed` as a peer, i.e. the

@@ -160,9 +160,10 @@ impl Enforcement {
     }
 }
 
-/// A port given by name (Kubernetes `port: http`), resolved per endpoint against its pod's
-/// container ports when the policy is computed. Only ingress rules have them: there the name
-/// is the selected pod's own port (Cilium's ingress resolution).
+/// A port given by name (Kubernetes `port: http`), resolved against pods' container ports when
+/// the policy is computed: in an ingress rule against the selected pod's own ports (Cilium's
+/// ingress resolution), in an egress rule against the destination's, per destination identity
+/// (the union over that identity's pods, [`crate::selectorcache::SelectorCache::set_named_ports`]).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct NamedPort {
     /// IP protocol number (TCP, UDP or SCTP).
@@ -173,6 +174,10 @@ pub struct NamedPort {
 
 /// An endpoint's named ports: (name, protocol) → port number (its pod's container ports).
 pub type NamedPorts = std::collections::BTreeMap<(String, u8), u16>;
+
+/// The named ports of every pod of one identity: (name, protocol) → the numbers its pods give
+/// that name (several when replicas differ).
+pub type IdentityPorts = std::collections::BTreeMap<(String, u8), std::collections::BTreeSet<u16>>;
 
 /// Peers and ports of one ingress/egress (allow or deny) section entry.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -201,6 +206,35 @@ impl PeerRule {
     #[must_use]
     pub fn all_ports(&self) -> bool {
         self.ports.is_empty() && self.named_ports.is_empty()
+    }
+
+    /// The entry's numeric ports; `[ANY]` for an entry without ports (numeric or named).
+    #[must_use]
+    pub fn numeric_ports(&self) -> Vec<PortProto> {
+        if self.all_ports() {
+            vec![PortProto::ANY]
+        } else {
+            self.ports.clone()
+        }
+    }
+
+    /// The numbers the entry's names resolve to on a destination identity whose pods have
+    /// these named ports (egress).
+    pub fn destination_ports<'a>(
+        &'a self,
+        named: &'a IdentityPorts,
+    ) -> impl Iterator<Item = PortProto> + 'a {
+        self.named_ports.iter().flat_map(move |n| {
+            named
+                .get(&(n.name.clone(), n.proto))
+                .into_iter()
+                .flatten()
+                .map(move |&port| PortProto {
+                    proto: n.proto,
+                    lo: port,
+                    hi: port,
+                })
+        })
     }
 
     /// The entry's ports for an endpoint with these named ports: numeric ones plus the names
@@ -336,9 +370,17 @@ impl Rule {
 
     /// Every CIDR prefix the rule references, `except` prefixes included: each needs a CIDR
     /// identity in the ipcache so longest-prefix match can tell them apart.
+    ///
+    /// `0.0.0.0/0` and `::/0` resolve to `world` (the ipcache's default entries), so they need
+    /// no identity of their own, except as a Kubernetes ipBlock: that matches pods by address,
+    /// through the identity of the longest CIDR-rule prefix containing the pod's address, and a
+    /// pod outside every other rule's prefixes has only the /0 to be found in.
     pub fn cidr_prefixes(&self) -> impl Iterator<Item = IpNet> + '_ {
         self.peers().flat_map(|p| match p {
-            PeerSelector::Cidr(c) => std::iter::once(c.cidr).chain(c.except.clone()).collect(),
+            PeerSelector::Cidr(c) => std::iter::once(c.cidr)
+                .filter(|p| p.prefix_len() > 0 || c.match_pods)
+                .chain(c.except.iter().copied().filter(|p| p.prefix_len() > 0))
+                .collect(),
             _ => Vec::new(),
         })
     }

@@ -6,7 +6,7 @@ use crate::identity::{IdentityAllocator, IdentityKey};
 use crate::labels::{Label, LabelSet, source};
 use crate::mapstate::{Identity, reserved};
 use crate::repository::{RepoChange, Repository};
-use crate::rule::{Entity, PeerSelector, Rule};
+use crate::rule::{Entity, IdentityPorts, PeerSelector, Rule};
 use ipnet::IpNet;
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
@@ -22,12 +22,15 @@ enum Known {
     Cidr(IpNet),
 }
 
-/// Peer selector → matching identities.
+/// Peer selector → matching identities; and the named ports of each identity's pods, which
+/// egress rules' `port: name` resolve against (Cilium keeps them with the ipcache's metadata
+/// of each address; here they are an input per identity, kept by the manager).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SelectorCache {
     universe: BTreeMap<Identity, Known>,
     entries: BTreeMap<PeerSelector, BTreeSet<Identity>>,
     world_labels: LabelSet,
+    ports: BTreeMap<Identity, IdentityPorts>,
 }
 
 impl Default for SelectorCache {
@@ -56,6 +59,7 @@ impl SelectorCache {
             universe,
             entries: BTreeMap::new(),
             world_labels: reserved_labels("world"),
+            ports: BTreeMap::new(),
         }
     }
 
@@ -236,6 +240,37 @@ impl SelectorCache {
     /// Tracked selectors.
     pub fn selectors(&self) -> impl Iterator<Item = (&PeerSelector, &BTreeSet<Identity>)> {
         self.entries.iter()
+    }
+
+    /// Sets the named ports of identity `id`'s pods (empty: none). Returns the tracked
+    /// selectors matching `id` when they changed: the entries of `id` in the policies of their
+    /// users' endpoints may change (egress rules' names).
+    pub fn set_named_ports(&mut self, id: Identity, ports: IdentityPorts) -> BTreeSet<PeerSelector> {
+        let old = if ports.is_empty() {
+            self.ports.remove(&id)
+        } else {
+            self.ports.insert(id, ports.clone())
+        };
+        if old.unwrap_or_default() == ports {
+            return BTreeSet::new();
+        }
+        self.entries
+            .keys()
+            .filter(|p| self.peer_matches(p, id))
+            .cloned()
+            .collect()
+    }
+
+    /// The named ports of identity `id`'s pods, if any.
+    #[must_use]
+    pub fn named_ports(&self, id: Identity) -> Option<&IdentityPorts> {
+        self.ports.get(&id)
+    }
+
+    /// Every identity with named ports.
+    #[must_use]
+    pub fn all_named_ports(&self) -> &BTreeMap<Identity, IdentityPorts> {
+        &self.ports
     }
 
     /// Labels of an endpoint identity, if known.

@@ -129,31 +129,46 @@ pub fn trace(
     }
 }
 
+/// Whether an entry of `dir` matches the peer and the port. Names resolve as the computation
+/// resolves them: in ingress against the endpoint's own pod (`named`), in egress against the
+/// destination identity's pods.
 fn hits(
     pr: &PeerRule,
-    named: &NamedPorts,
+    (named, dir): (&NamedPorts, Direction),
     cache: &SelectorCache,
     peer: Identity,
     proto: u8,
     port: u16,
 ) -> bool {
-    let ports = pr
-        .resolved_ports(named)
+    if !pr.peers.iter().any(|s| cache.peer_matches(s, peer)) {
+        return false;
+    }
+    if dir == Direction::Egress && !pr.named_ports.is_empty() {
+        return pr.numeric_ports().iter().any(|p| p.matches(proto, port))
+            || cache.named_ports(peer).is_some_and(|theirs| {
+                pr.destination_ports(theirs)
+                    .any(|p| p.matches(proto, port))
+            });
+    }
+    pr.resolved_ports(named)
         .iter()
-        .any(|p| p.matches(proto, port));
-    ports && pr.peers.iter().any(|s| cache.peer_matches(s, peer))
+        .any(|p| p.matches(proto, port))
 }
 
 /// A Kubernetes ipBlock of `pr` contains the pod address whose CIDR identity is `cidr_identity`.
 fn hits_by_ip(
     pr: &PeerRule,
+    (named, dir): (&NamedPorts, Direction),
     cache: &SelectorCache,
     cidr_identity: Identity,
     proto: u8,
     port: u16,
 ) -> bool {
-    let ports = pr.ports.is_empty() || pr.ports.iter().any(|p| p.matches(proto, port));
-    ports
+    let ports = match dir {
+        Direction::Egress => pr.numeric_ports(),
+        Direction::Ingress => pr.resolved_ports(named),
+    };
+    ports.iter().any(|p| p.matches(proto, port))
         && cidr_identity != 0
         && pr.peers.iter().any(|s| {
             matches!(s, PeerSelector::Cidr(c) if c.match_pods)
@@ -184,7 +199,7 @@ fn decide(
         if r.sections(dir)
             .1
             .iter()
-            .any(|pr| hits(pr, named, cache, peer, proto, port))
+            .any(|pr| hits(pr, (named, dir), cache, peer, proto, port))
         {
             return done(Verdict::Deny, Decision::DeniedBy(r.labels.clone()));
         }
@@ -193,7 +208,7 @@ fn decide(
         if r.sections(dir)
             .0
             .iter()
-            .any(|pr| hits(pr, named, cache, peer, proto, port))
+            .any(|pr| hits(pr, (named, dir), cache, peer, proto, port))
         {
             return done(Verdict::Allow, Decision::AllowedBy(r.labels.clone()));
         }
@@ -209,7 +224,7 @@ fn decide(
         if r.sections(dir)
             .0
             .iter()
-            .any(|pr| hits_by_ip(pr, cache, peer_cidr, proto, port))
+            .any(|pr| hits_by_ip(pr, (named, dir), cache, peer_cidr, proto, port))
         {
             return done(Verdict::Allow, Decision::AllowedByIpBlock(r.labels.clone()));
         }

@@ -216,6 +216,7 @@ pub(crate) mod tests {
             identity: id,
             node: "a".into(),
             node_ip: "192.0.2.1".parse().unwrap(),
+            named_ports: Vec::new(),
         });
         let mut published = Published::default();
         c.publish(lease, &desired, &mut published).unwrap();

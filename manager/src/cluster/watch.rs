@@ -240,6 +240,7 @@ mod tests {
             identity: id,
             node: "a".into(),
             node_ip: "192.0.2.1".parse().unwrap(),
+            named_ports: Vec::new(),
         });
         a.publish(lease, &desired, &mut Published::default())
             .unwrap();

@@ -356,10 +356,15 @@ async fn policy(client: &Client, output: Output, cmd: PolicyCmd) -> Result<(), C
             }
             match output {
                 Output::Json => print(output, &r, |_| String::new())?,
-                Output::Table => println!(
-                    "revision {} ({} rules; {} endpoints regenerated in {:.2} ms)",
-                    r.revision, r.rules, r.regenerated, r.elapsed_ms
-                ),
+                Output::Table => {
+                    println!(
+                        "revision {} ({} rules; {} endpoints regenerated in {:.2} ms)",
+                        r.revision, r.rules, r.regenerated, r.elapsed_ms
+                    );
+                    for w in &r.warnings {
+                        eprintln!("warning: {w}");
+                    }
+                }
             }
         }
         PolicyCmd::List => {

@@ -141,8 +141,24 @@ pub fn policy_table(v: &Value) -> String {
             table::render(&["OBJECT", "ERROR"], &rejected)
         )
     };
+    let mut partial: Vec<Vec<String>> = Vec::new();
+    for p in v["partial"].as_array().into_iter().flatten() {
+        for (what, key) in [("not enforced", "not_enforced"), ("warning", "warnings")] {
+            for n in p[key].as_array().into_iter().flatten() {
+                partial.push(vec![s(&p["object"]), what.into(), s(n)]);
+            }
+        }
+    }
+    let partial = if partial.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "\nPartially enforced cluster policies (a rule not enforced allows nothing; its pods stay isolated):\n{}",
+            table::render(&["OBJECT", "STATUS", "DETAIL"], &partial)
+        )
+    };
     format!(
-        "Revision: {}\n{}{rejected}",
+        "Revision: {}\n{}{rejected}{partial}",
         s(&v["revision"]),
         table::render(
             &[
@@ -332,6 +348,9 @@ mod tests {
                 {"labels": ["unspec:name=l3-rule"]},
             ],
             "rejected": [{"object": "NetworkPolicy prod/bad", "error": "spec: missing"}],
+            "partial": [{"object": "CiliumNetworkPolicy prod/fqdn",
+                         "not_enforced": ["spec.egress[0].toFQDNs: not supported yet"],
+                         "warnings": ["spec.egress[1].toCIDR[0]: host bits"]}],
         });
         let out = policy_table(&v);
         let lines: Vec<&str> = out.lines().collect();
@@ -342,5 +361,12 @@ mod tests {
             out.contains("NetworkPolicy prod/bad") && out.contains("spec: missing"),
             "{out}"
         );
+        let partial: Vec<&str> = out
+            .lines()
+            .skip_while(|l| !l.starts_with("Partially enforced"))
+            .collect();
+        assert!(partial[2].contains("CiliumNetworkPolicy prod/fqdn"), "{out}");
+        assert!(partial[2].contains("not enforced") && partial[2].contains("toFQDNs"), "{out}");
+        assert!(partial[3].contains("warning") && partial[3].contains("host bits"), "{out}");
     }
 }

@@ -5,7 +5,8 @@
 use serde::{Deserialize, Serialize};
 use std::net::IpAddr;
 use weft_policy::labels::LabelSet;
-use weft_policy::mapstate::Identity;
+use weft_policy::mapstate::{Identity, proto};
+use weft_policy::rule::NamedPorts;
 
 /// Root of everything Weft writes.
 pub const ROOT: &str = "weft/state/";
@@ -44,6 +45,67 @@ pub struct IpRecord {
     pub node: String,
     /// That node's underlay IP.
     pub node_ip: IpAddr,
+    /// The named container ports of its pod (what egress rules' `port: name` resolve to on
+    /// other nodes), as Cilium's ipcache metadata carries them. Absent in records of older
+    /// versions and for pods without any.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub named_ports: Vec<NamedPortRecord>,
+}
+
+/// One named container port of a pod: `{"name": "http", "protocol": "TCP", "port": 8080}`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct NamedPortRecord {
+    /// The port's name.
+    pub name: String,
+    /// `TCP`, `UDP` or `SCTP`.
+    pub protocol: String,
+    /// Its number.
+    pub port: u16,
+}
+
+/// A pod's named ports as records (sorted).
+#[must_use]
+pub fn named_port_records(ports: &NamedPorts) -> Vec<NamedPortRecord> {
+    ports
+        .iter()
+        .filter_map(|((name, proto), port)| {
+            let protocol = match *proto {
+                proto::TCP => "TCP",
+                proto::UDP => "UDP",
+                proto::SCTP => "SCTP",
+                _ => return None,
+            };
+            Some(NamedPortRecord {
+                name: name.clone(),
+                protocol: protocol.into(),
+                port: *port,
+            })
+        })
+        .collect()
+}
+
+/// Records back into named ports; a record with an unknown protocol, an invalid name or port
+/// 0 (written by a newer or broken node) is skipped with a warning.
+#[must_use]
+pub fn named_ports_of(records: &[NamedPortRecord]) -> NamedPorts {
+    let mut out = NamedPorts::new();
+    for r in records {
+        let proto = match r.protocol.as_str() {
+            "TCP" => proto::TCP,
+            "UDP" => proto::UDP,
+            "SCTP" => proto::SCTP,
+            _ => {
+                tracing::warn!(name = %r.name, protocol = %r.protocol, "ignoring a named port of an unknown protocol");
+                continue;
+            }
+        };
+        if r.port == 0 || r.name.is_empty() || r.name.len() > 15 {
+            tracing::warn!(name = %r.name, port = r.port, "ignoring an invalid named port");
+            continue;
+        }
+        out.entry((r.name.clone(), proto)).or_insert(r.port);
+    }
+    out
 }
 
 /// A label set as a key segment: each label's text with `%`, `/` and `,` percent-encoded,

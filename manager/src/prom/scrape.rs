@@ -170,15 +170,26 @@ pub(super) fn collect(m: &Manager, watch: Option<&WatchStats>) -> Registry {
             .chain(["CiliumClusterwideNetworkPolicy"])
             .map(|k| (k.to_owned(), 0))
             .collect();
+        let mut partial = by_kind.clone();
         for r in cache.rejected() {
             let kind = r.object.split_whitespace().next().unwrap_or("unknown");
             *by_kind.entry(kind.to_owned()).or_default() += 1;
+        }
+        for p in cache.partial().iter().filter(|p| !p.not_enforced.is_empty()) {
+            let kind = p.object.split_whitespace().next().unwrap_or("unknown");
+            *partial.entry(kind.to_owned()).or_default() += 1;
         }
         gauge(
             &mut reg,
             "k8s_policies_rejected",
             "Cluster policy objects whose current version was rejected (weftctl policy list shows why)",
             by_kind.into_iter().map(|(kind, n)| (Kind { kind }, n)),
+        );
+        gauge(
+            &mut reg,
+            "k8s_policies_partially_enforced",
+            "Cluster policy objects in force except rules Weft cannot express, which fail closed (weftctl policy list shows which)",
+            partial.into_iter().map(|(kind, n)| (Kind { kind }, n)),
         );
     }
     reg
@@ -261,7 +272,7 @@ fn watchers(w: &WatchStats, reg: &mut Registry) {
         "Kubernetes objects received, by resource and event (list: in a (re-)list; apply; delete)",
         counts
             .iter()
-            .filter(|((_, t), _)| t != "error" && t != "rejected")
+            .filter(|((_, t), _)| !matches!(t.as_str(), "error" | "rejected" | "partial"))
             .map(|((resource, t), n)| {
                 (
                     WatchEvent {
@@ -295,6 +306,15 @@ fn watchers(w: &WatchStats, reg: &mut Registry) {
         counts
             .iter()
             .filter(|((_, t), _)| t == "rejected")
+            .map(|((kind, _), n)| (Kind { kind: kind.clone() }, *n)),
+    );
+    counter(
+        reg,
+        "k8s_policy_partial_applies",
+        "Policy object versions applied with rules left out (those fail closed), by kind (each version once)",
+        counts
+            .iter()
+            .filter(|((_, t), _)| t == "partial")
             .map(|((kind, _), n)| (Kind { kind: kind.clone() }, *n)),
     );
     let lists = Counter::<u64>::default();

@@ -12,6 +12,10 @@ use weft_policy::labels::LabelSet;
 use weft_policy::mapstate::Identity;
 
 use super::{Manager, ManagerError};
+use crate::ipcache::Source;
+use crate::kvstore::keys::{named_port_records, named_ports_of};
+use crate::policy_state::PortOwner;
+use weft_policy::rule::NamedPorts;
 use crate::cluster::Cluster;
 use crate::cluster::routes::RouteTable;
 use crate::cluster::session::{Desired, Local};
@@ -116,6 +120,80 @@ impl Manager {
         }
     }
 
+    /// Makes the ipcache entries of remote node `node`'s endpoints exactly `entries` (address
+    /// prefix → identity): a cluster-store (re)list or the node's lease expiring (empty map).
+    /// A remote entry never hides a local endpoint's or the node's own. The caller makes the
+    /// identities known to the selector cache (and regenerates) before this, so an address
+    /// never resolves to an identity no policy knows yet.
+    pub fn sync_remote_endpoints(
+        &self,
+        node: &str,
+        entries: &BTreeMap<ipnet::IpNet, weft_policy::mapstate::Identity>,
+    ) -> Result<(), ManagerError> {
+        let mut st = self.state();
+        st.ipcache
+            .replace_source(&Source::RemoteEndpoint(node.to_owned()), entries);
+        self.flush_ipcache(&mut st)?;
+        // Named ports of addresses it no longer has go too (all of them when it left).
+        let kept: std::collections::BTreeSet<std::net::IpAddr> =
+            entries.keys().map(ipnet::IpNet::addr).collect();
+        let gone: Vec<PortOwner> = st
+            .pol
+            .peer_port_owners()
+            .filter_map(|(o, _, _)| match o {
+                PortOwner::Remote { node: n, ip } if n == node && !kept.contains(ip) => {
+                    Some(o.clone())
+                }
+                _ => None,
+            })
+            .collect();
+        for owner in gone {
+            let effects = st.pol.remove_peer_ports(&owner);
+            self.regenerate_users(&mut st, &effects)?;
+        }
+        Ok(())
+    }
+
+    /// One remote endpoint address appeared or changed identity or named ports (cluster-store
+    /// watch event). Its named ports reach the policies first, then its address the ipcache.
+    pub fn upsert_remote_endpoint(
+        &self,
+        node: &str,
+        prefix: ipnet::IpNet,
+        identity: weft_policy::mapstate::Identity,
+        ports: NamedPorts,
+    ) -> Result<(), ManagerError> {
+        let mut st = self.state();
+        let owner = PortOwner::Remote {
+            node: node.to_owned(),
+            ip: prefix.addr(),
+        };
+        let effects = st.pol.set_peer_ports(owner, identity, ports);
+        self.regenerate_users(&mut st, &effects)?;
+        st.ipcache
+            .set(prefix, Source::RemoteEndpoint(node.to_owned()), identity);
+        self.flush_ipcache(&mut st)
+    }
+
+    /// One remote endpoint address went away (cluster-store watch event).
+    pub fn remove_remote_endpoint(
+        &self,
+        node: &str,
+        prefix: ipnet::IpNet,
+    ) -> Result<(), ManagerError> {
+        let mut st = self.state();
+        st.ipcache
+            .unset(prefix, &Source::RemoteEndpoint(node.to_owned()));
+        self.flush_ipcache(&mut st)?;
+        let owner = PortOwner::Remote {
+            node: node.to_owned(),
+            ip: prefix.addr(),
+        };
+        let effects = st.pol.remove_peer_ports(&owner);
+        self.regenerate_users(&mut st, &effects)?;
+        Ok(())
+    }
+
     /// Every node: this one, then the remote ones.
     #[must_use]
     pub fn nodes(&self) -> Vec<NodeInfo> {
@@ -176,11 +254,13 @@ impl Local for Manager {
             .list()
             .filter(|ep| ep.state == EndpointState::Ready && ep.identity != 0)
             .flat_map(|ep| {
-                ep.ips.iter().map(|i| IpRecord {
+                let named_ports = named_port_records(&self.named_ports(ep));
+                ep.ips.iter().map(move |i| IpRecord {
                     ip: i.address,
                     identity: ep.identity,
                     node: own.name.clone(),
                     node_ip: own.node_ip,
+                    named_ports: named_ports.clone(),
                 })
             })
             .collect();
@@ -217,7 +297,9 @@ impl Remote for Manager {
 
     fn ip_put(&self, r: &IpRecord) {
         // The ipcache's owner precedence keeps a local endpoint's entry over a remote one.
-        if let Err(e) = self.upsert_remote_endpoint(&r.node, IpNet::from(r.ip), r.identity) {
+        let ports = named_ports_of(&r.named_ports);
+        if let Err(e) = self.upsert_remote_endpoint(&r.node, IpNet::from(r.ip), r.identity, ports)
+        {
             tracing::error!(ip = %r.ip, node = %r.node, "remote ipcache entry: {e}");
         }
     }

@@ -18,7 +18,6 @@ pub use labels::{from_api_labels, to_api_labels};
 pub use policy_api::{ImportResult, TraceRequest, TraceResult};
 pub use verify::VerifyReport;
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use weft_api::{
@@ -33,7 +32,7 @@ use crate::hostnet::{HostNet, HostNetError};
 use crate::ipcache::{Ipcache, Source, Write};
 use crate::link_reaper::LinkReaper;
 use crate::node::ChosenCidr;
-use crate::policy_state::{PolicyState, PolicyStateError};
+use crate::policy_state::{PolicyState, PolicyStateError, PortOwner};
 use weft_api::delete_queue::DeleteQueue;
 
 /// How long an allocation may stay un-registered before GC or the reaper may treat it as
@@ -327,10 +326,33 @@ impl Manager {
     }
 
     /// Recomputes an endpoint's policy and installs it if it changed (its pod's named ports
-    /// arrived or changed). Returns whether the maps changed.
+    /// arrived or changed), and updates what its named ports mean for its peers' egress rules
+    /// (and, in kvstore mode, for other nodes). Returns whether the maps changed.
     pub fn refresh_endpoint(&self, id: u32) -> Result<bool, ManagerError> {
         let mut st = self.state();
-        Ok(self.regenerate(&mut st, &[id])? > 0)
+        let mut changed = 0;
+        if let Some(ep) = st.reg.get(id).cloned()
+            && ep.state == EndpointState::Ready
+        {
+            let ports = st
+                .pol
+                .set_peer_ports(PortOwner::Local(id), ep.identity, self.named_ports(&ep));
+            changed += self.regenerate_users(&mut st, &ports)?;
+        }
+        changed += self.regenerate(&mut st, &[id])?;
+        drop(st);
+        self.poke_cluster();
+        Ok(changed > 0)
+    }
+
+    /// Drops an endpoint's named ports after a failed change (best effort: a failure leaves
+    /// a full regeneration to housekeeping).
+    pub(crate) fn forget_ports(&self, st: &mut State, owner: &PortOwner) {
+        let effects = st.pol.remove_peer_ports(owner);
+        if let Err(e) = self.regenerate_users(st, &effects) {
+            tracing::error!("dropping named ports after a failed change: {e}");
+            self.mark_needs_regeneration();
+        }
     }
 
     /// The named container ports of an endpoint's pod, which ingress rules' `port: name`
@@ -506,47 +528,6 @@ impl Manager {
         Ok(())
     }
 
-    /// Makes the ipcache entries of remote node `node`'s endpoints exactly `entries` (address
-    /// prefix → identity): a cluster-store (re)list or the node's lease expiring (empty map).
-    /// A remote entry never hides a local endpoint's or the node's own. The caller makes the
-    /// identities known to the selector cache (and regenerates) before this, so an address
-    /// never resolves to an identity no policy knows yet.
-    pub fn sync_remote_endpoints(
-        &self,
-        node: &str,
-        entries: &BTreeMap<ipnet::IpNet, weft_policy::mapstate::Identity>,
-    ) -> Result<(), ManagerError> {
-        let mut st = self.state();
-        st.ipcache
-            .replace_source(&Source::RemoteEndpoint(node.to_owned()), entries);
-        self.flush_ipcache(&mut st)
-    }
-
-    /// One remote endpoint address appeared or changed identity (cluster-store watch event).
-    pub fn upsert_remote_endpoint(
-        &self,
-        node: &str,
-        prefix: ipnet::IpNet,
-        identity: weft_policy::mapstate::Identity,
-    ) -> Result<(), ManagerError> {
-        let mut st = self.state();
-        st.ipcache
-            .set(prefix, Source::RemoteEndpoint(node.to_owned()), identity);
-        self.flush_ipcache(&mut st)
-    }
-
-    /// One remote endpoint address went away (cluster-store watch event).
-    pub fn remove_remote_endpoint(
-        &self,
-        node: &str,
-        prefix: ipnet::IpNet,
-    ) -> Result<(), ManagerError> {
-        let mut st = self.state();
-        st.ipcache
-            .unset(prefix, &Source::RemoteEndpoint(node.to_owned()));
-        self.flush_ipcache(&mut st)
-    }
-
     /// Reserves an endpoint, its identity and its IPs (all persisted before returning). Peers
     /// whose selectors match a new identity are regenerated now, so they already allow the new
     /// pod when its IPs appear in the ipcache at registration.
@@ -640,11 +621,26 @@ impl Manager {
             ManagerError::Invalid(format!("pod_mac {:?} is not a MAC address", req.pod_mac))
         })?;
         let t0 = std::time::Instant::now();
-        // The slot first (a replica finds it written): the endpoint's entry points at complete
-        // entries with their enforcement flags from the moment it exists.
+        // Its named ports first: peers whose egress rules name them (and its own slot) know
+        // them before its addresses resolve. Then the slot (a replica finds it written): the
+        // endpoint's entry points at complete entries with their enforcement flags from the
+        // moment it exists.
         let labels = from_api_labels(&ep.labels);
-        view.policy_id =
-            self.prepare_slot(&mut st, ep.identity, &labels, &self.named_ports(&ep))?;
+        let named = self.named_ports(&ep);
+        let port_owner = PortOwner::Local(ep.id);
+        let ports = st
+            .pol
+            .set_peer_ports(port_owner.clone(), ep.identity, named.clone());
+        let slot = self
+            .regenerate_users(&mut st, &ports)
+            .and_then(|_| self.prepare_slot(&mut st, ep.identity, &labels, &named));
+        view.policy_id = match slot {
+            Ok(slot) => slot,
+            Err(e) => {
+                self.forget_ports(&mut st, &port_owner);
+                return Err(e);
+            }
+        };
         let slot_us = t0.elapsed().as_micros();
         ep.policy_revision = st.pol.repo().revision();
         // The ready record goes to disk while the programs attach: its write (~0.3 ms) was the
@@ -686,6 +682,7 @@ impl Manager {
                 {
                     tracing::error!(endpoint_id = id, "undoing a failed register: {d}");
                 }
+                self.forget_ports(&mut st, &port_owner);
                 return Err(e);
             }
         };
@@ -765,6 +762,8 @@ impl Manager {
                 .unset(ipnet::IpNet::from(ip.address), &Source::LocalEndpoint(id));
         }
         self.flush_ipcache(st)?;
+        let ports = st.pol.remove_peer_ports(&PortOwner::Local(id));
+        self.regenerate_users(st, &ports)?;
         if let Some(slot) = st.slots.leave(id) {
             self.retire_slot(st, slot)?;
         }
@@ -941,6 +940,8 @@ pub(crate) use test_support::fake_manager;
 mod reimport_tests;
 #[cfg(test)]
 mod slot_tests;
+#[cfg(test)]
+mod named_port_tests;
 #[cfg(test)]
 pub(crate) mod test_support;
 #[cfg(test)]

@@ -23,6 +23,10 @@ pub struct ImportResult {
     pub regenerated: usize,
     /// Wall time of the whole change, regeneration included.
     pub elapsed_ms: f64,
+    /// What the file gets enforced with a caveat (e.g. a CIDR with host bits set: enforced as
+    /// the network it names).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 /// One side of a trace: exactly one field set.
@@ -129,16 +133,24 @@ impl Manager {
     pub fn import_policy(&self, file: &str, text: &str) -> Result<ImportResult, ManagerError> {
         let t0 = std::time::Instant::now();
         // Outside the state lock: only rules whose text is new are parsed.
-        let pieces = self
+        let mut memo = self
             .parse_memo
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let pieces = memo
             .parse(file, text)
             .map_err(|e| ManagerError::Invalid(e.to_string()))?;
+        let warnings: Vec<String> = memo.take_notes().iter().map(ToString::to_string).collect();
+        drop(memo);
+        for w in &warnings {
+            tracing::warn!(file, "policy warning: {w}");
+        }
         let parsed = t0.elapsed();
         let mut st = self.state();
         let (change, effects) = st.pol.add_pieces(pieces)?;
-        self.finish_import(file, st, &change, &effects, t0, parsed)
+        let mut result = self.finish_import(file, st, &change, &effects, t0, parsed)?;
+        result.warnings = warnings;
+        Ok(result)
     }
 
     /// Adds parsed rules (same labels replace, as on import). `t0`: when the request started.
@@ -231,6 +243,7 @@ impl Manager {
             rules: st.pol.repo().rules().len(),
             regenerated,
             elapsed_ms: t0.elapsed().as_secs_f64() * 1000.0,
+            warnings: Vec::new(),
         };
         drop(st);
         super::release_freed_memory();
@@ -277,15 +290,14 @@ impl Manager {
     /// The repository: revision and rules.
     pub fn policies(&self) -> serde_json::Value {
         let st = self.state();
-        let rejected = self
-            .k8s_cache
-            .get()
-            .map(|c| c.rejected())
-            .unwrap_or_default();
+        let cache = self.k8s_cache.get();
+        let rejected = cache.map(|c| c.rejected()).unwrap_or_default();
+        let partial = cache.map(|c| c.partial()).unwrap_or_default();
         serde_json::json!({
             "revision": st.pol.repo().revision(),
             "rules": st.pol.repo().rules(),
             "rejected": rejected,
+            "partial": partial,
         })
     }
 
@@ -386,6 +398,14 @@ impl Manager {
             }
         };
         let mut programmed = self.regenerate_users(&mut st, &gained).map(|_| ());
+        // Its named ports move to the new identity with it (peers' egress rules by name).
+        let ready = ep.state == EndpointState::Ready;
+        let named = self.named_ports(&ep);
+        let owner = crate::policy_state::PortOwner::Local(ep.id);
+        if programmed.is_ok() && ready {
+            let moved = st.pol.set_peer_ports(owner.clone(), new_id, named.clone());
+            programmed = self.regenerate_users(&mut st, &moved).map(|_| ());
+        }
         if programmed.is_ok()
             && let (EndpointState::Ready, Some(mut view)) = (ep.state, datapath_view(&ep))
         {
@@ -393,7 +413,7 @@ impl Manager {
             // one update changes identity, slot and enforcement flags together; the old slot
             // goes only after, if nobody else uses it.
             programmed = self
-                .prepare_slot(&mut st, new_id, &new_labels, &self.named_ports(&ep))
+                .prepare_slot(&mut st, new_id, &new_labels, &named)
                 .and_then(|slot| {
                     view.policy_id = slot;
                     self.datapath.attach_endpoint(&view)?;
@@ -409,6 +429,10 @@ impl Manager {
         }
         if let Err(e) = programmed {
             set_addresses(&mut st, old_id);
+            if ready {
+                // (The full regeneration asked for below recomputes from this.)
+                let _ = st.pol.set_peer_ports(owner, old_id, named);
+            }
             st.pol.release(new_id)?;
             self.mark_needs_regeneration();
             return Err(e);

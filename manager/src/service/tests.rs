@@ -2,6 +2,7 @@
 
 use super::test_support::{make_ready, pod_request};
 use super::*;
+use std::collections::BTreeMap;
 use crate::datapath::{FakeCall, FakeDatapath};
 use crate::hostnet::FakeHostNet;
 use weft_policy::mapstate::{Direction, PolicyEntry, Verdict, proto};

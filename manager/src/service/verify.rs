@@ -7,12 +7,15 @@
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 use weft_api::EndpointState;
-use weft_policy::compute::compute;
-use weft_policy::mapstate::EndpointPolicy;
+use weft_policy::compute::compute_with_ports;
+use weft_policy::labels::LabelSet;
+use weft_policy::rule::NamedPorts;
+use weft_policy::mapstate::{EndpointPolicy, Identity};
 
 use super::{Manager, ManagerError, State, from_api_labels, initial_ipcache};
 use crate::datapath::{KernelState, encode_policy};
 use crate::ipcache::Source;
+use crate::policy_state::PortOwner;
 
 /// Where the kernel disagrees with the control plane (empty: consistent).
 #[derive(Debug, Clone, Default, Serialize)]
@@ -56,7 +59,9 @@ impl Manager {
             .filter(|ep| ep.state == EndpointState::Deleting)
             .map(|ep| ep.id)
             .collect();
-        check_endpoints(&st, &kernel, &deleting, &mut r);
+        let named = |ep: &weft_api::Endpoint| self.named_ports(ep);
+        check_endpoints(&st, &kernel, &deleting, &named, &mut r);
+        self.check_peer_ports(&st, &named, &mut r);
         check_ipcache(&st, &kernel, &deleting, &mut r);
         // Restarts leave filters alone when the programs are reused: a filter changed behind
         // Weft's back (tc filter del/replace) is found here.
@@ -75,23 +80,86 @@ impl Manager {
 /// The `endpoints`, `policy` and `policy_gen` maps: one entry per Ready endpoint, pointing at a slot
 /// that holds exactly a fresh computation of the endpoint's policy and whose last write
 /// completed; no entries of unknown endpoints, no slot nobody points at.
+impl Manager {
+    /// The named ports egress rules resolve against are those of this node's ready pods as
+    /// they are now. (Other nodes' arrive through the kvstore watcher, which updates its own
+    /// record of them before it takes the state lock: comparing them here could race.)
+    fn check_peer_ports(
+        &self,
+        st: &State,
+        named: &dyn Fn(&weft_api::Endpoint) -> NamedPorts,
+        r: &mut VerifyReport,
+    ) {
+        // A pod the watch no longer has (deleted before its CNI DEL) keeps the ports it had
+        // until its endpoint goes: not compared.
+        let gone = |ep: &weft_api::Endpoint| match (
+            self.k8s_cache(),
+            ep.pod_namespace.as_deref(),
+            ep.pod_name.as_deref(),
+        ) {
+            (Some(c), Some(ns), Some(name)) => c.named_ports(ns, name).is_none(),
+            _ => false,
+        };
+        let compared: BTreeSet<u32> = st
+            .reg
+            .list()
+            .filter(|ep| ep.state == EndpointState::Ready && !gone(ep))
+            .map(|ep| ep.id)
+            .collect();
+        let mut want: BTreeMap<PortOwner, (Identity, NamedPorts)> = st
+            .reg
+            .list()
+            .filter(|ep| compared.contains(&ep.id))
+            .map(|ep| (PortOwner::Local(ep.id), (ep.identity, named(ep))))
+            .collect();
+        want.retain(|_, (_, ports)| !ports.is_empty());
+        let got: BTreeMap<PortOwner, (Identity, NamedPorts)> = st
+            .pol
+            .peer_port_owners()
+            .filter(|(o, _, _)| match o {
+                PortOwner::Local(id) => {
+                    compared.contains(id) || st.reg.get(*id).is_none_or(|ep| !gone(ep))
+                }
+                PortOwner::Remote { .. } => false,
+            })
+            .map(|(o, id, p)| (o.clone(), (id, p.clone())))
+            .collect();
+        if want != got {
+            let differ: Vec<&PortOwner> = want
+                .keys()
+                .chain(got.keys())
+                .filter(|o| want.get(*o) != got.get(*o))
+                .take(MAX_DETAILS)
+                .collect();
+            r.problems.push(format!(
+                "named ports of peer pods differ from the pods' own (e.g. {differ:?})"
+            ));
+        }
+    }
+}
+
+/// `named`: an endpoint's own named ports (ingress rules' names resolve against them).
 fn check_endpoints(
     st: &State,
     kernel: &KernelState,
     deleting: &BTreeSet<u32>,
+    named: &dyn Fn(&weft_api::Endpoint) -> NamedPorts,
     r: &mut VerifyReport,
 ) {
     let cache = st.pol.fresh_cache();
     let mut ready = BTreeSet::new();
-    let mut policies: BTreeMap<weft_policy::labels::LabelSet, EndpointPolicy> = BTreeMap::new();
-    // (slot, labels) pairs already compared: replicas share both.
-    let mut compared: BTreeSet<(u32, weft_policy::labels::LabelSet)> = BTreeSet::new();
+    let mut policies: BTreeMap<(LabelSet, NamedPorts), EndpointPolicy> = BTreeMap::new();
+    // (slot, labels, named ports) already compared: replicas share them.
+    let mut compared: BTreeSet<(u32, LabelSet, NamedPorts)> = BTreeSet::new();
     for ep in st.reg.list().filter(|ep| ep.state == EndpointState::Ready) {
         ready.insert(ep.id);
         let labels = from_api_labels(&ep.labels);
+        let ports = named(ep);
         let policy = policies
-            .entry(labels.clone())
-            .or_insert_with(|| compute(&labels, st.pol.repo(), &cache, st.pol.options()));
+            .entry((labels.clone(), ports.clone()))
+            .or_insert_with(|| {
+                compute_with_ports(&labels, &ports, st.pol.repo(), &cache, st.pol.options())
+            });
         let Some(k) = kernel.endpoints.get(&ep.id) else {
             r.problems
                 .push(format!("endpoint {}: no endpoints map entry", ep.id));
@@ -128,7 +196,7 @@ fn check_endpoints(
             None => r.problems.push(format!("slot {slot}: no policy_gen entry")),
             Some(_) => {}
         }
-        if !compared.insert((slot, labels)) {
+        if !compared.insert((slot, labels, ports)) {
             continue;
         }
         let want = encode_policy(slot, policy);

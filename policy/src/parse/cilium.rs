@@ -1,7 +1,7 @@
 //! Cilium's rule format (`pkg/policy/api` Rule), as `cilium policy import` and a CNP's spec
 //! take it.
 
-use super::walk::{self, FieldError, Obj, PortSpec, Res};
+use super::walk::{self, CidrFlavor, FieldError, Obj, PortSpec, Res};
 use crate::labels::{Label, LabelSet, source};
 use crate::mapstate::Direction;
 use crate::rule::{
@@ -30,6 +30,11 @@ pub fn rule_location(i: usize, v: &Value) -> String {
 }
 
 /// Parses one Cilium rule. `path` prefixes field paths (e.g. `spec` inside a CNP).
+///
+/// In lenient mode ([`walk::lenient`], cluster objects) only the endpoint selector must parse:
+/// a section entry that cannot be expressed is left out and noted, the rule still applies in
+/// its direction (an allow entry then allows nothing; a deny entry is widened to deny every
+/// peer and port of that direction), so the selected pods fail closed.
 pub fn parse_rule(v: &Value, path: &str) -> Res<Rule> {
     let mut o = Obj::new(v, path)?;
     let sel_path = o.at("endpointSelector");
@@ -49,30 +54,54 @@ pub fn parse_rule(v: &Value, path: &str) -> Res<Rule> {
         }
     };
     let mut rule = Rule::new(endpoint_selector, LabelSet::new());
-    for (p, l) in o.array("labels")?.unwrap_or_default() {
-        rule.labels.insert(rule_label(l, &p)?);
+    let labels = soft(o.array("labels"), "the rule's labels are ignored")?;
+    for (p, l) in labels.flatten().unwrap_or_default() {
+        if let Some(l) = soft(rule_label(l, &p), "this label is ignored")? {
+            rule.labels.insert(l);
+        }
     }
-    o.str("description")?
-        .unwrap_or_default()
-        .clone_into(&mut rule.description);
-    rule.ingress = section(&mut o, "ingress", Direction::Ingress, false)?;
-    rule.ingress_deny = section(&mut o, "ingressDeny", Direction::Ingress, true)?;
-    rule.egress = section(&mut o, "egress", Direction::Egress, false)?;
-    rule.egress_deny = section(&mut o, "egressDeny", Direction::Egress, true)?;
+    if let Some(Some(d)) = soft(o.str("description"), "ignored")? {
+        d.clone_into(&mut rule.description);
+    }
+    let (ingress, allow_in) = section(&mut o, "ingress", Direction::Ingress, false)?;
+    let (ingress_deny, deny_in) = section(&mut o, "ingressDeny", Direction::Ingress, true)?;
+    let (egress, allow_out) = section(&mut o, "egress", Direction::Egress, false)?;
+    let (egress_deny, deny_out) = section(&mut o, "egressDeny", Direction::Egress, true)?;
+    (rule.ingress, rule.ingress_deny) = (ingress, ingress_deny);
+    (rule.egress, rule.egress_deny) = (egress, egress_deny);
     // "If omitted or empty, this rule does not apply at ingress" (Cilium api.Rule docs).
-    let applies_ingress = !rule.ingress.is_empty() || !rule.ingress_deny.is_empty();
-    let applies_egress = !rule.egress.is_empty() || !rule.egress_deny.is_empty();
+    let applies_ingress = allow_in || deny_in;
+    let applies_egress = allow_out || deny_out;
     let (mut dd_ingress, mut dd_egress) = (true, true);
     if let Some(dd) = o.get("enableDefaultDeny") {
-        let mut d = Obj::new(dd, &o.at("enableDefaultDeny"))?;
-        dd_ingress = d.bool("ingress")?.unwrap_or(true);
-        dd_egress = d.bool("egress")?.unwrap_or(true);
-        d.finish(&[])?;
+        let flags = (|| {
+            let mut d = Obj::new(dd, &o.at("enableDefaultDeny"))?;
+            let flags = (d.bool("ingress")?, d.bool("egress")?);
+            d.finish(&[])?;
+            Ok(flags)
+        })();
+        if let Some((i, e)) = soft(flags, "default deny stays on in both directions")? {
+            dd_ingress = i.unwrap_or(true);
+            dd_egress = e.unwrap_or(true);
+        }
     }
     rule.ingress_mode = Enforcement::from_flags(applies_ingress, dd_ingress);
     rule.egress_mode = Enforcement::from_flags(applies_egress, dd_egress);
-    o.finish(&["nodeSelector"])?;
+    soft(o.finish(&["nodeSelector"]), "the field is ignored")?;
     Ok(rule)
+}
+
+/// `r`, or in lenient mode `None` with the error noted as not enforced (`what`: what that
+/// means for the rule).
+pub(super) fn soft<T>(r: Res<T>, what: &str) -> Res<Option<T>> {
+    match r {
+        Ok(v) => Ok(Some(v)),
+        Err(e) if walk::lenient() => {
+            walk::not_enforced(&e, what);
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// A rule label: `{"key","value","source"}` or Cilium's short string form `src:key=value`.
@@ -95,12 +124,41 @@ fn rule_label(v: &Value, path: &str) -> Res<Label> {
     Ok(Label::new(src, key, value))
 }
 
-fn section(o: &mut Obj<'_>, field: &'static str, dir: Direction, deny: bool) -> Res<Vec<PeerRule>> {
-    o.array(field)?
-        .unwrap_or_default()
-        .into_iter()
-        .map(|(p, v)| peer_rule(v, &p, dir, deny))
-        .collect()
+/// One section's entries, and whether the rule applies in its direction because of it (the
+/// list has entries, even ones left out in lenient mode).
+fn section(
+    o: &mut Obj<'_>,
+    field: &'static str,
+    dir: Direction,
+    deny: bool,
+) -> Res<(Vec<PeerRule>, bool)> {
+    let dropped = if deny {
+        match dir {
+            Direction::Ingress => "denied instead: every ingress of the selected pods (fail closed)",
+            Direction::Egress => "denied instead: every egress of the selected pods (fail closed)",
+        }
+    } else {
+        "this rule allows nothing (the selected pods stay isolated in its direction)"
+    };
+    let Some(list) = soft(o.array(field), dropped)? else {
+        return Ok((if deny { vec![deny_all()] } else { Vec::new() }, true));
+    };
+    let list = list.unwrap_or_default();
+    let present = !list.is_empty();
+    let mut out = Vec::with_capacity(list.len());
+    for (p, v) in list {
+        match soft(peer_rule(v, &p, dir, deny), dropped)? {
+            Some(r) => out.push(r),
+            None if deny => out.push(deny_all()),
+            None => {}
+        }
+    }
+    Ok((out, present))
+}
+
+/// What a deny entry that cannot be expressed becomes: every peer, every port.
+fn deny_all() -> PeerRule {
+    PeerRule::new(vec![PeerSelector::Entity(Entity::All)], Vec::new())
 }
 
 const INGRESS_UNSUPPORTED: &[&str] = &[
@@ -150,7 +208,7 @@ fn peer_rule(v: &Value, path: &str, dir: Direction, deny: bool) -> Res<PeerRule>
         has_l3 = true;
         for (p, c) in list {
             peers.push(PeerSelector::Cidr(CidrSelector {
-                cidr: walk::cidr(c, &p)?,
+                cidr: walk::cidr(c, &p, CidrFlavor::Cilium)?,
                 except: Vec::new(),
                 match_pods: false,
             }));
@@ -159,7 +217,7 @@ fn peer_rule(v: &Value, path: &str, dir: Direction, deny: bool) -> Res<PeerRule>
     if let Some(list) = o.array(cidrsets)? {
         has_l3 = true;
         for (p, c) in list {
-            peers.push(PeerSelector::Cidr(cidr_rule(c, &p)?));
+            peers.push(PeerSelector::Cidr(cidr_rule(c, &p, CidrFlavor::Cilium)?));
         }
     }
     if let Some(list) = o.array(entities)? {
@@ -178,11 +236,29 @@ fn peer_rule(v: &Value, path: &str, dir: Direction, deny: bool) -> Res<PeerRule>
     let mut has_ports = false;
     for (p, pr) in o.array("toPorts")?.unwrap_or_default() {
         has_ports = true;
-        let (numbers, names) = port_rule(pr, &p, deny, dir == Direction::Egress)?;
+        let (numbers, names) = port_rule(pr, &p, deny)?;
         ports.extend(numbers);
         named_ports.extend(names);
     }
+    let ports_path = o.at("toPorts");
     o.finish(unsupported)?;
+    if dir == Direction::Egress
+        && let (Some(n), Some(c)) = (
+            named_ports.first(),
+            peers.iter().find(|p| matches!(p, PeerSelector::Cidr(_))),
+        )
+    {
+        // Cilium resolves an egress name over every pod of the cluster and allows that number
+        // to any peer; Weft resolves it per destination pod, and a CIDR is no pod.
+        walk::note(
+            walk::NoteKind::Warning,
+            &ports_path,
+            format!(
+                "named port {:?} with the CIDR peer {c}: a name resolves to the destination pod's container port, and CIDR destinations have none, so it allows nothing there (give the port number)",
+                n.name
+            ),
+        );
+    }
     // Cilium: a section with toPorts but no L3 peer applies to every peer; a section with
     // neither (`ingress: [{}]`) selects the endpoint but allows nothing.
     if !has_l3 && has_ports {
@@ -202,11 +278,11 @@ fn peer_rule(v: &Value, path: &str, dir: Direction, deny: bool) -> Res<PeerRule>
 }
 
 /// `{cidr, except}`. Each except must lie inside the cidr (Cilium validates the same).
-pub fn cidr_rule(v: &Value, path: &str) -> Res<CidrSelector> {
+pub fn cidr_rule(v: &Value, path: &str, flavor: CidrFlavor) -> Res<CidrSelector> {
     let mut o = Obj::new(v, path)?;
     let cidr_path = o.at("cidr");
     let cidr = match o.get("cidr") {
-        Some(c) => walk::cidr(c, &cidr_path)?,
+        Some(c) => walk::cidr(c, &cidr_path, flavor)?,
         None if o.has("cidrGroupRef") || o.has("cidrGroupSelector") => {
             return Err(FieldError::new(
                 path,
@@ -217,7 +293,7 @@ pub fn cidr_rule(v: &Value, path: &str) -> Res<CidrSelector> {
     };
     let mut except = Vec::new();
     for (p, e) in o.array("except")?.unwrap_or_default() {
-        let ex = walk::cidr(e, &p)?;
+        let ex = walk::cidr(e, &p, flavor)?;
         if !cidr.contains(&ex) {
             return Err(FieldError::new(
                 p,
@@ -236,12 +312,7 @@ pub fn cidr_rule(v: &Value, path: &str) -> Res<CidrSelector> {
     })
 }
 
-fn port_rule(
-    v: &Value,
-    path: &str,
-    deny: bool,
-    egress: bool,
-) -> Res<(Vec<PortProto>, Vec<NamedPort>)> {
+fn port_rule(v: &Value, path: &str, deny: bool) -> Res<(Vec<PortProto>, Vec<NamedPort>)> {
     let mut o = Obj::new(v, path)?;
     let mut out = Vec::new();
     let mut named = Vec::new();
@@ -266,13 +337,9 @@ fn port_rule(
             PortSpec::Number(port) => {
                 out.extend(walk::port_entries(&protos, port, end, &end_path)?);
             }
-            PortSpec::Name(name) => named.extend(walk::named_ports(
-                &protos,
-                &name,
-                egress,
-                end.is_some(),
-                &port_path,
-            )?),
+            PortSpec::Name(name) => {
+                named.extend(walk::named_ports(&protos, &name, end.is_some(), &port_path)?);
+            }
         }
     }
     let unsupported: &[&str] = if deny {

@@ -1,7 +1,7 @@
 //! Kubernetes objects: `cilium.io/v2 CiliumNetworkPolicy` and `networking.k8s.io/v1
 //! NetworkPolicy`, translated as Cilium's `ParseToCiliumRule` and `ParseNetworkPolicy` do.
 
-use super::walk::{self, FieldError, Obj, PortSpec, Res};
+use super::walk::{self, CidrFlavor, FieldError, Obj, PortSpec, Res};
 use super::{DocError, cilium, join_loc};
 use crate::labels::{Label, LabelSet, keys, source};
 use crate::mapstate::Direction;
@@ -118,7 +118,25 @@ fn parse_cilium_object(
     };
     let m = meta(v).map_err(|e| (name_loc(None), e))?;
     let loc = name_loc(Some(&m));
-    let fail = |e| (loc.clone(), e);
+    let before = walk::notes_len();
+    parse_cilium_specs(v, &m, &loc, out, clusterwide)?;
+    walk::locate_notes_since(before, &loc);
+    Ok(())
+}
+
+fn parse_cilium_specs(
+    v: &Value,
+    m: &Meta,
+    loc: &str,
+    out: &mut Vec<Rule>,
+    clusterwide: bool,
+) -> Result<(), DocError> {
+    let kind = if clusterwide {
+        "CiliumClusterwideNetworkPolicy"
+    } else {
+        "CiliumNetworkPolicy"
+    };
+    let fail = |e| (loc.to_owned(), e);
     let mut o = Obj::new(v, "").map_err(fail)?;
     api_version(&mut o, &["cilium.io/v2"]).map_err(fail)?;
     o.get("kind");
@@ -131,14 +149,14 @@ fn parse_cilium_object(
     for (p, s) in o.array("specs").map_err(fail)?.unwrap_or_default() {
         specs.push((p, s));
     }
-    o.finish(&[]).map_err(fail)?;
+    cilium::soft(o.finish(&[]), "the field is ignored").map_err(fail)?;
     if specs.is_empty() {
         return Err(fail(FieldError::new(
             "spec",
             format!("missing (a {kind} needs spec or specs)"),
         )));
     }
-    let mut derived = derived_labels(kind, &m);
+    let mut derived = derived_labels(kind, m);
     if clusterwide {
         derived.remove_key(source::K8S, keys::POLICY_NAMESPACE);
     }
@@ -253,14 +271,11 @@ fn np_peer(v: &Value, path: &str, ns: &str) -> Res<PeerSelector> {
 fn cidr_block(v: &Value, path: &str) -> Res<CidrSelector> {
     Ok(CidrSelector {
         match_pods: true,
-        ..cilium::cidr_rule(v, path)?
+        ..cilium::cidr_rule(v, path, CidrFlavor::Kubernetes)?
     })
 }
 
-fn np_ports(
-    list: Option<Vec<(String, &Value)>>,
-    egress: bool,
-) -> Res<(Vec<PortProto>, Vec<NamedPort>)> {
+fn np_ports(list: Option<Vec<(String, &Value)>>) -> Res<(Vec<PortProto>, Vec<NamedPort>)> {
     let mut out = Vec::new();
     let mut named = Vec::new();
     for (p, v) in list.unwrap_or_default() {
@@ -291,13 +306,9 @@ fn np_ports(
             PortSpec::Number(port) => {
                 out.extend(walk::port_entries(&protos, port, end, &end_path)?);
             }
-            PortSpec::Name(name) => named.extend(walk::named_ports(
-                &protos,
-                &name,
-                egress,
-                end.is_some(),
-                &port_path,
-            )?),
+            PortSpec::Name(name) => {
+                named.extend(walk::named_ports(&protos, &name, end.is_some(), &port_path)?);
+            }
         }
     }
     out.sort();
@@ -307,6 +318,12 @@ fn np_ports(
     Ok((out, named))
 }
 
+/// What an entry that cannot be expressed means for its policy.
+const ENTRY_LEFT_OUT: &str =
+    "this rule allows nothing (the policy still isolates its pods for its policyTypes)";
+
+/// A section's entries. In lenient mode (cluster objects) an entry that cannot be expressed
+/// is left out and noted; the policy's isolation does not depend on its entries.
 fn np_section(
     list: Option<Vec<(String, &Value)>>,
     peers_field: &'static str,
@@ -314,26 +331,73 @@ fn np_section(
 ) -> Res<Vec<PeerRule>> {
     let mut rules = Vec::new();
     for (p, v) in list.unwrap_or_default() {
-        let mut o = Obj::new(v, &p)?;
-        let mut peers = Vec::new();
-        for (pp, peer) in o.array(peers_field)?.unwrap_or_default() {
-            peers.push(np_peer(peer, &pp, ns)?);
+        if let Some(entry) = cilium::soft(np_entry(v, &p, peers_field, ns), ENTRY_LEFT_OUT)? {
+            rules.extend(entry);
         }
-        // Kubernetes: a missing or empty from/to list matches all sources/destinations.
-        if peers.is_empty() {
-            peers.push(PeerSelector::Entity(Entity::All));
-        }
-        let (ports, named_ports) = np_ports(o.array("ports")?, peers_field == "to")?;
-        o.finish(&[])?;
-        peers.sort();
-        peers.dedup();
-        rules.push(PeerRule {
+    }
+    Ok(rules)
+}
+
+/// One `ingress[i]` or `egress[i]`: usually one peer rule; two when an egress entry names
+/// ports and has ipBlock peers (lenient mode), see below.
+fn np_entry(v: &Value, path: &str, peers_field: &'static str, ns: &str) -> Res<Vec<PeerRule>> {
+    let mut o = Obj::new(v, path)?;
+    let mut peers = Vec::new();
+    for (pp, peer) in o.array(peers_field)?.unwrap_or_default() {
+        peers.push(np_peer(peer, &pp, ns)?);
+    }
+    // Kubernetes: a missing or empty from/to list matches all sources/destinations.
+    if peers.is_empty() {
+        peers.push(PeerSelector::Entity(Entity::All));
+    }
+    let ports_path = o.at("ports");
+    let (ports, named_ports) = np_ports(o.array("ports")?)?;
+    o.finish(&[])?;
+    peers.sort();
+    peers.dedup();
+    let is_block = |p: &PeerSelector| matches!(p, PeerSelector::Cidr(c) if c.match_pods);
+    let egress = peers_field == "to";
+    if !(egress && peers.iter().any(is_block)) || named_ports.is_empty() {
+        return Ok(vec![PeerRule {
             peers,
             ports,
             named_ports,
+        }]);
+    }
+    // An egress name resolves against the destination pod's container ports; for a pod reached
+    // through an ipBlock the policy map only knows the block (the by-IP entries), not the pod,
+    // so the name cannot be resolved there.
+    let names: Vec<&str> = named_ports.iter().map(|n| n.name.as_str()).collect();
+    let e = FieldError::new(
+        ports_path,
+        format!(
+            "not supported yet: a named port ({}) in an egress rule with an ipBlock peer (give the port number)",
+            names.join(", ")
+        ),
+    );
+    if !walk::lenient() {
+        return Err(e);
+    }
+    walk::not_enforced(
+        &e,
+        "towards the ipBlock peers this rule allows only its numeric ports",
+    );
+    let (blocks, others): (Vec<PeerSelector>, Vec<PeerSelector>) =
+        peers.into_iter().partition(|p| is_block(p));
+    let mut out = Vec::new();
+    if !others.is_empty() {
+        out.push(PeerRule {
+            peers: others,
+            ports: ports.clone(),
+            named_ports,
         });
     }
-    Ok(rules)
+    // Without numeric ports the blocks get no entry at all (an empty port list would mean
+    // every port).
+    if !ports.is_empty() {
+        out.push(PeerRule::new(blocks, ports));
+    }
+    Ok(out)
 }
 
 /// A Kubernetes `NetworkPolicy`.
@@ -344,6 +408,7 @@ pub fn parse_network_policy(v: &Value, prefix: &str, out: &mut Vec<Rule>) -> Res
         &format!("NetworkPolicy \"{}/{}\"", m.namespace, m.name),
     );
     let fail = |e| (loc.clone(), e);
+    let before = walk::notes_len();
     let mut o = Obj::new(v, "").map_err(fail)?;
     api_version(&mut o, &["networking.k8s.io/v1"]).map_err(fail)?;
     o.get("kind");
@@ -352,8 +417,9 @@ pub fn parse_network_policy(v: &Value, prefix: &str, out: &mut Vec<Rule>) -> Res
     let spec = o
         .get("spec")
         .ok_or_else(|| fail(FieldError::new("spec", "missing")))?;
-    o.finish(&[]).map_err(fail)?;
+    cilium::soft(o.finish(&[]), "the field is ignored").map_err(fail)?;
     let rule = np_spec(spec, &m).map_err(fail)?;
+    walk::locate_notes_since(before, &loc);
     out.push(rule);
     Ok(())
 }
@@ -371,8 +437,9 @@ fn np_spec(spec: &Value, m: &Meta) -> Res<Rule> {
         }
     };
     es.add_match(POD_NS, &m.namespace);
-    let ingress = s.array("ingress")?;
-    let egress = s.array("egress")?;
+    // `None`: malformed (lenient mode), which counts as a list with rules that allow nothing.
+    let ingress = cilium::soft(s.array("ingress"), ENTRY_LEFT_OUT)?;
+    let egress = cilium::soft(s.array("egress"), ENTRY_LEFT_OUT)?;
     let mut types = Vec::new();
     for (p, t) in s.array("policyTypes")?.unwrap_or_default() {
         match t.as_str() {
@@ -380,14 +447,18 @@ fn np_spec(spec: &Value, m: &Meta) -> Res<Rule> {
             _ => return Err(FieldError::new(p, "expected \"Ingress\" or \"Egress\"")),
         }
     }
-    s.finish(&[])?;
+    cilium::soft(s.finish(&[]), "the field is ignored")?;
     if types.is_empty() {
         // Kubernetes defaults policyTypes to Ingress, plus Egress when there are egress rules.
         types.push("Ingress");
-        if egress.as_ref().is_some_and(|e| !e.is_empty()) {
+        if egress
+            .as_ref()
+            .is_none_or(|e| e.as_ref().is_some_and(|e| !e.is_empty()))
+        {
             types.push("Egress");
         }
     }
+    let (ingress, egress) = (ingress.flatten(), egress.flatten());
     let mut rule = Rule::new(es, derived_labels("NetworkPolicy", m));
     rule.ingress_mode = Enforcement::from_flags(types.contains(&"Ingress"), true);
     rule.egress_mode = Enforcement::from_flags(types.contains(&"Egress"), true);

@@ -6,7 +6,7 @@
 //! unusual (YAML, objects, errors) takes the full parser, so results and error messages are
 //! exactly [`super::parse_policy_file`]'s.
 
-use super::{ParseError, cilium, parse_policy_file, walk};
+use super::{Note, ParseError, cilium, parse_noted, walk};
 use crate::repository::{Incoming, Repository};
 use crate::rule::{Rule, hash_of};
 use std::collections::HashMap;
@@ -34,6 +34,8 @@ pub struct ParseMemo {
     /// The last rule list split: a re-applied file differs from it in a few bytes, so only the
     /// elements between their common prefix and suffix are split and hashed again.
     last: Option<LastFile>,
+    /// The warnings of the last [`Self::parse`].
+    notes: Vec<Note>,
 }
 
 /// A split rule list: its text and its elements as (start, end, text hash).
@@ -56,12 +58,17 @@ impl ParseMemo {
         Self::default()
     }
 
-    /// Parses `text` as [`parse_policy_file`] does (same rules, same order, same errors), with
+    /// Parses `text` as [`super::parse_policy_file`] does (same rules, same order, same errors), with
     /// elements seen before as [`Piece::Known`].
+    /// Its warnings ([`super::parse_noted`]'s) are kept for [`Self::take_notes`]: an element
+    /// that has any is never memoized, so they come back on every import.
     pub fn parse<'a>(&mut self, file: &str, text: &'a str) -> Result<Vec<Piece<'a>>, ParseError> {
-        let full = || {
-            parse_policy_file(file, text)
-                .map(|rules| rules.into_iter().map(Piece::Parsed).collect())
+        self.notes.clear();
+        let mut full = || {
+            parse_noted(file, text).map(|p| {
+                self.notes = p.notes;
+                p.rules.into_iter().map(Piece::Parsed).collect()
+            })
         };
         let Some(elements) = split_reusing(text, self.last.as_ref()) else {
             return full();
@@ -79,10 +86,15 @@ impl ParseMemo {
                 });
                 continue;
             }
-            // An error is reported by the full parser, with the rule's location and path.
-            let Ok(rule) = parse_element(element) else {
+            // An error or a warning is reported by the full parser, with the rule's location
+            // and path.
+            let (Ok(rule), notes) = walk::collecting_notes(false, || parse_element(element))
+            else {
                 return full();
             };
+            if !notes.is_empty() {
+                return full();
+            }
             self.by_text.insert(h, rule.content_hash());
             out.push(Piece::Parsed(rule));
         }
@@ -92,6 +104,13 @@ impl ParseMemo {
         last.text.push_str(text);
         last.elements = elements;
         Ok(out)
+    }
+}
+
+impl ParseMemo {
+    /// The warnings of the last [`Self::parse`] (e.g. CIDRs with host bits set, masked).
+    pub fn take_notes(&mut self) -> Vec<Note> {
+        std::mem::take(&mut self.notes)
     }
 }
 
@@ -333,6 +352,7 @@ fn reused<'l>(b: &[u8], last: &'l LastFile) -> (Vec<Element>, Tail<'l>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::parse::parse_policy_file;
 
     fn rule(name: &str, port: u16) -> String {
         format!(
@@ -403,6 +423,24 @@ mod tests {
             resolve(memo.parse("f", yaml).unwrap(), &[]),
             parse_policy_file("f", yaml).unwrap()
         );
+    }
+
+    #[test]
+    fn warnings_come_back_on_every_import() {
+        let mut memo = ParseMemo::new();
+        let text = format!(
+            r#"[{},{{"endpointSelector":{{}},"egress":[{{"toCIDR":["10.0.0.1/8"]}}]}}]"#,
+            rule("a", 80)
+        );
+        for _ in 0..2 {
+            let pieces = memo.parse("f", &text).unwrap();
+            assert_eq!(pieces.len(), 2);
+            let notes = memo.take_notes();
+            assert_eq!(notes.len(), 1, "{notes:?}");
+            assert!(notes[0].to_string().starts_with("rule 1: egress[0].toCIDR[0]: "));
+        }
+        memo.parse("f", &format!("[{}]", rule("a", 80))).unwrap();
+        assert!(memo.take_notes().is_empty());
     }
 
     #[test]

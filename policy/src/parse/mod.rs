@@ -15,7 +15,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use std::fmt;
 
-pub use walk::FieldError;
+pub use walk::{FieldError, Note, NoteKind};
 
 /// A rejected policy file. Display: `file: location: path: message`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,11 +46,37 @@ impl std::error::Error for ParseError {}
 
 /// Parses a whole policy file. All or nothing: any error rejects every rule in it.
 pub fn parse_policy_file(file: &str, text: &str) -> Result<Vec<Rule>, ParseError> {
-    parse_file(file, text, true)
+    parse_noted(file, text).map(|p| p.rules)
+}
+
+/// Rules and what the parse noted about them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Parsed {
+    /// The rules.
+    pub rules: Vec<Rule>,
+    /// Warnings, and in [`parse_cluster_object`] the parts left out. In a file each path starts
+    /// with its rule's or object's location; in a cluster object it is the path in the object.
+    pub notes: Vec<Note>,
+}
+
+/// [`parse_policy_file`] with its warnings ([`NoteKind::Warning`]: e.g. a CIDR with host bits
+/// set, enforced as the network it names).
+pub fn parse_noted(file: &str, text: &str) -> Result<Parsed, ParseError> {
+    parse_file(file, text, true, false)
+}
+
+/// Parses a policy object the cluster's API server accepted (Kubernetes mode), failing closed:
+/// only what decides whom it selects must parse (metadata, `podSelector`/`endpointSelector`,
+/// `policyTypes`); an ingress or egress entry Weft cannot express is left out and noted
+/// ([`NoteKind::NotEnforced`]) while the policy keeps isolating its pods in that direction (a
+/// Cilium deny entry is widened to deny the whole direction instead). Rejecting the object
+/// would leave its pods unisolated.
+pub fn parse_cluster_object(file: &str, text: &str) -> Result<Parsed, ParseError> {
+    parse_file(file, text, false, true)
 }
 
 /// `fast`: a first pass without field paths (see `walk::without_paths`).
-fn parse_file(file: &str, text: &str, fast: bool) -> Result<Vec<Rule>, ParseError> {
+fn parse_file(file: &str, text: &str, fast: bool, lenient: bool) -> Result<Parsed, ParseError> {
     let fail = |location: String, e: FieldError| ParseError {
         file: file.to_owned(),
         location,
@@ -71,22 +97,21 @@ fn parse_file(file: &str, text: &str, fast: bool) -> Result<Vec<Rule>, ParseErro
         }
         Ok::<_, DocError>(rules)
     };
-    // Fast pass without field paths; an error is reported from a second pass that has them.
-    let first = if fast {
-        walk::without_paths(parse_all)
-    } else {
-        parse_all()
+    // Fast pass without field paths; an error or a note is reported from a second pass that
+    // has them.
+    let first = fast.then(|| walk::collecting_notes(lenient, || walk::without_paths(parse_all)));
+    let (rules, notes) = match first {
+        Some((Ok(rules), notes)) if notes.is_empty() => (Ok(rules), notes),
+        _ => walk::collecting_notes(lenient, parse_all),
     };
-    let rules = first
-        .or_else(|_| parse_all())
-        .map_err(|(loc, e)| fail(loc, e))?;
+    let rules = rules.map_err(|(loc, e)| fail(loc, e))?;
     if rules.is_empty() {
         return Err(fail(
             String::new(),
             FieldError::new("", "no policy rules in file"),
         ));
     }
-    Ok(rules)
+    Ok(Parsed { rules, notes })
 }
 
 fn join_loc(prefix: &str, loc: &str) -> String {
@@ -104,7 +129,11 @@ fn parse_value(v: &Value, prefix: &str, out: &mut Vec<Rule>) -> Result<(), DocEr
         Value::Array(items) => {
             for (i, item) in items.iter().enumerate() {
                 let loc = || join_loc(prefix, &cilium::rule_location(i, item));
+                let before = walk::notes_len();
                 out.push(cilium::parse_rule(item, "").map_err(|e| (loc(), e))?);
+                if walk::notes_len() > before {
+                    walk::locate_notes_since(before, &loc());
+                }
             }
             Ok(())
         }
@@ -137,7 +166,11 @@ fn parse_value(v: &Value, prefix: &str, out: &mut Vec<Rule>) -> Result<(), DocEr
                 )),
                 None => {
                     let loc = || join_loc(prefix, &cilium::rule_location(0, v));
+                    let before = walk::notes_len();
                     out.push(cilium::parse_rule(v, "").map_err(|e| (loc(), e))?);
+                    if walk::notes_len() > before {
+                        walk::locate_notes_since(before, &loc());
+                    }
                     Ok(())
                 }
             }
@@ -193,10 +226,10 @@ mod tests {
                 }
                 let text = std::fs::read_to_string(&p).unwrap();
                 let name = p.display().to_string();
-                let show = |r: Result<Vec<Rule>, ParseError>| format!("{r:?}");
+                let show = |r: Result<Parsed, ParseError>| format!("{r:?}");
                 assert_eq!(
-                    show(parse_file(&name, &text, true)),
-                    show(parse_file(&name, &text, false)),
+                    show(parse_file(&name, &text, true, false)),
+                    show(parse_file(&name, &text, false, false)),
                     "{name}"
                 );
                 n += 1;

@@ -38,6 +38,119 @@ thread_local! {
     static PATHS: Cell<bool> = const { Cell::new(true) };
 }
 
+/// What a parse noted without failing: an input the API accepts that Weft reads with a
+/// caveat ([`NoteKind::Warning`], e.g. a CIDR with host bits set, masked), or, when parsing a
+/// cluster object leniently, a part Weft cannot enforce and left out
+/// ([`NoteKind::NotEnforced`]: fail closed, see [`super::parse_cluster_object`]).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Note {
+    /// What kind of note.
+    pub kind: NoteKind,
+    /// Dotted field path with `[i]` indices.
+    pub path: String,
+    /// What happened, and what it means for enforcement.
+    pub message: String,
+}
+
+/// See [`Note`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum NoteKind {
+    /// Enforced as the API means it; worth telling the author.
+    Warning,
+    /// Not enforced: the part allows nothing (an allow) or is widened to deny everything in
+    /// its direction (a deny).
+    NotEnforced,
+}
+
+impl std::fmt::Display for Note {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.path.is_empty() {
+            f.write_str(&self.message)
+        } else {
+            write!(f, "{}: {}", self.path, self.message)
+        }
+    }
+}
+
+thread_local! {
+    /// Notes of the parse running on this thread (`None`: nobody collects them).
+    static NOTES: std::cell::RefCell<Option<Vec<Note>>> = const { std::cell::RefCell::new(None) };
+    /// Whether an entry that cannot be expressed is left out (noted) instead of failing.
+    static LENIENT: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f` collecting its notes; `lenient` turns inexpressible entries into
+/// [`NoteKind::NotEnforced`] notes instead of errors.
+pub fn collecting_notes<T>(lenient: bool, f: impl FnOnce() -> T) -> (T, Vec<Note>) {
+    /// Restores the previous state also when `f` panics (the thread may be a pooled worker).
+    struct Restore(Option<Vec<Note>>, bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            NOTES.with(|n| *n.borrow_mut() = self.0.take());
+            LENIENT.with(|l| l.set(self.1));
+        }
+    }
+    let prev_notes = NOTES.with(|n| n.borrow_mut().replace(Vec::new()));
+    let prev_lenient = LENIENT.with(|l| l.replace(lenient));
+    let restore = Restore(prev_notes, prev_lenient);
+    let out = f();
+    let notes = NOTES.with(|n| n.borrow_mut().take()).unwrap_or_default();
+    drop(restore);
+    (out, notes)
+}
+
+/// How many notes the running parse has made so far.
+pub fn notes_len() -> usize {
+    NOTES.with(|n| n.borrow().as_ref().map_or(0, Vec::len))
+}
+
+/// Prefixes the paths of the notes made since [`notes_len`] was `from` with `location` (the
+/// rule or object they belong to). Not in lenient mode: a cluster object is parsed alone, and
+/// its status already names it.
+pub fn locate_notes_since(from: usize, location: &str) {
+    if location.is_empty() || lenient() {
+        return;
+    }
+    NOTES.with(|n| {
+        if let Some(v) = n.borrow_mut().as_mut() {
+            for note in v.iter_mut().skip(from) {
+                note.path = if note.path.is_empty() {
+                    location.to_owned()
+                } else {
+                    format!("{location}: {}", note.path)
+                };
+            }
+        }
+    });
+}
+
+/// Whether the running parse leaves inexpressible entries out instead of failing.
+pub fn lenient() -> bool {
+    LENIENT.with(Cell::get)
+}
+
+/// Records a note, if anyone collects them.
+pub fn note(kind: NoteKind, path: &str, message: impl Into<String>) {
+    NOTES.with(|n| {
+        if let Some(v) = n.borrow_mut().as_mut() {
+            v.push(Note {
+                kind,
+                path: path.to_owned(),
+                message: message.into(),
+            });
+        }
+    });
+}
+
+/// Records an entry left out in lenient mode.
+pub fn not_enforced(e: &FieldError, what: &str) {
+    note(
+        NoteKind::NotEnforced,
+        &e.path,
+        format!("{}; {what}", e.message),
+    );
+}
+
 /// Runs `f` with field paths off (they come out empty).
 pub fn without_paths<T>(f: impl FnOnce() -> T) -> T {
     /// Restores the flag also when `f` panics (the thread may be a pooled worker).
@@ -288,8 +401,22 @@ fn expression(v: &Value, path: &str) -> Res<Requirement> {
     Ok(Requirement::new(key, op))
 }
 
-/// A prefix; a bare address means a host prefix. Host bits must be clear, as Cilium demands.
-pub fn cidr(v: &Value, path: &str) -> Res<IpNet> {
+/// Whose CIDR syntax a prefix follows. Both accept host bits and mean the masked network:
+/// Cilium's `netip.ParsePrefix`, then `Masked()` (`pkg/labels/cidr.IPStringToLabel`);
+/// Kubernetes' `netutils.ParseCIDRSloppy` (the API server only warns). The flavor only changes
+/// the warning's wording.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CidrFlavor {
+    /// `toCIDR`, `toCIDRSet` and their `from` forms.
+    Cilium,
+    /// A NetworkPolicy's `ipBlock`.
+    Kubernetes,
+}
+
+/// A prefix; a bare address means a host prefix. Host bits are masked, as both APIs do, with
+/// a [`NoteKind::Warning`]. (IPv4 octets with leading zeros are read as decimal, as
+/// Kubernetes' sloppy parser does.)
+pub fn cidr(v: &Value, path: &str, flavor: CidrFlavor) -> Res<IpNet> {
     let Value::String(s) = v else {
         return Err(FieldError::new(
             path,
@@ -308,13 +435,21 @@ pub fn cidr(v: &Value, path: &str) -> Res<IpNet> {
             }
         },
     };
-    if net.trunc() != net {
-        return Err(FieldError::new(
+    let masked = net.trunc();
+    if masked != net {
+        let api = match flavor {
+            CidrFlavor::Cilium => "as Cilium does",
+            CidrFlavor::Kubernetes => "as Kubernetes does",
+        };
+        note(
+            NoteKind::Warning,
             path,
-            format!("{s:?} has host bits set (did you mean {}?)", net.trunc()),
-        ));
+            format!(
+                "{s:?} has host bits set: enforced as {masked}, the network it names, {api} (write {masked})"
+            ),
+        );
     }
-    Ok(net)
+    Ok(masked)
 }
 
 /// A port number from a string or a number; `0` is "all ports" where `allow_zero`.
@@ -334,10 +469,6 @@ pub fn port_number(v: &Value, path: &str, allow_zero: bool) -> Res<u16> {
         Ok(n @ 1..=65535) => {
             u16::try_from(n).map_err(|_| FieldError::new(path, "port out of range"))
         }
-        Err(_) if text.chars().any(|c| c.is_ascii_alphabetic()) => Err(FieldError::new(
-            path,
-            format!("{text:?} is not a port number (1-65535); named ports are not supported yet"),
-        )),
         Ok(_) | Err(_) => Err(FieldError::new(
             path,
             format!("{text:?} is not a port number (1-65535)"),
@@ -379,11 +510,11 @@ pub fn port_spec(v: &Value, path: &str, allow_zero: bool) -> Res<PortSpec> {
     port_number(v, path, allow_zero).map(PortSpec::Number)
 }
 
-/// Named ports of one entry; `end` must be absent and the direction ingress.
+/// Named ports of one entry; `end` must be absent. In an ingress rule the name is the selected
+/// pod's own port; in an egress rule, the destination pod's.
 pub fn named_ports(
     protos: &[u8],
     name: &str,
-    egress: bool,
     has_end: bool,
     path: &str,
 ) -> Res<Vec<crate::rule::NamedPort>> {
@@ -391,14 +522,6 @@ pub fn named_ports(
         return Err(FieldError::new(
             path,
             format!("endPort needs a numeric port, not the name {name:?}"),
-        ));
-    }
-    if egress {
-        return Err(FieldError::new(
-            path,
-            format!(
-                "not supported yet: named port {name:?} in an egress rule (named ports work in ingress rules; use the port number)"
-            ),
         ));
     }
     let protos: Vec<u8> = protos

@@ -171,6 +171,56 @@ impl World {
         map
     }
 
+    /// The verdict `ep` gives a flow with the pod `peer` at address `addr`, as the datapath
+    /// decides it: the peer's identity first, and when that decided nothing the by-IP twin of
+    /// the CIDR identity the address lies in (a Kubernetes ipBlock), cross-checked against
+    /// trace given the same `cidr_identity`.
+    pub fn verdict_by_ip(
+        &self,
+        ep: &str,
+        dir: Direction,
+        (peer, addr): (&str, &str),
+        proto: u8,
+        port: u16,
+    ) -> Verdict {
+        let pol = self.policy(ep);
+        let (pid, _) = self.peer(peer);
+        let cidr = self.ip(addr);
+        let cidr = if cidr == reserved::WORLD { 0 } else { cidr };
+        let enforced = match dir {
+            Direction::Ingress => pol.ingress_enforced,
+            Direction::Egress => pol.egress_enforced,
+        };
+        let decided = pol
+            .entries
+            .keys()
+            .any(|e| e.matches(dir, pid, proto, port));
+        let map = if !enforced || decided || cidr == 0 {
+            pol.lookup(dir, pid, proto, port)
+        } else {
+            pol.lookup(dir, reserved::by_ip(cidr), proto, port)
+        };
+        let (eid, el) = &self.eps[ep];
+        let me = TracePeer {
+            identity: *eid,
+            labels: Some(el),
+            named_ports: None,
+            cidr_identity: 0,
+        };
+        let other = TracePeer {
+            identity: pid,
+            labels: None,
+            named_ports: None,
+            cidr_identity: cidr,
+        };
+        let t = match dir {
+            Direction::Ingress => trace(&self.repo, &self.cache, other, me, proto, port, &self.opts),
+            Direction::Egress => trace(&self.repo, &self.cache, me, other, proto, port, &self.opts),
+        };
+        assert_eq!(t.verdict, map, "trace disagrees with the map: {t:?}");
+        map
+    }
+
     /// Trace of only `ep`'s side of the flow.
     pub fn trace_dir(&self, ep: &str, dir: Direction, peer: &str, proto: u8, port: u16) -> Trace {
         let (eid, el) = &self.eps[ep];

@@ -17,6 +17,9 @@ use weft_policy::selectorcache::SelectorCache;
 
 use crate::store::{Store, StoreError};
 
+mod ports;
+pub use ports::PortOwner;
+
 /// Where versions before per-rule records kept the whole repository (read once, migrated).
 const LEGACY_REPO_KEY: &str = "policy_repository";
 
@@ -67,6 +70,9 @@ pub struct PolicyState {
     unconfirmed: BTreeSet<Identity>,
     /// How long a label identity outlives its last endpoint (0: freed with it).
     identity_grace_ms: u64,
+    /// Named container ports of every endpoint the node knows, local and remote (egress
+    /// rules' names resolve against their union per identity).
+    ports: weft_policy::peerports::PeerPorts<PortOwner>,
 }
 
 /// Store meta key of the remote identities (kvstore mode): a restart with etcd unreachable
@@ -239,6 +245,7 @@ impl PolicyState {
                 cluster_ids: false,
                 unconfirmed: BTreeSet::new(),
                 identity_grace_ms: grace_ms,
+                ports: weft_policy::peerports::PeerPorts::new(),
             },
             effects,
         ))
@@ -252,7 +259,7 @@ impl PolicyState {
 
     /// A digest of everything a policy is computed from besides the endpoint's own labels and
     /// named ports: the repository revision, every identity this node allocated and every
-    /// remote one. Stable across builds (persisted by `crate::slots`): FNV-1a over JSON.
+    /// remote one, and the named ports of every identity's pods. Stable across builds (persisted by `crate::slots`): FNV-1a over JSON.
     #[must_use]
     pub fn inputs_digest(&self) -> u64 {
         let mut h = crate::fnv::Fnv::new();
@@ -267,6 +274,7 @@ impl PolicyState {
             h.feed(&id.to_le_bytes());
             h.feed(&serde_json::to_vec(&IdentityKey::Labels(labels.clone())).unwrap_or_default());
         }
+        self.feed_ports(&mut h);
         h.finish()
     }
 
@@ -286,7 +294,11 @@ impl PolicyState {
     /// incrementally maintained one must equal; `weftctl map verify` compares against it).
     #[must_use]
     pub fn fresh_cache(&self) -> SelectorCache {
-        SelectorCache::build(&self.alloc, &self.repo)
+        let mut cache = SelectorCache::build(&self.alloc, &self.repo);
+        for (id, ports) in self.ports.unions() {
+            cache.set_named_ports(id, ports);
+        }
+        cache
     }
 
     /// Options of the computation.
