@@ -130,7 +130,7 @@ weft_make_node
 nsenter --net="/run/netns/$WEFT_NODE" "$REPLAY" "$WEFT_TMP/replay.json" "$WEFT_TMP/kubeconfig" >>"$WEFT_TMP/replay.log" 2>&1 &
 REPLAY_PID=$!
 SERVER_PID= MON= HELD_PID=
-trap 'exec 7>&-; kill $REPLAY_PID $SERVER_PID $MON $HELD_PID 2>/dev/null; weft_cleanup' EXIT
+trap 'rc=$?; exec 7>&-; kill $REPLAY_PID $SERVER_PID $MON $HELD_PID 2>/dev/null; (exit $rc); weft_cleanup' EXIT
 for _ in $(seq 100); do [ -s "$WEFT_TMP/kubeconfig" ] && break; sleep 0.05; done
 [ -s "$WEFT_TMP/kubeconfig" ] || die "weft-k8s-replay did not start: $(cat "$WEFT_TMP/replay.log")"
 URL=$(awk '/server:/ {print $2}' "$WEFT_TMP/kubeconfig")

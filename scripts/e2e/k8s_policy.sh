@@ -3,7 +3,8 @@
 # client against weft-k8s-replay as scripts/e2e/k8s.sh does, with real TCP between pods in three
 # namespaces: an egress rule on a named port (upstream "should allow egress access on one named
 # port"); a CIDR with host bits set (upstream's `<podIP>/4` with an except); `ipBlock 0.0.0.0/0`
-# matching pods, in egress and ingress, alone and next to an unrelated /24 policy; and a
+# matching pods, in egress and ingress, alone and next to an unrelated /24 policy; a `NotIn`
+# namespaceSelector that must select pods only (not `world`); and a
 # NetworkPolicy and a CiliumNetworkPolicy with a rule Weft cannot express, which must still
 # isolate their pods (fail closed) and say what was left out.
 #
@@ -55,7 +56,7 @@ jq -n \
 weft_make_node
 nsenter --net="/run/netns/$WEFT_NODE" "$REPLAY" "$WEFT_TMP/replay.json" "$WEFT_TMP/kubeconfig" >>"$WEFT_TMP/replay.log" 2>&1 &
 REPLAY_PID=$!
-trap 'kill $REPLAY_PID 2>/dev/null; weft_cleanup' EXIT
+trap 'rc=$?; kill $REPLAY_PID 2>/dev/null; (exit $rc); weft_cleanup' EXIT
 for _ in $(seq 100); do [ -s "$WEFT_TMP/kubeconfig" ] && break; sleep 0.05; done
 [ -s "$WEFT_TMP/kubeconfig" ] || die "weft-k8s-replay did not start: $(cat "$WEFT_TMP/replay.log")"
 URL=$(awk '/server:/ {print $2}' "$WEFT_TMP/kubeconfig")
@@ -168,6 +169,16 @@ check "x/a -> y/b:80 allowed" tcp_ok b a "$B" 80
 check "x/a -> y/b:81 dropped by policy" dropped b a "$B" 81
 check "trace: x/a -> y/b:80 allow" traced "$A" "$B" 80 allow
 check "DELETED y/ingress-all" apply "$NP" DELETED "$ALL_IN"
+
+echo "== upstream: egress to namespaces NotIn [y] selects pods only, never an address outside the cluster"
+NOTIN=$(np x egress-not-in-y "$(jq -nc '{podSelector:{matchLabels:{app:"a"}},policyTypes:["Egress"],
+  egress:[{to:[{namespaceSelector:{matchExpressions:[{key:"kubernetes.io/metadata.name",operator:"NotIn",values:["y"]}]}}]}]}')")
+check "ADDED x/egress-not-in-y applied" apply "$NP" ADDED "$NOTIN"
+check "x/a -> z/d:80 allowed (z is not y)" tcp_ok d a "$D" 80
+check "x/a -> y/b:80 dropped by policy" dropped b a "$B" 80
+check "trace: x/a -> z/d:80 allow" traced "$A" "$D" 80 allow
+check "trace: x/a -> 192.0.2.1:80 (world, no namespace) deny" traced "$A" 192.0.2.1 80 deny
+check "DELETED x/egress-not-in-y" apply "$NP" DELETED "$NOTIN"
 
 echo "== a NetworkPolicy with a rule Weft cannot express still isolates its pods"
 # egress[0] names a port towards an ipBlock (not expressible); egress[1] allows 81 to x.

@@ -208,21 +208,19 @@ fn k8s_selector(v: &Value, path: &str) -> Res<Selector> {
 /// `k8s:io.cilium.k8s.namespace.labels.<key>`: in Kubernetes mode the manager mirrors every
 /// label of the pod's namespace there, so any key works. Outside it only
 /// `kubernetes.io/metadata.name` is on endpoints (the manager knows no Namespace objects).
+///
+/// A namespaceSelector selects pods only: every one also requires the pod-namespace label, so
+/// a `NotIn` or `DoesNotExist` requirement (true where the key is absent) cannot match `world`,
+/// a CIDR or any other identity without a namespace.
 fn namespace_selector(v: &Value, path: &str) -> Res<Vec<Requirement>> {
     let sel = walk::selector(v, path)?;
-    if sel.is_wildcard() {
-        return Ok(vec![Requirement::new(
-            POD_NS,
-            crate::selector::Operator::Exists,
-        )]);
-    }
-    Ok(sel
-        .requirements()
-        .map(|r| Requirement {
+    let in_a_namespace = Requirement::new(POD_NS, crate::selector::Operator::Exists);
+    Ok(std::iter::once(in_a_namespace)
+        .chain(sel.requirements().map(|r| Requirement {
             source: source::K8S.to_owned(),
             key: format!("{}{}", keys::NAMESPACE_LABELS_PREFIX, r.key),
             op: r.op.clone(),
-        })
+        }))
         .collect())
 }
 

@@ -77,3 +77,30 @@ fn the_default_prefix_gets_an_identity_only_as_an_ipblock() {
     let prefixes: Vec<String> = w.repo.cidr_prefixes().iter().map(ToString::to_string).collect();
     assert_eq!(prefixes, ["0.0.0.0/0", "10.0.0.0/8"]);
 }
+
+/// A namespaceSelector selects pods only: `NotIn` (true where the key is absent) must not match
+/// `world` or a CIDR (upstream "should enforce egress policy allowing traffic to a server in a
+/// different namespace based on PodSelector and NamespaceSelector [NotIn]").
+#[test]
+fn a_not_in_namespace_selector_matches_no_address_outside_the_cluster() {
+    let mut w = World::new();
+    w.import(&np(
+        "not-prod",
+        "web",
+        "  policyTypes: [Egress]\n  egress: [{to: [{namespaceSelector: {matchExpressions: [{key: kubernetes.io/metadata.name, operator: NotIn, values: [prod]}]}}]}]\n",
+    ));
+    assert_eq!(w.verdict("web", Egress, "ep:db", TCP, 80), Allow);
+    assert_eq!(w.verdict("web", Egress, "ep:prom", TCP, 80), Allow);
+    assert_eq!(w.verdict("web", Egress, "ep:prod-client", TCP, 80), Deny);
+    assert_eq!(w.verdict("web", Egress, "world", TCP, 80), Deny);
+    assert_eq!(w.verdict("web", Egress, "ip:192.0.2.1", TCP, 80), Deny);
+    assert_eq!(w.verdict("web", Egress, "host", TCP, 80), Deny);
+    // DoesNotExist likewise.
+    w.import(&np(
+        "not-prod",
+        "web",
+        "  policyTypes: [Egress]\n  egress: [{to: [{namespaceSelector: {matchExpressions: [{key: team, operator: DoesNotExist}]}}]}]\n",
+    ));
+    assert_eq!(w.verdict("web", Egress, "ep:db", TCP, 80), Allow);
+    assert_eq!(w.verdict("web", Egress, "world", TCP, 80), Deny);
+}
