@@ -23,7 +23,7 @@ median() { read -r _ m _ _ <<<"$(stats "$@")"; echo "$m"; }
 # installed by a copy (`weft-manager --install-cni-bin`, an image's init step), as ptp runs from
 # /usr/lib/cni where dpkg put it; never from cargo's target dir. The same bytes exec'd from the
 # linker's output (written piecewise) took 158 page faults per ADD against 140 for a copy, and
-# 0.3 ms more CPU and wall time, interleaved in one run (docs/BENCHMARKS.md, session 11).
+# 0.3 ms more CPU and wall time, interleaved in one run (2026-11-25, Intel Xeon host).
 installed_plugin() {
   mkdir -p "$WEFT_TMP/cni-bin" || die "cannot create $WEFT_TMP/cni-bin"
   cp "$1" "$WEFT_TMP/cni-bin/$2" || die "cannot install $1 into $WEFT_TMP/cni-bin"
