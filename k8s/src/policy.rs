@@ -269,7 +269,9 @@ mod tests {
     fn an_egress_named_port_is_enforced() {
         let mut obj = testdata::json("networkpolicy-ns-expr-named-port.json");
         obj["spec"]["egress"] = obj["spec"]["ingress"].clone();
-        obj["spec"]["egress"][0]["to"] = obj["spec"]["egress"][0]["from"].take();
+        let rule = obj["spec"]["egress"][0].as_object_mut().unwrap();
+        let peers = rule.remove("from").unwrap();
+        rule.insert("to".into(), peers);
         obj["spec"]["policyTypes"] = serde_json::json!(["Ingress", "Egress"]);
         let t = translate(PolicyKind::NetworkPolicy, &obj).unwrap();
         assert!(t.not_enforced.is_empty() && t.warnings.is_empty(), "{t:?}");

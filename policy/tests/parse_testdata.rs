@@ -197,7 +197,7 @@ fn k8s_namespace_selector() {
     );
     let peers: Vec<String> = r.ingress[0].peers.iter().map(ToString::to_string).collect();
     assert!(peers.contains(
-        &"endpoints(k8s:app=prom,k8s:io.cilium.k8s.namespace.labels.kubernetes.io/metadata.name=monitoring)".to_owned()
+        &"endpoints(k8s:app=prom,k8s:io.cilium.k8s.namespace.labels.kubernetes.io/metadata.name=monitoring,k8s:io.kubernetes.pod.namespace)".to_owned()
     ), "{peers:?}");
     assert!(
         peers.contains(

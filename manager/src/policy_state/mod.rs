@@ -290,11 +290,22 @@ impl PolicyState {
         &self.cache
     }
 
-    /// A selector cache built from scratch from the identities and the repository (what the
-    /// incrementally maintained one must equal; `weftctl map verify` compares against it).
+    /// A selector cache built from scratch from the identities — this node's and the other
+    /// nodes' it does not hold itself, as [`Self::remote_identity_added`] gives them to the
+    /// live cache — and the repository (what the incrementally maintained one must equal;
+    /// `weftctl map verify` compares against it).
     #[must_use]
     pub fn fresh_cache(&self) -> SelectorCache {
-        let mut cache = SelectorCache::build(&self.alloc, &self.repo);
+        let mut cache = SelectorCache::new();
+        for (id, key) in self.alloc.iter() {
+            cache.identity_added(id, key);
+        }
+        for (&id, labels) in &self.remote {
+            if self.alloc.key_of(id).is_none() {
+                cache.identity_added(id, &IdentityKey::Labels(labels.clone()));
+            }
+        }
+        cache.sync(&self.repo);
         for (id, ports) in self.ports.unions() {
             cache.set_named_ports(id, ports);
         }
