@@ -146,15 +146,17 @@ check "its rules are gone" gone
 check "ops -> server:81 allowed again" tcp_ok server client-c "$SRV" 81
 
 echo "== a rejected policy is visible in policy list and the metrics"
-np_egress_named() {
+# Only what decides whom a cluster object isolates can reject it (docs/POLICY.md, "Cluster
+# objects fail closed"); the API server validates selectors, the replaying server does not.
+np_bad_selector() {
   jq -nc '{apiVersion:"networking.k8s.io/v1",kind:"NetworkPolicy",
-    metadata:{name:"egress-named",namespace:"srv",uid:"uid-np-3",resourceVersion:"25",generation:1},
-    spec:{podSelector:{matchLabels:{app:"server"}},policyTypes:["Egress"],
+    metadata:{name:"bad-selector",namespace:"srv",uid:"uid-np-3",resourceVersion:"25",generation:1},
+    spec:{podSelector:{matchExpressions:[{key:"app",operator:"Near",values:["server"]}]},policyTypes:["Egress"],
       egress:[{to:[{namespaceSelector:{}}],ports:[{port:"serve-80",protocol:"TCP"}]}]}}'
 }
-check "ADDED a policy with an egress named port pushed" push /apis/networking.k8s.io/v1/networkpolicies \
-  "$(jq -nc --argjson o "$(np_egress_named)" '{type:"ADDED",object:$o}')"
-rejected() { local i; for i in $(seq 100); do weftctl policy list | matches "egress-named.*not supported yet" && return 0; sleep 0.05; done; return 1; }
+check "ADDED a policy with an invalid podSelector pushed" push /apis/networking.k8s.io/v1/networkpolicies \
+  "$(jq -nc --argjson o "$(np_bad_selector)" '{type:"ADDED",object:$o}')"
+rejected() { local i; for i in $(seq 100); do weftctl policy list | matches 'bad-selector.*unknown operator "Near"' && return 0; sleep 0.05; done; return 1; }
 check "policy list shows it rejected, saying why" rejected
 curl -sf --unix-socket "$WEFT_SOCK" http://weft/metrics >"$WEFT_TMP/metrics.txt" || die "scraping /metrics failed"
 sample() { awk -v k="$1" 'substr($0, 1, length(k) + 1) == k " " {print $NF}' "$WEFT_TMP/metrics.txt"; }
