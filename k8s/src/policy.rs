@@ -290,7 +290,9 @@ mod tests {
         assert!(t.rules[0].egress.is_empty());
         assert_eq!(
             t.not_enforced,
-            ["spec.egress[0].ports: not supported yet: a named port (http) in an egress rule with an ipBlock peer (give the port number); towards the ipBlock peers this rule allows only its numeric ports"]
+            [
+                "spec.egress[0].ports: not supported yet: a named port (http) in an egress rule with an ipBlock peer (give the port number); towards the ipBlock peers this rule allows only its numeric ports"
+            ]
         );
         assert!(t.warnings[0].contains("spec.egress[0].to[0].ipBlock.cidr: \"10.0.16.5/4\" has host bits set: enforced as 0.0.0.0/4"), "{:?}", t.warnings);
     }
@@ -298,7 +300,8 @@ mod tests {
     #[test]
     fn an_object_whose_selector_cannot_be_read_is_rejected() {
         let mut obj = testdata::json("networkpolicy-ns-expr-named-port.json");
-        obj["spec"]["podSelector"] = serde_json::json!({"matchExpressions": [{"key": "a", "operator": "Equals"}]});
+        obj["spec"]["podSelector"] =
+            serde_json::json!({"matchExpressions": [{"key": "a", "operator": "Equals"}]});
         let err = translate(PolicyKind::NetworkPolicy, &obj).unwrap_err();
         assert!(
             err.starts_with("NetworkPolicy prod/allow-payments-http"),

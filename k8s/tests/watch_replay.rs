@@ -99,8 +99,7 @@ fn script() -> Replay {
     np_bad["spec"]["ingress"][0]["ports"][0]["port"] = 70000.into();
     let mut np_bad_selector = np_named.clone();
     np_bad_selector["metadata"]["name"] = "bad-selector".into();
-    np_bad_selector["spec"]["podSelector"] =
-        serde_json::json!({"matchExpressions": [{"key": "app", "operator": "Equals", "values": ["x"]}]});
+    np_bad_selector["spec"]["podSelector"] = serde_json::json!({"matchExpressions": [{"key": "app", "operator": "Equals", "values": ["x"]}]});
     Replay::default()
         .list(
             "/api/v1/nodes",

@@ -138,7 +138,9 @@ mod tests {
     use proptest::prelude::*;
 
     fn ports(list: &[(&str, u16)]) -> NamedPorts {
-        list.iter().map(|(n, p)| (((*n).to_owned(), 6), *p)).collect()
+        list.iter()
+            .map(|(n, p)| (((*n).to_owned(), 6), *p))
+            .collect()
     }
 
     fn union(list: &[(&str, &[u16])]) -> IdentityPorts {
@@ -150,10 +152,16 @@ mod tests {
     #[test]
     fn replicas_that_differ_give_their_identity_both_numbers() {
         let mut pp: PeerPorts<u32> = PeerPorts::new();
-        assert_eq!(pp.set(1, 300, ports(&[("http", 80)])), BTreeSet::from([300]));
+        assert_eq!(
+            pp.set(1, 300, ports(&[("http", 80)])),
+            BTreeSet::from([300])
+        );
         // Same numbers again: nothing changed.
         assert!(pp.set(2, 300, ports(&[("http", 80)])).is_empty());
-        assert_eq!(pp.set(3, 300, ports(&[("http", 81)])), BTreeSet::from([300]));
+        assert_eq!(
+            pp.set(3, 300, ports(&[("http", 81)])),
+            BTreeSet::from([300])
+        );
         assert_eq!(pp.union(300), union(&[("http", &[80, 81])]));
         // One of the two pods with 80 leaves: 80 stays.
         assert!(pp.remove(&1).is_empty());

@@ -245,7 +245,11 @@ impl SelectorCache {
     /// Sets the named ports of identity `id`'s pods (empty: none). Returns the tracked
     /// selectors matching `id` when they changed: the entries of `id` in the policies of their
     /// users' endpoints may change (egress rules' names).
-    pub fn set_named_ports(&mut self, id: Identity, ports: IdentityPorts) -> BTreeSet<PeerSelector> {
+    pub fn set_named_ports(
+        &mut self,
+        id: Identity,
+        ports: IdentityPorts,
+    ) -> BTreeSet<PeerSelector> {
         let old = if ports.is_empty() {
             self.ports.remove(&id)
         } else {

@@ -146,8 +146,7 @@ fn hits(
     if dir == Direction::Egress && !pr.named_ports.is_empty() {
         return pr.numeric_ports().iter().any(|p| p.matches(proto, port))
             || cache.named_ports(peer).is_some_and(|theirs| {
-                pr.destination_ports(theirs)
-                    .any(|p| p.matches(proto, port))
+                pr.destination_ports(theirs).any(|p| p.matches(proto, port))
             });
     }
     pr.resolved_ports(named)

@@ -54,7 +54,10 @@ fn an_egress_name_with_an_ipblock_keeps_what_can_be_expressed() {
     // Entry 0: the pods get the name and the number, the block only the number; entry 1
     // (a block by name only) allows nothing at all.
     assert_eq!(r.egress.len(), 2, "{:?}", r.egress);
-    assert!(matches!(&r.egress[0].peers[..], [PeerSelector::Endpoints(_)]));
+    assert!(matches!(
+        &r.egress[0].peers[..],
+        [PeerSelector::Endpoints(_)]
+    ));
     assert_eq!(r.egress[0].named_ports.len(), 1);
     assert!(matches!(&r.egress[1].peers[..], [PeerSelector::Cidr(c)] if c.match_pods));
     assert!(r.egress[1].named_ports.is_empty());
@@ -127,7 +130,10 @@ spec:
     assert_eq!(notes.len(), 3, "{notes:#?}");
     assert!(notes[0].contains(r#"spec.ingress[0].fromRequires: not supported yet: field "fromRequires"; this rule allows nothing"#), "{notes:#?}");
     assert!(notes[1].contains(r#"spec.egress[0].toFQDNs: not supported yet: field "toFQDNs"; this rule allows nothing"#), "{notes:#?}");
-    assert!(notes[2].contains(r#"spec.log: unknown field "log"; the field is ignored"#), "{notes:#?}");
+    assert!(
+        notes[2].contains(r#"spec.log: unknown field "log"; the field is ignored"#),
+        "{notes:#?}"
+    );
     assert!(notes.iter().all(|n| n.starts_with("spec.")));
     assert!(parse_policy_file("f", text).is_err());
 }
@@ -149,13 +155,24 @@ spec:
     let r = &p.rules[0];
     assert_eq!(
         r.ingress_deny,
-        [PeerRule::new(vec![PeerSelector::Entity(Entity::All)], vec![])]
+        [PeerRule::new(
+            vec![PeerSelector::Entity(Entity::All)],
+            vec![]
+        )]
     );
-    assert!(not_enforced(&p)[0].contains("denied instead: every ingress of the selected pods (fail closed)"));
+    assert!(
+        not_enforced(&p)[0]
+            .contains("denied instead: every ingress of the selected pods (fail closed)")
+    );
     let pol = policy_of(&p, "x", "a");
     assert_eq!(
-        pol.entries
-            .get(&PolicyEntry::new(Direction::Ingress, reserved::ANY, 0, 0, u16::MAX)),
+        pol.entries.get(&PolicyEntry::new(
+            Direction::Ingress,
+            reserved::ANY,
+            0,
+            0,
+            u16::MAX
+        )),
         Some(&Verdict::Deny)
     );
 }
@@ -170,7 +187,9 @@ spec:
   endpointSelector: {matchExpressions: [{key: app, operator: Equals, values: [a]}]}
   ingress: [{}]
 ";
-    let e = parse_cluster_object("obj", bad_selector).unwrap_err().to_string();
+    let e = parse_cluster_object("obj", bad_selector)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("unknown operator \"Equals\""), "{e}");
     let node = r"
 apiVersion: cilium.io/v2
@@ -181,5 +200,8 @@ spec:
   ingress: [{}]
 ";
     let e = parse_cluster_object("obj", node).unwrap_err().to_string();
-    assert!(e.contains("not supported yet: field \"nodeSelector\""), "{e}");
+    assert!(
+        e.contains("not supported yet: field \"nodeSelector\""),
+        "{e}"
+    );
 }

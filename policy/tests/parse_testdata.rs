@@ -292,7 +292,10 @@ fn host_bits_are_masked_with_a_warning() {
         .collect();
     assert_eq!(
         peers,
-        ["cidr(10.0.0.0/8)", "cidr(192.168.0.0/16 except 192.168.1.0/24)"]
+        [
+            "cidr(10.0.0.0/8)",
+            "cidr(192.168.0.0/16 except 192.168.1.0/24)"
+        ]
     );
     let notes: Vec<String> = parsed.notes.iter().map(ToString::to_string).collect();
     assert_eq!(

@@ -365,8 +365,17 @@ mod tests {
             .lines()
             .skip_while(|l| !l.starts_with("Partially enforced"))
             .collect();
-        assert!(partial[2].contains("CiliumNetworkPolicy prod/fqdn"), "{out}");
-        assert!(partial[2].contains("not enforced") && partial[2].contains("toFQDNs"), "{out}");
-        assert!(partial[3].contains("warning") && partial[3].contains("host bits"), "{out}");
+        assert!(
+            partial[2].contains("CiliumNetworkPolicy prod/fqdn"),
+            "{out}"
+        );
+        assert!(
+            partial[2].contains("not enforced") && partial[2].contains("toFQDNs"),
+            "{out}"
+        );
+        assert!(
+            partial[3].contains("warning") && partial[3].contains("host bits"),
+            "{out}"
+        );
     }
 }

@@ -175,7 +175,11 @@ pub(super) fn collect(m: &Manager, watch: Option<&WatchStats>) -> Registry {
             let kind = r.object.split_whitespace().next().unwrap_or("unknown");
             *by_kind.entry(kind.to_owned()).or_default() += 1;
         }
-        for p in cache.partial().iter().filter(|p| !p.not_enforced.is_empty()) {
+        for p in cache
+            .partial()
+            .iter()
+            .filter(|p| !p.not_enforced.is_empty())
+        {
             let kind = p.object.split_whitespace().next().unwrap_or("unknown");
             *partial.entry(kind.to_owned()).or_default() += 1;
         }

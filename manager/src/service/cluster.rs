@@ -12,17 +12,17 @@ use weft_policy::labels::LabelSet;
 use weft_policy::mapstate::Identity;
 
 use super::{Manager, ManagerError};
-use crate::ipcache::Source;
-use crate::kvstore::keys::{named_port_records, named_ports_of};
-use crate::policy_state::PortOwner;
-use weft_policy::rule::NamedPorts;
 use crate::cluster::Cluster;
 use crate::cluster::routes::RouteTable;
 use crate::cluster::session::{Desired, Local};
 use crate::cluster::watch::Remote;
+use crate::ipcache::Source;
 use crate::kvstore::KvError;
 use crate::kvstore::identities::ClusterIdentityError;
 use crate::kvstore::keys::{IpRecord, NodeRecord};
+use crate::kvstore::keys::{named_port_records, named_ports_of};
+use crate::policy_state::PortOwner;
+use weft_policy::rule::NamedPorts;
 
 /// What the manager needs of the cluster agent.
 pub struct ClusterLink {
@@ -298,8 +298,7 @@ impl Remote for Manager {
     fn ip_put(&self, r: &IpRecord) {
         // The ipcache's owner precedence keeps a local endpoint's entry over a remote one.
         let ports = named_ports_of(&r.named_ports);
-        if let Err(e) = self.upsert_remote_endpoint(&r.node, IpNet::from(r.ip), r.identity, ports)
-        {
+        if let Err(e) = self.upsert_remote_endpoint(&r.node, IpNet::from(r.ip), r.identity, ports) {
             tracing::error!(ip = %r.ip, node = %r.node, "remote ipcache entry: {e}");
         }
     }

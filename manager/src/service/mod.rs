@@ -334,9 +334,9 @@ impl Manager {
         if let Some(ep) = st.reg.get(id).cloned()
             && ep.state == EndpointState::Ready
         {
-            let ports = st
-                .pol
-                .set_peer_ports(PortOwner::Local(id), ep.identity, self.named_ports(&ep));
+            let ports =
+                st.pol
+                    .set_peer_ports(PortOwner::Local(id), ep.identity, self.named_ports(&ep));
             changed += self.regenerate_users(&mut st, &ports)?;
         }
         changed += self.regenerate(&mut st, &[id])?;
@@ -937,11 +937,11 @@ impl Manager {
 pub(crate) use test_support::fake_manager;
 
 #[cfg(test)]
+mod named_port_tests;
+#[cfg(test)]
 mod reimport_tests;
 #[cfg(test)]
 mod slot_tests;
-#[cfg(test)]
-mod named_port_tests;
 #[cfg(test)]
 pub(crate) mod test_support;
 #[cfg(test)]

@@ -4,11 +4,11 @@
 
 use super::test_support::{fake_manager, make_ready, pod_request};
 use super::*;
-use std::collections::BTreeMap;
 use crate::cluster::watch::Remote;
 use crate::datapath::FakeDatapath;
 use crate::hostnet::FakeHostNet;
 use crate::kvstore::keys::{IpRecord, NamedPortRecord};
+use std::collections::BTreeMap;
 use weft_policy::mapstate::{Direction, Verdict, proto};
 
 /// Egress of `id=cli` to `id=srv` pods (any node) on the port they call `http`.
@@ -89,10 +89,9 @@ async fn egress_names_follow_this_nodes_pods() {
     assert_eq!(egress(&w, &cli, srv.identity, 8080), Verdict::Deny);
     consistent(&w);
     // A relabelled pod takes its ports to its new identity.
-    let moved = w
-        .m
-        .set_labels(srv.id, &["id=other".into()], &["id".into()])
-        .unwrap();
+    let moved =
+        w.m.set_labels(srv.id, &["id=other".into()], &["id".into()])
+            .unwrap();
     assert_ne!(moved.identity, srv.identity);
     assert_eq!(egress(&w, &cli, srv.identity, 9090), Verdict::Deny);
     consistent(&w);

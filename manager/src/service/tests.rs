@@ -2,9 +2,9 @@
 
 use super::test_support::{make_ready, pod_request};
 use super::*;
-use std::collections::BTreeMap;
 use crate::datapath::{FakeCall, FakeDatapath};
 use crate::hostnet::FakeHostNet;
+use std::collections::BTreeMap;
 use weft_policy::mapstate::{Direction, PolicyEntry, Verdict, proto};
 
 struct World {

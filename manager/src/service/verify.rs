@@ -9,8 +9,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use weft_api::EndpointState;
 use weft_policy::compute::compute_with_ports;
 use weft_policy::labels::LabelSet;
-use weft_policy::rule::NamedPorts;
 use weft_policy::mapstate::{EndpointPolicy, Identity};
+use weft_policy::rule::NamedPorts;
 
 use super::{Manager, ManagerError, State, from_api_labels, initial_ipcache};
 use crate::datapath::{KernelState, encode_policy};

@@ -134,7 +134,9 @@ fn section(
 ) -> Res<(Vec<PeerRule>, bool)> {
     let dropped = if deny {
         match dir {
-            Direction::Ingress => "denied instead: every ingress of the selected pods (fail closed)",
+            Direction::Ingress => {
+                "denied instead: every ingress of the selected pods (fail closed)"
+            }
             Direction::Egress => "denied instead: every egress of the selected pods (fail closed)",
         }
     } else {
@@ -338,7 +340,12 @@ fn port_rule(v: &Value, path: &str, deny: bool) -> Res<(Vec<PortProto>, Vec<Name
                 out.extend(walk::port_entries(&protos, port, end, &end_path)?);
             }
             PortSpec::Name(name) => {
-                named.extend(walk::named_ports(&protos, &name, end.is_some(), &port_path)?);
+                named.extend(walk::named_ports(
+                    &protos,
+                    &name,
+                    end.is_some(),
+                    &port_path,
+                )?);
             }
         }
     }

@@ -305,7 +305,12 @@ fn np_ports(list: Option<Vec<(String, &Value)>>) -> Res<(Vec<PortProto>, Vec<Nam
                 out.extend(walk::port_entries(&protos, port, end, &end_path)?);
             }
             PortSpec::Name(name) => {
-                named.extend(walk::named_ports(&protos, &name, end.is_some(), &port_path)?);
+                named.extend(walk::named_ports(
+                    &protos,
+                    &name,
+                    end.is_some(),
+                    &port_path,
+                )?);
             }
         }
     }

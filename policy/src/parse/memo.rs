@@ -88,8 +88,7 @@ impl ParseMemo {
             }
             // An error or a warning is reported by the full parser, with the rule's location
             // and path.
-            let (Ok(rule), notes) = walk::collecting_notes(false, || parse_element(element))
-            else {
+            let (Ok(rule), notes) = walk::collecting_notes(false, || parse_element(element)) else {
                 return full();
             };
             if !notes.is_empty() {
@@ -437,7 +436,11 @@ mod tests {
             assert_eq!(pieces.len(), 2);
             let notes = memo.take_notes();
             assert_eq!(notes.len(), 1, "{notes:?}");
-            assert!(notes[0].to_string().starts_with("rule 1: egress[0].toCIDR[0]: "));
+            assert!(
+                notes[0]
+                    .to_string()
+                    .starts_with("rule 1: egress[0].toCIDR[0]: ")
+            );
         }
         memo.parse("f", &format!("[{}]", rule("a", 80))).unwrap();
         assert!(memo.take_notes().is_empty());

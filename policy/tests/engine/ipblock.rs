@@ -74,7 +74,12 @@ fn the_default_prefix_gets_an_identity_only_as_an_ipblock() {
         "web",
         "  policyTypes: [Egress]\n  egress: [{to: [{ipBlock: {cidr: 0.0.0.0/0, except: [10.0.0.0/8]}}]}]\n",
     ));
-    let prefixes: Vec<String> = w.repo.cidr_prefixes().iter().map(ToString::to_string).collect();
+    let prefixes: Vec<String> = w
+        .repo
+        .cidr_prefixes()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
     assert_eq!(prefixes, ["0.0.0.0/0", "10.0.0.0/8"]);
 }
 

@@ -117,32 +117,62 @@ fn egress_names_resolve_against_each_destination_identitys_pods() {
     w.import(EGRESS_NAMED);
     let (db, web) = (w.eps["db"].0, w.eps["web"].0);
     // Nobody has the name yet: only the numeric port.
-    assert_eq!(w.verdict("client", Egress, "ep:db", TCP, 5432), Verdict::Deny);
-    assert_eq!(w.verdict("client", Egress, "ep:db", TCP, 9187), Verdict::Allow);
+    assert_eq!(
+        w.verdict("client", Egress, "ep:db", TCP, 5432),
+        Verdict::Deny
+    );
+    assert_eq!(
+        w.verdict("client", Egress, "ep:db", TCP, 9187),
+        Verdict::Allow
+    );
     let changed = w.cache.set_named_ports(db, theirs(&[("pg", TCP, &[5432])]));
     assert_eq!(changed.len(), 1, "the tier=backend selector: {changed:?}");
-    assert!(w.cache.set_named_ports(db, theirs(&[("pg", TCP, &[5432])])).is_empty());
-    assert_eq!(w.verdict("client", Egress, "ep:db", TCP, 5432), Verdict::Allow);
-    assert_eq!(w.verdict("client", Egress, "ep:db", TCP, 5433), Verdict::Deny);
+    assert!(
+        w.cache
+            .set_named_ports(db, theirs(&[("pg", TCP, &[5432])]))
+            .is_empty()
+    );
+    assert_eq!(
+        w.verdict("client", Egress, "ep:db", TCP, 5432),
+        Verdict::Allow
+    );
+    assert_eq!(
+        w.verdict("client", Egress, "ep:db", TCP, 5433),
+        Verdict::Deny
+    );
     // web names no pg port: nothing by name towards it.
-    w.cache.set_named_ports(web, theirs(&[("http", TCP, &[80])]));
-    assert_eq!(w.verdict("client", Egress, "ep:web", TCP, 80), Verdict::Deny);
-    assert_eq!(w.verdict("client", Egress, "ep:web", TCP, 5432), Verdict::Deny);
+    w.cache
+        .set_named_ports(web, theirs(&[("http", TCP, &[80])]));
+    assert_eq!(
+        w.verdict("client", Egress, "ep:web", TCP, 80),
+        Verdict::Deny
+    );
+    assert_eq!(
+        w.verdict("client", Egress, "ep:web", TCP, 5432),
+        Verdict::Deny
+    );
     // A second replica of db calls 5433 "pg": the identity gets both numbers.
     w.cache
         .set_named_ports(db, theirs(&[("pg", TCP, &[5432, 5433])]));
     let p = w.policy("client");
     for port in [5432, 5433] {
         assert_eq!(
-            p.entries.get(&PolicyEntry::new(Egress, db, TCP, port, port)),
+            p.entries
+                .get(&PolicyEntry::new(Egress, db, TCP, port, port)),
             Some(&Verdict::Allow)
         );
     }
     // UDP "pg" is another name.
-    assert_eq!(w.verdict("client", Egress, "ep:db", UDP, 5432), Verdict::Deny);
+    assert_eq!(
+        w.verdict("client", Egress, "ep:db", UDP, 5432),
+        Verdict::Deny
+    );
     // The pods leave: the entries go.
     w.cache.set_named_ports(db, IdentityPorts::new());
-    assert_eq!(w.verdict("client", Egress, "ep:db", TCP, 5432), Verdict::Deny);
+    assert_eq!(
+        w.verdict("client", Egress, "ep:db", TCP, 5432),
+        Verdict::Deny
+    );
 }
 
 #[test]
@@ -160,16 +190,34 @@ spec:
 ",
     );
     let (db, web) = (w.eps["db"].0, w.eps["web"].0);
-    w.cache.set_named_ports(web, theirs(&[("http", TCP, &[8080])]));
+    w.cache
+        .set_named_ports(web, theirs(&[("http", TCP, &[8080])]));
     w.cache.set_named_ports(db, theirs(&[("http", TCP, &[80])]));
-    assert_eq!(w.verdict("client", Egress, "ep:web", TCP, 8080), Verdict::Allow);
-    assert_eq!(w.verdict("client", Egress, "ep:web", TCP, 80), Verdict::Deny);
-    assert_eq!(w.verdict("client", Egress, "ep:db", TCP, 80), Verdict::Allow);
+    assert_eq!(
+        w.verdict("client", Egress, "ep:web", TCP, 8080),
+        Verdict::Allow
+    );
+    assert_eq!(
+        w.verdict("client", Egress, "ep:web", TCP, 80),
+        Verdict::Deny
+    );
+    assert_eq!(
+        w.verdict("client", Egress, "ep:db", TCP, 80),
+        Verdict::Allow
+    );
     // Outside the cluster there are no container ports, hence no names.
     assert_eq!(w.verdict("client", Egress, "world", TCP, 80), Verdict::Deny);
-    assert_eq!(w.verdict("client", Egress, "ip:192.0.2.1", TCP, 8080), Verdict::Deny);
+    assert_eq!(
+        w.verdict("client", Egress, "ip:192.0.2.1", TCP, 8080),
+        Verdict::Deny
+    );
     // No identity-0 entry: the name is never "any port".
-    assert!(w.policy("client").entries.keys().all(|e| e.identity != reserved::ANY));
+    assert!(
+        w.policy("client")
+            .entries
+            .keys()
+            .all(|e| e.identity != reserved::ANY)
+    );
 }
 
 #[test]
@@ -195,7 +243,14 @@ fn egress_names_in_a_cilium_rule_and_with_a_cidr_peer() {
     w.sync_cidrs();
     w.cache.sync(&w.repo);
     let web = w.eps["web"].0;
-    w.cache.set_named_ports(web, theirs(&[("http", TCP, &[8080])]));
-    assert_eq!(w.verdict("client", Egress, "ep:web", TCP, 8080), Verdict::Allow);
-    assert_eq!(w.verdict("client", Egress, "ip:192.0.2.1", TCP, 8080), Verdict::Deny);
+    w.cache
+        .set_named_ports(web, theirs(&[("http", TCP, &[8080])]));
+    assert_eq!(
+        w.verdict("client", Egress, "ep:web", TCP, 8080),
+        Verdict::Allow
+    );
+    assert_eq!(
+        w.verdict("client", Egress, "ip:192.0.2.1", TCP, 8080),
+        Verdict::Deny
+    );
 }

@@ -191,10 +191,7 @@ impl World {
             Direction::Ingress => pol.ingress_enforced,
             Direction::Egress => pol.egress_enforced,
         };
-        let decided = pol
-            .entries
-            .keys()
-            .any(|e| e.matches(dir, pid, proto, port));
+        let decided = pol.entries.keys().any(|e| e.matches(dir, pid, proto, port));
         let map = if !enforced || decided || cidr == 0 {
             pol.lookup(dir, pid, proto, port)
         } else {
@@ -214,7 +211,9 @@ impl World {
             cidr_identity: cidr,
         };
         let t = match dir {
-            Direction::Ingress => trace(&self.repo, &self.cache, other, me, proto, port, &self.opts),
+            Direction::Ingress => {
+                trace(&self.repo, &self.cache, other, me, proto, port, &self.opts)
+            }
             Direction::Egress => trace(&self.repo, &self.cache, me, other, proto, port, &self.opts),
         };
         assert_eq!(t.verdict, map, "trace disagrees with the map: {t:?}");
