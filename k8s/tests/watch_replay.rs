@@ -188,6 +188,10 @@ fn check_pod_requests(p: &[String]) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one scripted watch session, its steps in order"
+)]
 async fn watchers_resume_relist_and_deliver() {
     let replay = script();
     let url = replay.serve().await.unwrap();

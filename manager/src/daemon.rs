@@ -315,6 +315,53 @@ async fn join_cluster(manager: &Arc<Manager>) -> Result<bool, StartError> {
     Ok(true)
 }
 
+/// What start-up's restore steps found (logged once the manager serves).
+struct Restored {
+    kept: usize,
+    removed: usize,
+    stale: usize,
+    stale_ipcache: usize,
+    regenerated: usize,
+    drained: usize,
+    orphan_links: usize,
+}
+
+/// Start-up once the manager is built: its endpoints checked against the kernel, the cluster
+/// joined, the datapath and ipcache reconciled and every policy regenerated, the delete queue
+/// drained and orphan links reaped, each a phase of `phases`.
+async fn restore_all(
+    manager: &Arc<Manager>,
+    hostnet: &dyn HostNet,
+    queue: &DeleteQueue,
+    phases: &mut Phases,
+) -> Result<Restored, StartError> {
+    let (kept, removed) =
+        crate::restore::restore_endpoints(manager, hostnet, crate::clock::now_ms()).await?;
+    phases.mark("validate");
+    if join_cluster(manager).await? {
+        phases.mark("kvstore");
+    }
+    manager.readopt()?;
+    phases.mark("re-adopt");
+    let stale = manager.reconcile_datapath()?;
+    phases.mark("reconcile");
+    let regenerated = manager.regenerate_all()?;
+    let stale_ipcache = manager.reconcile_ipcache()?;
+    phases.mark("regenerate");
+    let drained = crate::restore::drain_delete_queue(manager, queue).await;
+    phases.mark("delete-queue");
+    let orphan_links = manager.reap_orphan_links().await?;
+    Ok(Restored {
+        kept,
+        removed,
+        stale,
+        stale_ipcache,
+        regenerated,
+        drained,
+        orphan_links,
+    })
+}
+
 /// Everything before serving, in DESIGN §2 order: returns the manager and its socket; ready,
 /// except in Kubernetes mode, where it turns ready once its watchers have synced.
 /// The datapath keeps enforcing from its pinned maps throughout: nothing here recreates a map
@@ -382,22 +429,7 @@ pub async fn start(config: &Config) -> Result<Started, StartError> {
     }
     phases.mark("masquerade");
     let manager = Arc::new(manager);
-    let (kept, removed) =
-        crate::restore::restore_endpoints(&manager, &*hostnet, crate::clock::now_ms()).await?;
-    phases.mark("validate");
-    if join_cluster(&manager).await? {
-        phases.mark("kvstore");
-    }
-    manager.readopt()?;
-    phases.mark("re-adopt");
-    let stale = manager.reconcile_datapath()?;
-    phases.mark("reconcile");
-    let regenerated = manager.regenerate_all()?;
-    let stale_ipcache = manager.reconcile_ipcache()?;
-    phases.mark("regenerate");
-    let drained = crate::restore::drain_delete_queue(&manager, &queue).await;
-    phases.mark("delete-queue");
-    let orphan_links = manager.reap_orphan_links().await?;
+    let restored = restore_all(&manager, &*hostnet, &queue, &mut phases).await?;
     let watchers = match k8s {
         Some(conn) => Some(crate::k8s::start(&manager, conn, &k8s_node, &chosen).await),
         None => None,
@@ -412,13 +444,13 @@ pub async fn start(config: &Config) -> Result<Started, StartError> {
         manager.set_ready();
     }
     tracing::info!(
-        endpoints = kept,
-        removed_at_restore = removed,
-        stale_datapath_endpoints = stale,
-        stale_ipcache,
-        regenerated,
-        queued_deletes = drained,
-        orphan_links,
+        endpoints = restored.kept,
+        removed_at_restore = restored.removed,
+        stale_datapath_endpoints = restored.stale,
+        stale_ipcache = restored.stale_ipcache,
+        regenerated = restored.regenerated,
+        queued_deletes = restored.drained,
+        orphan_links = restored.orphan_links,
         phases = ?phases.done,
         elapsed_ms = phases.start.elapsed().as_secs_f64() * 1000.0,
         socket = %config.socket.display(),

@@ -250,13 +250,17 @@ impl SelectorCache {
         id: Identity,
         ports: IdentityPorts,
     ) -> BTreeSet<PeerSelector> {
-        let old = if ports.is_empty() {
-            self.ports.remove(&id)
-        } else {
-            self.ports.insert(id, ports.clone())
-        };
-        if old.unwrap_or_default() == ports {
+        let unchanged = self
+            .ports
+            .get(&id)
+            .map_or(ports.is_empty(), |old| *old == ports);
+        if unchanged {
             return BTreeSet::new();
+        }
+        if ports.is_empty() {
+            self.ports.remove(&id);
+        } else {
+            self.ports.insert(id, ports);
         }
         self.entries
             .keys()

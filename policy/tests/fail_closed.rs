@@ -65,8 +65,8 @@ fn an_egress_name_with_an_ipblock_keeps_what_can_be_expressed() {
     assert_eq!(
         not_enforced(&p),
         [
-            r#"spec.egress[0].ports: not supported yet: a named port (http) in an egress rule with an ipBlock peer (give the port number); towards the ipBlock peers this rule allows only its numeric ports"#,
-            r#"spec.egress[1].ports: not supported yet: a named port (http) in an egress rule with an ipBlock peer (give the port number); towards the ipBlock peers this rule allows only its numeric ports"#,
+            "spec.egress[0].ports: not supported yet: a named port (http) in an egress rule with an ipBlock peer (give the port number); towards the ipBlock peers this rule allows only its numeric ports",
+            "spec.egress[1].ports: not supported yet: a named port (http) in an egress rule with an ipBlock peer (give the port number); towards the ipBlock peers this rule allows only its numeric ports",
         ]
     );
     // Imported by hand the same object is refused, as every bad input is.
@@ -91,7 +91,7 @@ spec:
     assert_eq!(
         not_enforced(&p),
         [
-            r#"spec.ingress[0].from[0].ipBlock.except[0]: except 192.168.0.0/16 is not inside 10.0.0.0/8; this rule allows nothing (the policy still isolates its pods for its policyTypes)"#
+            "spec.ingress[0].from[0].ipBlock.except[0]: except 192.168.0.0/16 is not inside 10.0.0.0/8; this rule allows nothing (the policy still isolates its pods for its policyTypes)"
         ]
     );
     let pol = policy_of(&p, "x", "a");
@@ -140,7 +140,7 @@ spec:
 
 #[test]
 fn a_deny_entry_that_cannot_be_expressed_denies_its_whole_direction() {
-    let text = r#"
+    let text = r"
 apiVersion: cilium.io/v2
 kind: CiliumClusterwideNetworkPolicy
 metadata: {name: deny-icmp}
@@ -150,7 +150,7 @@ spec:
   - fromEntities: [world]
     icmps: [{fields: [{type: 8}]}]
   ingress: [{fromEntities: [all]}]
-"#;
+";
     let p = cluster(text);
     let r = &p.rules[0];
     assert_eq!(

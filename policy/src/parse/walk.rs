@@ -409,7 +409,7 @@ fn expression(v: &Value, path: &str) -> Res<Requirement> {
 pub enum CidrFlavor {
     /// `toCIDR`, `toCIDRSet` and their `from` forms.
     Cilium,
-    /// A NetworkPolicy's `ipBlock`.
+    /// A `NetworkPolicy`'s `ipBlock`.
     Kubernetes,
 }
 

@@ -83,9 +83,9 @@ fn the_default_prefix_gets_an_identity_only_as_an_ipblock() {
     assert_eq!(prefixes, ["0.0.0.0/0", "10.0.0.0/8"]);
 }
 
-/// A namespaceSelector selects pods only: `NotIn` (true where the key is absent) must not match
+/// A `namespaceSelector` selects pods only: `NotIn` (true where the key is absent) must not match
 /// `world` or a CIDR (upstream "should enforce egress policy allowing traffic to a server in a
-/// different namespace based on PodSelector and NamespaceSelector [NotIn]").
+/// different namespace based on `PodSelector` and `NamespaceSelector` `[NotIn]`").
 #[test]
 fn a_not_in_namespace_selector_matches_no_address_outside_the_cluster() {
     let mut w = World::new();
