@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# The bounded part of the real-cluster tests that the README's test command runs: a cluster of
+# its own (scripts/cluster/up, named after this run), a handful of the upstream NetworkPolicy
+# and Networking e2e tests (Kubernetes' e2e.test, unmodified), the real-cluster checks
+# (scripts/cluster/checks) and scripts/cluster/down, which runs even when a step fails. The
+# components and images come from scripts/cluster/build and scripts/cluster/images, cached under
+# /var/cache/weft-cluster (the first run on a machine builds them). The whole upstream suite is
+# `scripts/cluster/e2e` (docs/KUBERNETES.md).
+#
+# Prints "cluster: N passed, M failed": each upstream test and each check is one.
+set -uo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+[ "$(id -u)" = 0 ] || { echo "cluster.sh: needs root" >&2; exit 1; }
+export WEFT_CLUSTER=c$(printf '%04x' $((RANDOM ^ $$ & 0xffff)))
+out=$(mktemp -d "/tmp/weft-cluster-$WEFT_CLUSTER.XXXX")
+passed=0 failed=0
+
+finish() {
+  local rc=$?
+  if [ "$failed" != 0 ] || [ "$rc" != 0 ]; then
+    bash "$root/scripts/cluster/down" --keep-logs "$out/logs" >&2
+    echo "cluster.sh: logs kept in $out/logs" >&2
+  else
+    bash "$root/scripts/cluster/down" >&2
+    rm -rf "$out"
+  fi
+  echo "cluster: $passed passed, $failed failed"
+  [ "$failed" = 0 ] && [ "$rc" = 0 ]
+}
+trap finish EXIT
+trap 'exit 130' INT TERM
+fatal() { echo "cluster.sh: $*" >&2; failed=$((failed + 1)); exit 1; }
+
+t0=$(date +%s)
+step() { echo "-- $1 ($(($(date +%s) - t0)) s)"; }
+step "components and images (scripts/cluster/build, scripts/cluster/images)"
+bash "$root/scripts/cluster/build" >"$out/build.log" 2>&1 || { tail -20 "$out/build.log"; fatal "scripts/cluster/build failed"; }
+bash "$root/scripts/cluster/images" >"$out/images.log" 2>&1 || { tail -20 "$out/images.log"; fatal "scripts/cluster/images failed"; }
+
+step "scripts/cluster/up (cluster $WEFT_CLUSTER)"
+bash "$root/scripts/cluster/up" || fatal "scripts/cluster/up failed"
+passed=$((passed + 1))
+echo "  ok   cluster up, Weft installed with kubectl apply -f conf/k8s/, Node Ready after the conflist"
+
+# A handful of the upstream tests: ingress and egress NetworkPolicy, a named port, namespace
+# selectors, the API test, and pod-to-pod connectivity without policy.
+FOCUS='\[sig-network\] (Netpol NetworkPolicy between server and client should (support a .default-deny-ingress. policy|enforce policy to allow traffic only from a pod in a different namespace based on PodSelector and NamespaceSelector|allow ingress access on one named port|enforce egress policy allowing traffic to a server in a different namespace based on PodSelector and NamespaceSelector) |Netpol API should support creating NetworkPolicy API operations |Networking Granular Checks: Pods should function for intra-pod communication: http )'
+step "upstream e2e tests (scripts/cluster/e2e)"
+bash "$root/scripts/cluster/e2e" --focus "$FOCUS" --out "$out/e2e" --timeout 40m | grep -E '^(PASS|FAIL|SKIP|MULTI|  )|^e2e:'
+line=$(grep -E '^e2e: [0-9]+ passed, [0-9]+ failed' "$out/e2e/summary.txt" 2>/dev/null)
+if [ -z "$line" ]; then
+  fatal "the upstream tests gave no summary (log: $out/e2e/e2e.log)"
+fi
+read -r p f < <(sed -E 's/^e2e: ([0-9]+) passed, ([0-9]+) failed.*/\1 \2/' <<<"$line")
+[ "$((p + f))" -ge 6 ] || { echo "  FAIL the focus selected $((p + f)) tests, expected 6"; f=$((f + 1)); }
+passed=$((passed + p)) failed=$((failed + f))
+
+step "real-cluster checks (scripts/cluster/checks)"
+bash "$root/scripts/cluster/checks" | tee "$out/checks.log"
+line=$(grep -E '^checks: [0-9]+ passed, [0-9]+ failed$' "$out/checks.log")
+if [ -z "$line" ]; then
+  fatal "scripts/cluster/checks gave no summary"
+fi
+read -r p f < <(sed -E 's/^checks: ([0-9]+) passed, ([0-9]+) failed$/\1 \2/' <<<"$line")
+passed=$((passed + p)) failed=$((failed + f))
+step "scripts/cluster/down"
