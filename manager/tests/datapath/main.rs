@@ -4,7 +4,6 @@
 mod support;
 
 /// Restart, detach, reconcile, map dumps and policy updates under traffic.
-#[path = "datapath/lifecycle.rs"]
 mod lifecycle;
 
 use std::collections::BTreeSet;
