@@ -7,17 +7,6 @@
 //! [`identity::IdentityAllocator`]; every allocation or release is reported to the selector
 //! cache, which says which selectors (and so which endpoints) changed. See `docs/POLICY.md`.
 #![warn(missing_docs)]
-// Input reaches these crates from the API, policy files and the CNI: no path may panic on it.
-#![cfg_attr(
-    not(test),
-    deny(
-        clippy::unwrap_used,
-        clippy::expect_used,
-        clippy::indexing_slicing,
-        clippy::panic
-    )
-)]
-
 pub mod cidr;
 pub mod compute;
 pub mod diff;

@@ -1,4 +1,4 @@
-//! A fake weft-manager on a unix socket: the API of DESIGN §6 with an in-memory allocator over
+//! A fake weft-manager on a unix socket: the API of docs/API.md with an in-memory allocator over
 //! `10.77.0.0/24` and `fd77::/64` (router `.1` / `::1`). It records every request for assertions.
 
 use bytes::Bytes;

@@ -4,11 +4,9 @@
 mod support;
 
 /// Restart, detach, reconcile, map dumps and policy updates under traffic.
-#[path = "datapath/lifecycle.rs"]
 mod lifecycle;
 
 /// The conntrack reopen rule and established flows across a policy change.
-#[path = "datapath/reopen.rs"]
 mod reopen;
 
 use std::collections::BTreeSet;
