@@ -247,6 +247,10 @@ pub struct StatusResponse {
     /// object) or `loaded` (verified by this one). Absent from managers that predate it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub programs: Option<String>,
+    /// What keeps the manager from ready or from a current view, one line each (e.g. a
+    /// Kubernetes list its ClusterRole denies, a CRD that is not installed).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 /// One IPAM allocation (`GET /v1/ipam`).

@@ -73,6 +73,17 @@ pub struct Watchers {
     /// Resources whose first list completed, and those started.
     synced: std::sync::Mutex<(BTreeSet<&'static str>, Vec<&'static str>)>,
     synced_changed: tokio::sync::Notify,
+    /// Per resource: its last error while it has not recovered, or that its CRD is missing.
+    health: std::sync::Mutex<BTreeMap<&'static str, Health>>,
+}
+
+/// A resource's trouble, for [`Watchers::problems`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Health {
+    /// The last list or watch failed with this error (cleared by the next event).
+    Failing(String),
+    /// The API server does not serve the resource (404): its CRD is not installed.
+    Absent,
 }
 
 /// What one resource's event loop does with its objects.
@@ -84,10 +95,50 @@ trait Handler<K>: Send {
     fn relisted(&mut self, w: &Watchers, listed: &[K]);
 }
 
+/// Whether `e` says the API server does not serve the resource at all (its CRD is missing):
+/// the list, or a watch after the CRD was deleted, answered 404.
+fn not_served(e: &watcher::Error) -> bool {
+    match e {
+        watcher::Error::InitialListFailed(kube::Error::Api(s))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(s))
+        | watcher::Error::WatchFailed(kube::Error::Api(s)) => s.code == 404,
+        _ => false,
+    }
+}
+
+/// kube-runtime's default backoff for a watcher, except that a reset soon after an error is
+/// ignored. The watcher yields `Init` before each list attempt and any item resets the stream's
+/// backoff, so a list the API server keeps refusing (an RBAC 403, a CRD's 404) would otherwise
+/// be retried about every second for as long as it fails.
+struct ListRetryBackoff {
+    inner: watcher::DefaultBackoff,
+    last_error: Option<std::time::Instant>,
+}
+
+/// How long after an error resets are ignored.
+const RESET_AFTER: std::time::Duration = std::time::Duration::from_secs(10);
+
+impl Iterator for ListRetryBackoff {
+    type Item = std::time::Duration;
+    fn next(&mut self) -> Option<std::time::Duration> {
+        self.last_error = Some(std::time::Instant::now());
+        self.inner.next()
+    }
+}
+
+impl kube::runtime::utils::Backoff for ListRetryBackoff {
+    fn reset(&mut self) {
+        if self.last_error.is_none_or(|t| t.elapsed() >= RESET_AFTER) {
+            self.inner.reset();
+        }
+    }
+}
+
 async fn drive<K, H>(
     w: Arc<Watchers>,
     stream: impl Stream<Item = watcher::Result<watcher::Event<K>>>,
     mut h: H,
+    crd: Option<&'static str>,
 ) where
     K: Clone,
     H: Handler<K>,
@@ -96,10 +147,34 @@ async fn drive<K, H>(
     let mut listing: Option<Vec<K>> = None;
     while let Some(ev) = stream.next().await {
         let ev = match ev {
-            Ok(ev) => ev,
+            Ok(ev) => {
+                // `Init` only announces a list attempt: it proves nothing yet.
+                if !matches!(ev, watcher::Event::Init) && w.set_health(h.name(), None) {
+                    tracing::info!(resource = h.name(), "watch recovered");
+                }
+                ev
+            }
             Err(e) => {
                 w.stats.count(h.name(), "error");
-                tracing::warn!(resource = h.name(), "watch: {e} (retrying with backoff)");
+                if let Some(crd) = crd.filter(|_| not_served(&e)) {
+                    // No CRD, no objects of the kind: nothing to wait for. The watcher keeps
+                    // retrying, so objects are followed once the CRD is installed.
+                    if w.set_health(h.name(), Some(Health::Absent)) {
+                        // Rules of the kind left from before (a restart, a deleted CRD) go.
+                        h.relisted(&w, &[]);
+                        tracing::warn!(
+                            resource = h.name(),
+                            "CRD {crd} is not installed: {} objects are not followed until it is \
+                             (install conf/k8s/00-crds.yaml, or set k8s_cilium_policies = false)",
+                            h.name()
+                        );
+                    }
+                    w.lock_synced().0.insert(h.name());
+                    w.synced_changed.notify_waiters();
+                } else if w.set_health(h.name(), Some(Health::Failing(e.to_string()))) {
+                    // Logged when the error changes; status shows it all along.
+                    tracing::warn!(resource = h.name(), "watch: {e} (retrying with backoff)");
+                }
                 continue;
             }
         };
@@ -281,6 +356,15 @@ impl Handler<Node> for ThisNode {
     fn relisted(&mut self, _: &Watchers, _: &[Node]) {}
 }
 
+/// The name of the CRD that serves a cilium.io/v2 policy kind.
+#[must_use]
+pub fn cilium_crd(kind: PolicyKind) -> &'static str {
+    match kind {
+        PolicyKind::CiliumClusterwideNetworkPolicy => "ciliumclusterwidenetworkpolicies.cilium.io",
+        _ => "ciliumnetworkpolicies.cilium.io",
+    }
+}
+
 /// The cilium.io/v2 policy kinds as dynamic resources.
 #[must_use]
 pub fn cilium_resource(kind: PolicyKind) -> ApiResource {
@@ -301,7 +385,10 @@ fn stream<K>(
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
 {
-    watcher(api, cfg).default_backoff()
+    watcher(api, cfg).backoff(ListRetryBackoff {
+        inner: watcher::DefaultBackoff::default(),
+        last_error: None,
+    })
 }
 
 impl Watchers {
@@ -316,7 +403,52 @@ impl Watchers {
             node_name: node_name.to_owned(),
             synced: std::sync::Mutex::default(),
             synced_changed: tokio::sync::Notify::new(),
+            health: std::sync::Mutex::default(),
         })
+    }
+
+    /// Records a resource's trouble (`None`: healthy); true when it changed.
+    fn set_health(&self, resource: &'static str, h: Option<Health>) -> bool {
+        let mut g = self
+            .health
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let changed = g.get(resource) != h.as_ref();
+        match h {
+            Some(h) => g.insert(resource, h),
+            None => g.remove(resource),
+        };
+        changed
+    }
+
+    /// What keeps the watchers from a complete, current view, one line per resource: an
+    /// initial list not done yet (with the last error, e.g. an RBAC denial), a failing watch,
+    /// a kind whose CRD is not installed. Empty when all is well.
+    #[must_use]
+    pub fn problems(&self) -> Vec<String> {
+        let health = self
+            .health
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        let (synced, started) = {
+            let g = self.lock_synced();
+            (g.0.clone(), g.1.clone())
+        };
+        started
+            .iter()
+            .filter_map(|r| match (health.get(r), synced.contains(r)) {
+                (Some(Health::Absent), _) => Some(format!(
+                    "{r}: its CRD is not installed, these objects are not followed"
+                )),
+                (Some(Health::Failing(e)), false) => {
+                    Some(format!("{r}: initial list not complete: {e}"))
+                }
+                (None, false) => Some(format!("{r}: initial list not complete")),
+                (Some(Health::Failing(e)), true) => Some(format!("{r}: watch failing: {e}")),
+                (None, true) => None,
+            })
+            .collect()
     }
 
     fn lock_synced(
@@ -351,17 +483,19 @@ impl Watchers {
         }
     }
 
+    /// `crd`: the CRD that serves the resource, when it may legitimately be absent.
     fn started<K, H>(
         self: &Arc<Self>,
         stream: impl Stream<Item = watcher::Result<watcher::Event<K>>> + Send + 'static,
         h: H,
+        crd: Option<&'static str>,
     ) -> tokio::task::JoinHandle<()>
     where
         K: Clone + Send + 'static,
         H: Handler<K> + 'static,
     {
         self.lock_synced().1.push(h.name());
-        tokio::spawn(drive(self.clone(), stream, h))
+        tokio::spawn(drive(self.clone(), stream, h, crd))
     }
 
     /// Starts every watcher on the current tokio runtime; they run until the runtime stops.
@@ -376,18 +510,25 @@ impl Watchers {
             self.started(
                 stream(Api::<Node>::all(c.clone()), cfg().fields(&node_sel)),
                 ThisNode,
+                None,
             ),
             self.started(
                 stream(Api::<Pod>::all(c.clone()), cfg().fields(&pod_sel)),
                 Pods,
+                None,
             ),
-            self.started(stream(Api::<Namespace>::all(c.clone()), cfg()), Namespaces),
+            self.started(
+                stream(Api::<Namespace>::all(c.clone()), cfg()),
+                Namespaces,
+                None,
+            ),
             self.started(
                 stream(Api::<NetworkPolicy>::all(c.clone()), cfg()),
                 Policies {
                     kind: PolicyKind::NetworkPolicy,
                     applied: BTreeMap::new(),
                 },
+                None,
             ),
         ];
         if cilium {
@@ -402,6 +543,7 @@ impl Watchers {
                         kind,
                         applied: BTreeMap::new(),
                     },
+                    Some(cilium_crd(kind)),
                 ));
             }
         }

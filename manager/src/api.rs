@@ -232,6 +232,11 @@ async fn list_endpoints(State(m): State<Shared>, Query(q): Query<OwnerQuery>) ->
 }
 
 async fn allocate(State(m): State<Shared>, bytes: Bytes) -> Reply {
+    // Kubernetes mode serves before its initial lists are in (status tells why it waits); a
+    // pod started then would miss its policy: the CNI answers "try again later".
+    if !m.is_ready() {
+        return Err(ManagerError::NotReady.into());
+    }
     let req: AllocateRequest = body(&bytes)?;
     m.settle_host_link(&req.container_id, &req.ifname).await;
     json(&crate::k8s::allocate(&m, &req).await?)

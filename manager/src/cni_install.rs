@@ -1,10 +1,17 @@
 //! Installing Weft as the node's CNI (`--install-cni-bin DIR --install-cni-conf DIR`, the
 //! `DaemonSet`'s mode): `weft-cni` is copied into the CNI bin dir as `weft`, and the conflist is
-//! written into the CNI conf dir only once the manager is ready, because the kubelet reports
-//! the node's network ready as soon as a conflist exists and would schedule pods onto a node
-//! whose manager cannot serve them. On a graceful stop the conflist is removed again (Cilium's
-//! `cni-uninstall`), so a node without a running manager stops taking pods; the binary stays.
-//! Both files are written to a temporary name and renamed, so the kubelet never reads half.
+//! written into the CNI conf dir only once the manager is ready, because the runtime reports
+//! the node's network ready as soon as a conflist loads and the kubelet would schedule pods onto
+//! a node whose manager cannot serve them yet.
+//!
+//! The conflist says `cniVersion` 1.1.0, so runtimes that call CNI STATUS (containerd 2.x asks
+//! every few seconds for the kubelet's runtime status) learn from `weft-cni STATUS` whether the
+//! manager is up and ready: while it is stopped or restarting the node's network is reported
+//! not ready, with the plugin's reason. The conflist therefore stays when the manager stops (an
+//! upgrade or a restart leaves the node's CNI configuration in place, as Cilium does by
+//! default); `--cni-uninstall` removes it on a graceful stop, for taking Weft off a node (Cilium's
+//! `cni.uninstall`). The binary always stays, for pending DELs.
+//! Both files are written to a temporary name and renamed, so the runtime never reads half.
 
 use std::path::{Path, PathBuf};
 
@@ -18,6 +25,8 @@ pub struct CniInstall {
     pub bin_dir: PathBuf,
     /// CNI conf dir (e.g. /etc/cni/net.d).
     pub conf_dir: PathBuf,
+    /// Remove the conflist on a graceful stop (`--cni-uninstall`).
+    pub uninstall_on_stop: bool,
 }
 
 /// Install failures.
@@ -40,7 +49,7 @@ fn err(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Instal
 #[must_use]
 pub fn conflist(socket: &Path) -> String {
     let v = serde_json::json!({
-        "cniVersion": "1.0.0",
+        "cniVersion": "1.1.0",
         "name": "weft",
         "plugins": [{
             "type": "weft",
@@ -75,6 +84,19 @@ impl CniInstall {
         Ok(conf)
     }
 
+    /// At a graceful stop: removes the conflist with `--cni-uninstall`, else leaves it for the
+    /// runtime's STATUS calls to report the manager gone.
+    pub fn stopped(&self) {
+        if self.uninstall_on_stop {
+            self.uninstall();
+        } else {
+            tracing::info!(
+                conf = %self.conf_dir.join(CONFLIST).display(),
+                "CNI conflist kept: the runtime's CNI STATUS reports this node's network not ready until the manager is back"
+            );
+        }
+    }
+
     /// Removes the conflist (the binary stays: pods' DELs still need it).
     pub fn uninstall(&self) {
         let conf = self.conf_dir.join(CONFLIST);
@@ -107,6 +129,7 @@ mod tests {
         let i = CniInstall {
             bin_dir: bin.clone(),
             conf_dir: conf.clone(),
+            uninstall_on_stop: true,
         };
         let written = i
             .install(&plugin, Path::new("/run/weft/manager.sock"))
@@ -114,6 +137,7 @@ mod tests {
         assert_eq!(std::fs::read(bin.join("weft")).unwrap(), b"#!plugin");
         let v: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(&written).unwrap()).unwrap();
+        assert_eq!(v["cniVersion"], "1.1.0", "STATUS needs 1.1.0");
         assert_eq!(v["plugins"][0]["type"], "weft");
         assert_eq!(v["plugins"][0]["socket"], "/run/weft/manager.sock");
         assert_eq!(
@@ -121,9 +145,27 @@ mod tests {
             1,
             "no temporary file left"
         );
-        i.uninstall();
+        i.stopped();
         assert!(!written.exists());
         assert!(bin.join("weft").exists());
+    }
+
+    #[test]
+    fn by_default_a_stop_keeps_the_conflist() {
+        let dir = tempfile::tempdir().unwrap();
+        let plugin = dir.path().join("weft-cni");
+        std::fs::write(&plugin, b"x").unwrap();
+        let i = CniInstall {
+            bin_dir: dir.path().into(),
+            conf_dir: dir.path().into(),
+            uninstall_on_stop: false,
+        };
+        let written = i.install(&plugin, Path::new("/s")).unwrap();
+        i.stopped();
+        assert!(
+            written.exists(),
+            "STATUS, not the file's absence, tells the runtime"
+        );
     }
 
     #[test]
@@ -134,6 +176,7 @@ mod tests {
         let i = CniInstall {
             bin_dir: dir.path().join("nope"),
             conf_dir: dir.path().into(),
+            uninstall_on_stop: false,
         };
         let e = i.install(&plugin, Path::new("/s")).unwrap_err().to_string();
         assert!(e.contains("nope") && e.contains("host mounts"), "{e}");

@@ -98,9 +98,14 @@ pub struct Cli {
     /// Once ready, copy weft-cni (beside this binary) into this CNI bin dir as `weft`.
     #[arg(long, requires = "install_cni_conf")]
     pub install_cni_bin: Option<PathBuf>,
-    /// Once ready, write the conflist into this CNI conf dir (removed on a graceful stop).
+    /// Once ready, write the conflist into this CNI conf dir. It stays when the manager stops
+    /// (the runtime's CNI STATUS calls report the node's network not ready meanwhile).
     #[arg(long, requires = "install_cni_bin")]
     pub install_cni_conf: Option<PathBuf>,
+    /// Remove the conflist on a graceful stop, as when Weft is being removed from the node
+    /// (Cilium's `cni.uninstall`) [default: false].
+    #[arg(long, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+    pub cni_uninstall: Option<bool>,
     /// Cluster state store: `etcd` joins the nodes sharing it (identities, ipcache, routes);
     /// without it the manager is a single node.
     #[arg(long, value_enum)]
@@ -262,7 +267,11 @@ impl Config {
         };
         match (s.install_cni_bin, s.install_cni_conf) {
             (Some(bin_dir), Some(conf_dir)) => {
-                config.cni_install = Some(crate::cni_install::CniInstall { bin_dir, conf_dir });
+                config.cni_install = Some(crate::cni_install::CniInstall {
+                    bin_dir,
+                    conf_dir,
+                    uninstall_on_stop: s.cni_uninstall.unwrap_or(false),
+                });
             }
             (None, None) => {}
             _ => {

@@ -320,10 +320,12 @@ async fn join_cluster(manager: &Arc<Manager>) -> Result<bool, StartError> {
     Ok(true)
 }
 
-/// Everything before serving, in the order of docs/ARCHITECTURE.md, "Restore": returns the ready manager and its socket.
+/// Everything before serving, in the order of docs/ARCHITECTURE.md, "Restore": returns the manager
+/// and its socket; ready, except in Kubernetes mode, where it turns ready once its watchers have
+/// synced.
 /// The datapath keeps enforcing from its pinned maps throughout: nothing here recreates a map
 /// or removes an entry before its replacement exists.
-pub async fn start(config: &Config) -> Result<(Arc<Manager>, UnixListener), StartError> {
+pub async fn start(config: &Config) -> Result<Started, StartError> {
     let mut phases = Phases::new();
     let (manifest, node_name) = node_identity(config)?;
     let queue = guard_paths(config)?;
@@ -402,17 +404,19 @@ pub async fn start(config: &Config) -> Result<(Arc<Manager>, UnixListener), Star
     let drained = crate::restore::drain_delete_queue(&manager, &queue).await;
     phases.mark("delete-queue");
     let orphan_links = manager.reap_orphan_links().await?;
-    if let Some(conn) = k8s {
-        crate::k8s::start(&manager, conn, &k8s_node, &chosen).await?;
-        phases.mark("k8s-sync");
-    }
+    let watchers = match k8s {
+        Some(conn) => Some(crate::k8s::start(&manager, conn, &k8s_node, &chosen).await),
+        None => None,
+    };
 
     let listener = crate::guard::bind_socket(&config.socket)?;
     for (name, ms) in &phases.done {
         manager.record_phase(name, *ms);
     }
     manager.record_phase("total", phases.start.elapsed().as_secs_f64() * 1000.0);
-    manager.set_ready();
+    if watchers.is_none() {
+        manager.set_ready();
+    }
     tracing::info!(
         endpoints = kept,
         removed_at_restore = removed,
@@ -424,9 +428,28 @@ pub async fn start(config: &Config) -> Result<(Arc<Manager>, UnixListener), Star
         phases = ?phases.done,
         elapsed_ms = phases.start.elapsed().as_secs_f64() * 1000.0,
         socket = %config.socket.display(),
-        "weft-manager ready"
+        "{}",
+        if watchers.is_some() {
+            "weft-manager restored; serving, ready once the Kubernetes initial lists are in"
+        } else {
+            "weft-manager ready"
+        }
     );
-    Ok((manager, listener))
+    Ok(Started {
+        manager,
+        listener,
+        watchers,
+    })
+}
+
+/// What [`start`] hands to serving.
+pub struct Started {
+    /// The manager: ready, unless `watchers` still have to sync.
+    pub manager: Arc<Manager>,
+    /// The API socket, bound.
+    pub listener: UnixListener,
+    /// Kubernetes mode: the watchers whose initial lists [`crate::k8s::become_ready`] awaits.
+    pub watchers: Option<Arc<weft_k8s::watch::Watchers>>,
 }
 
 /// Serves the API until SIGTERM or SIGINT; the datapath is left in place on exit.

@@ -2,7 +2,10 @@
 //! Node from the API server (its pod CIDRs, by the priority of docs/ARCHITECTURE.md, "Pod CIDRs"), then runs weft-k8s's
 //! watchers into the manager: pod and namespace labels become endpoint labels (a change is an
 //! identity change, like `weftctl endpoint labels`), policy objects become repository rules
-//! replaced and deleted with their object. Ready only after the initial lists are in.
+//! replaced and deleted with their object. Ready only after the initial lists are in: until
+//! then the API serves (status says what it waits for) but refuses CNI ADDs, and a list that
+//! fails (an RBAC denial, an unreachable API server) is retried and reported, never a reason to
+//! exit — a restart would not fix it, and a crash loop hides the reason.
 
 use crate::config::K8sSettings;
 use crate::node::{ChosenCidr, NodeManifest};
@@ -24,8 +27,11 @@ use weft_policy::rule::Rule;
 /// labels (plus any CNI labels) and is corrected, with a new identity, when the pod arrives.
 pub const POD_WAIT: Duration = Duration::from_secs(5);
 
-/// How long start-up waits for the initial lists before giving up.
-pub const SYNC_TIMEOUT: Duration = Duration::from_mins(1);
+/// How often an incomplete initial sync is logged (status shows it all along).
+pub const SYNC_REPORT: Duration = Duration::from_secs(30);
+
+/// How often the watchers' problems (a failing watch, a missing CRD) are copied into status.
+const PROBLEMS_REFRESH: Duration = Duration::from_secs(2);
 
 /// Kubernetes-mode failures at start.
 #[derive(Debug, thiserror::Error)]
@@ -33,11 +39,6 @@ pub enum K8sError {
     /// Client or API call.
     #[error(transparent)]
     Client(#[from] weft_k8s::client::ClientError),
-    /// The initial lists did not complete.
-    #[error(
-        "Kubernetes: the initial list of {0} did not complete within {1:?} (is the API server reachable, and does the ClusterRole in conf/k8s/ allow list/watch?)"
-    )]
-    NotSynced(String, Duration),
 }
 
 /// The connection made before the node's CIDRs are chosen.
@@ -66,14 +67,14 @@ pub fn manifest(node: &Node) -> NodeManifest {
     serde_json::from_value(weft_k8s::node::manifest_json(node)).unwrap_or_default()
 }
 
-/// Writes the CIDRs back as annotations, starts the watchers and waits for their initial
-/// lists. Call before the manager reports ready.
+/// Writes the CIDRs back as annotations and starts the watchers; [`become_ready`] then waits
+/// for their initial lists.
 pub async fn start(
     manager: &Arc<Manager>,
     conn: Connected,
     node_name: &str,
     cidrs: &[ChosenCidr],
-) -> Result<Arc<Watchers>, K8sError> {
+) -> Arc<Watchers> {
     let routers: Vec<_> = cidrs.iter().map(|c| (c.cidr, c.router_ip())).collect();
     let patch = weft_k8s::node::annotation_patch(&routers);
     if let Err(e) = weft_k8s::client::annotate_node(&conn.client, node_name, &patch).await {
@@ -87,18 +88,43 @@ pub async fn start(
     let watchers = Watchers::new(conn.client, node_name, sink);
     manager.set_k8s_cache(watchers.cache.clone());
     manager.prom().set_watch_stats(watchers.stats.clone());
-    let tasks = watchers.spawn(conn.settings.cilium_policies);
-    let expected = tasks.len();
+    // The tasks run until the runtime stops.
+    drop(watchers.spawn(conn.settings.cilium_policies));
+    watchers
+}
+
+/// Waits for every watcher's initial list, however long it takes, then declares the manager
+/// ready. Meanwhile status carries the resources still missing with their last error (e.g.
+/// `403 Forbidden` from a ClusterRole without `list`), logged every [`SYNC_REPORT`]. Afterwards
+/// status keeps showing the watchers' problems (a failing watch, a CRD not installed).
+pub async fn become_ready(manager: &Arc<Manager>, watchers: Arc<Watchers>) {
     let t0 = Instant::now();
-    if let Err(missing) = watchers.wait_synced(SYNC_TIMEOUT).await {
-        return Err(K8sError::NotSynced(missing.join(", "), SYNC_TIMEOUT));
+    let mut next_report = SYNC_REPORT;
+    while watchers.wait_synced(PROBLEMS_REFRESH).await.is_err() {
+        let problems = watchers.problems();
+        manager.set_warnings(problems.clone());
+        if t0.elapsed() >= next_report {
+            tracing::error!(
+                waiting_s = t0.elapsed().as_secs(),
+                ?problems,
+                "Kubernetes: initial lists not complete, not ready until they are (is the API server reachable, and does the ClusterRole of conf/k8s/01-rbac.yaml allow list and watch on them?)"
+            );
+            next_report += SYNC_REPORT;
+        }
     }
-    tracing::info!(
-        watchers = expected,
-        ms = t0.elapsed().as_secs_f64() * 1000.0,
-        "Kubernetes caches synced"
-    );
-    Ok(watchers)
+    let ms = t0.elapsed().as_secs_f64() * 1000.0;
+    manager.record_phase("k8s-sync", ms);
+    manager.set_warnings(watchers.problems());
+    manager.set_ready();
+    tracing::info!(ms, "Kubernetes caches synced; weft-manager ready");
+    let weak = Arc::downgrade(manager);
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(PROBLEMS_REFRESH).await;
+            let Some(m) = weak.upgrade() else { return };
+            m.set_warnings(watchers.problems());
+        }
+    });
 }
 
 /// CNI ADD in Kubernetes mode: the endpoint's labels come from its pod (bounded wait, see

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Summarises the JUnit report of Kubernetes' e2e binary for the specs a focus selected.
 
-    junit-summary.py JUNIT_XML FOCUS_REGEX
+    SKIP_REASON=... junit-summary.py JUNIT_XML FOCUS_REGEX
+
+SKIP_REASON: why the run's --ginkgo.skip left tests out (shown for each of them).
 
 Prints one line per spec (passed, failed with the first lines of its failure, skipped with the
 reason the framework gave) and closes with `e2e: N passed, M failed, K skipped`. Ginkgo reports
@@ -9,6 +11,7 @@ every spec of the binary; those outside the focus are left out. A spec skipped b
 more nodes than the cluster has is listed as multi-node (never counted as passed).
 """
 
+import os
 import re
 import sys
 import xml.etree.ElementTree as ET
@@ -45,7 +48,7 @@ def main():
             reason = re.sub(r"^skipped\s*-?\s*", "", reason) or "skipped (no reason given)"
             # Ginkgo lists specs filtered out by --ginkgo.skip as skipped with no message.
             if reason == "skipped (no reason given)" and secs == 0:
-                reason = "left out by the run's --skip"
+                reason = "not run: " + (os.environ.get("SKIP_REASON") or "left out by the run's --skip")
             (multi if MULTI_NODE.search(reason) else skipped).append((name, reason))
         else:
             passed.append((name, secs))

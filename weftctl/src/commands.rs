@@ -311,9 +311,10 @@ async fn wait_ready(client: &Client, secs: u64) -> Result<(), CtlError> {
                 last,
             });
         }
-        // The manager binds its socket only once ready, so until then a probe is a failed
-        // connect(): cheap enough to poll often, and the poll interval is added to every
-        // measured restart (bench-restart times `status --wait`).
+        // The manager binds its socket once restored (ready then, except in Kubernetes mode,
+        // where healthz answers 503 until the initial lists are in), so until then a probe is a
+        // failed connect() or a 503: cheap enough to poll often, and the poll interval is added
+        // to every measured restart (bench-restart times `status --wait`).
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }

@@ -15,6 +15,11 @@ pub fn status_table(s: &StatusResponse) -> String {
         out.push_str(p);
         out.push('\n');
     }
+    for w in &s.warnings {
+        out.push_str("Warning:    ");
+        out.push_str(w);
+        out.push('\n');
+    }
     out.push('\n');
     let rows: Vec<Vec<String>> = s
         .pools

@@ -133,6 +133,7 @@ impl State {
             restore_ms: Vec::new(),
             regenerations: 0,
             programs: None,
+            warnings: Vec::new(),
         }
     }
 

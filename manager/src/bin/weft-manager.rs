@@ -61,21 +61,36 @@ fn main() {
             ),
             None => None,
         };
-        let (manager, listener) = weft_manager::daemon::start(&config)
+        let started = weft_manager::daemon::start(&config)
             .await
             .unwrap_or_else(|e| fail(&format!("cannot start: {e}")));
+        let manager = started.manager;
         if let Some(l) = metrics {
             tokio::spawn(weft_manager::prom::serve_tcp(l, manager.clone()));
         }
+        // The conflist only once ready: in Kubernetes mode after the initial lists, while the
+        // API already serves (status tells what is awaited).
+        let becoming_ready = {
+            let (manager, install, socket) = (
+                manager.clone(),
+                config.cni_install.clone(),
+                config.socket.clone(),
+            );
+            tokio::spawn(async move {
+                if let Some(w) = started.watchers {
+                    weft_manager::k8s::become_ready(&manager, w).await;
+                }
+                if let Some(i) = &install {
+                    let plugin = weft_manager::cni_install::plugin_beside_manager()
+                        .unwrap_or_else(|e| fail(&format!("cannot find weft-cni: {e}")));
+                    i.install(&plugin, &socket).unwrap_or_else(|e| fail(&e));
+                }
+            })
+        };
+        let served = weft_manager::daemon::serve(manager, started.listener, &config.socket).await;
+        becoming_ready.abort();
         if let Some(i) = &config.cni_install {
-            let plugin = weft_manager::cni_install::plugin_beside_manager()
-                .unwrap_or_else(|e| fail(&format!("cannot find weft-cni: {e}")));
-            i.install(&plugin, &config.socket)
-                .unwrap_or_else(|e| fail(&e));
-        }
-        let served = weft_manager::daemon::serve(manager, listener, &config.socket).await;
-        if let Some(i) = &config.cni_install {
-            i.uninstall();
+            i.stopped();
         }
         if let Err(e) = served {
             fail(&e);

@@ -100,6 +100,9 @@ pub struct Manager {
     reaper: LinkReaper,
     datapath: Arc<dyn Datapath>,
     ready: AtomicBool,
+    /// What keeps the manager from ready or from a current view (e.g. a Kubernetes list the
+    /// ClusterRole denies), one line each, reported by status.
+    warnings: Mutex<Vec<String>>,
     /// Restore duration by phase, reported by status.
     restore_ms: Mutex<Vec<(String, f64)>>,
     regenerations: AtomicU64,
@@ -294,6 +297,7 @@ impl Manager {
             hostnet,
             datapath,
             ready: AtomicBool::new(false),
+            warnings: Mutex::new(Vec::new()),
             restore_ms: Mutex::new(Vec::new()),
             regenerations: AtomicU64::new(0),
             delete_queue: None,
@@ -390,6 +394,14 @@ impl Manager {
         self.ready.load(Ordering::SeqCst)
     }
 
+    /// Replaces the status warnings.
+    pub fn set_warnings(&self, warnings: Vec<String>) {
+        *self
+            .warnings
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = warnings;
+    }
+
     /// Records how long a restore phase took.
     pub fn record_phase(&self, phase: &str, ms: f64) {
         self.restore_ms
@@ -429,6 +441,11 @@ impl Manager {
                 .clone(),
             regenerations: self.regenerations.load(Ordering::Relaxed),
             programs: Some(self.datapath.programs().into()),
+            warnings: self
+                .warnings
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone(),
         }
     }
 

@@ -53,7 +53,8 @@ metadata: {name: web-from-intruders, namespace: $A}
 spec:
   endpointSelector: {matchLabels: {app: web}}
   ingress:
-  - fromEndpoints: [{matchLabels: {role: intruder}}]
+  # A namespaced rule selects peers of its own namespace unless it names another (as in Cilium).
+  - fromEndpoints: [{matchLabels: {role: intruder, k8s:io.kubernetes.pod.namespace: $B}}]
 EOT
 check "CRDs installed again: a CiliumNetworkPolicy is followed without a restart ($B/intruder reaches web:8080)" \
   eventually 90 reaches "$B" intruder "$WEB_IP" 8080
