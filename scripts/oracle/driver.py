@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Runs oracle cases against a running Weft (scripts/e2e/oracle.sh sets up the world first).
+"""Runs oracle cases against a running Weft (scripts/oracle/run.sh sets up the world first).
 
 For each case: its policy sets are pushed step by step through weft-k8s-replay's watch (ADDED,
 MODIFIED, DELETED events, as an API server sends them), every cell of the matrix is probed with

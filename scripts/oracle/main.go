@@ -1,4 +1,4 @@
-// weft-oracle: the expected verdicts of Kubernetes NetworkPolicy for scripts/e2e/oracle.sh,
+// weft-oracle: the expected verdicts of Kubernetes NetworkPolicy for scripts/oracle/run.sh,
 // computed by cyclonus's policy matcher (github.com/mattfenwick/cyclonus/pkg/matcher, the
 // engine the network-policy-api project's policy-assistant was forked from), not by Weft.
 //

@@ -10,7 +10,7 @@
 # last port is left out). The patch is applied to a copy of the work tree's tracked files under
 # /var/cache/weft-oracle/mutant-MUTATION/ (never to the work tree), whose weft-manager is built
 # there in its own target dir; the production build has no trace of it. Then
-# scripts/e2e/oracle.sh runs with that manager (and the work tree's weft-cni, weftctl and
+# scripts/oracle/run.sh runs with that manager (and the work tree's weft-cni, weftctl and
 # weft-k8s-replay). The mutation is caught when the oracle reports mismatches while
 # `weftctl map verify` (run by the driver after every step) finds the maps consistent: the
 # engine and its own check agree with each other and both are wrong.
@@ -54,14 +54,14 @@ runs=("$@")
 [ $# -gt 0 ] && runs=("$*")
 base_failed=0 out=
 for r in "${runs[@]}"; do
-  echo "== scripts/e2e/oracle.sh $r with the production manager ($BIN)"
+  echo "== scripts/oracle/run.sh $r with the production manager ($BIN)"
   # shellcheck disable=SC2086
-  b=$(WEFT_BIN=$BIN bash "$ROOT/scripts/e2e/oracle.sh" $r 2>&1)
+  b=$(WEFT_BIN=$BIN bash "$ROOT/scripts/oracle/run.sh" $r 2>&1)
   grep -E '^  (ok|FAIL) |^oracle:' <<<"$b"
   grep -q '^oracle: [0-9]* passed, 0 failed$' <<<"$b" || base_failed=1
-  echo "== scripts/e2e/oracle.sh $r with the mutant manager"
+  echo "== scripts/oracle/run.sh $r with the mutant manager"
   # shellcheck disable=SC2086
-  m=$(WEFT_BIN=$DIR/bin bash "$ROOT/scripts/e2e/oracle.sh" $r 2>&1)
+  m=$(WEFT_BIN=$DIR/bin bash "$ROOT/scripts/oracle/run.sh" $r 2>&1)
   grep -v '^20[0-9][0-9]-' <<<"$m"
   out+=$m$'\n'
 done

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Servers and probes for scripts/e2e/oracle.sh: real packets between pods.
+"""Servers and probes for scripts/oracle/run.sh: real packets between pods.
 
   netprobe.py serve ID PORT...        in a pod's netns: TCP and UDP servers on each port, and an
                                       SCTP responder; each answer names ID, protocol and port.

@@ -7,11 +7,11 @@
 # verdict of cyclonus's policy matcher (scripts/oracle: weft-oracle, built from the Go module
 # proxy at a pinned version). docs/ORACLE.md says what is covered and how to read a failure.
 #
-#   bash scripts/e2e/oracle.sh                      the test command's run: fixed seeds and the
+#   bash scripts/oracle/run.sh                      the test command's run: fixed seeds and the
 #                                                   regression cases below
-#   bash scripts/e2e/oracle.sh --seed N --cases M   seed N's cases 0..M-1
-#   bash scripts/e2e/oracle.sh --seed N --case K    seed N's case K alone (what a failure prints)
-#   bash scripts/e2e/oracle.sh --corpus [--case K]  cyclonus's generator's cases (all, or case K)
+#   bash scripts/oracle/run.sh --seed N --cases M   seed N's cases 0..M-1
+#   bash scripts/oracle/run.sh --seed N --case K    seed N's case K alone (what a failure prints)
+#   bash scripts/oracle/run.sh --corpus [--case K]  cyclonus's generator's cases (all, or case K)
 #   WEFT_ORACLE_SEEDS="1 2 3" WEFT_ORACLE_CASES=4   the default run's seeds and cases per seed
 #
 # Each seed runs in its own world (netns, manager, state, pin dir, replay server). The closing
@@ -169,7 +169,7 @@ check "the 9 pods are ready with their labels from the pod watch" eventually lab
 nsenter --net="/run/netns/$WEFT_NODE" python3 -u "$ROOT/scripts/oracle/driver.py" \
   --world "$WEFT_TMP/world.json" --oracle "$ORACLE" --weftctl "$WEFT_BIN/weftctl" --socket "$WEFT_SOCK" \
   --url "$URL" --prefix "$WEFT_P" --events "$WEFT_TMP/events.jsonl" --workdir "$WEFT_TMP" \
-  --replay "bash scripts/e2e/oracle.sh" --seed "$SEED" --cases "$CASE_LIST" $CORPUS
+  --replay "bash scripts/oracle/run.sh" --seed "$SEED" --cases "$CASE_LIST" $CORPUS
 rc=$?
 if [ "$rc" != 0 ] && [ -n "${WEFT_ORACLE_KEEP:-}" ]; then
   mkdir -p "$WEFT_ORACLE_KEEP" && cp "$WEFT_TMP"/case-*.json "$WEFT_TMP"/verify-*.txt "$WEFT_TMP/world.json" "$WEFT_TMP/manager.log" "$WEFT_ORACLE_KEEP/" 2>/dev/null
