@@ -41,6 +41,7 @@ def serve(c, peer):
             except ConnectionResetError:
                 log.write(f"{peer[1]} rst\n")
         else:
+            c.settimeout(None)
             while True:
                 c.sendall(recv_exact(c, 3))
     except (OSError, EOFError):
@@ -128,8 +129,8 @@ jq -n \
 weft_make_node
 nsenter --net="/run/netns/$WEFT_NODE" "$REPLAY" "$WEFT_TMP/replay.json" "$WEFT_TMP/kubeconfig" >>"$WEFT_TMP/replay.log" 2>&1 &
 REPLAY_PID=$!
-SERVER_PID= MON=
-trap 'kill $REPLAY_PID $SERVER_PID $MON 2>/dev/null; weft_cleanup' EXIT
+SERVER_PID= MON= HELD_PID=
+trap 'exec 7>&-; kill $REPLAY_PID $SERVER_PID $MON $HELD_PID 2>/dev/null; weft_cleanup' EXIT
 for _ in $(seq 100); do [ -s "$WEFT_TMP/kubeconfig" ] && break; sleep 0.05; done
 [ -s "$WEFT_TMP/kubeconfig" ] || die "weft-k8s-replay did not start: $(cat "$WEFT_TMP/replay.log")"
 URL=$(awk '/server:/ {print $2}' "$WEFT_TMP/kubeconfig")
@@ -164,7 +165,9 @@ MON=$!
 session() { in_pod "${4:-b}" python3 "$WEFT_TMP/client.py" "$1" "$2" "$3" 81; }
 # dropped MODE SRC_PORT HOST: the connect got no answer (exit 2; anything else is a tool error).
 dropped() { local rc=0; session "$@" || rc=$?; [ "$rc" = 2 ] || { echo "client exit $rc (want 2: no answer)"; return 1; }; }
-ended_as() { eventually grep -qx "$1 $2" "$WEFT_TMP/ended.log"; } # SRC_PORT fin|rst: the server saw it
+# ended_as SRC_PORT fin|rst N: the server saw N connections from SRC_PORT end that way.
+ended_n() { test "$(grep -cx "$1 $2" "$WEFT_TMP/ended.log" || true)" -ge "$3"; }
+ended_as() { eventually ended_n "$@"; }
 port_free() { eventually bash -c "! ip netns exec ${WEFT_P}-b ss -Htan 'sport = :$1' | grep -q ." ; }
 # drop_event SRC_PORT DST_IP: the datapath reported dropping that very tuple at x/a's ingress.
 drop_event() {
@@ -179,27 +182,41 @@ echo "== no policy: sessions from fixed ports, each tuple reused once (positive 
 CASES=("rst 45101 $A4" "fin 45102 $A4" "rst 45103 $A6" "fin 45104 $A6")
 for c in "${CASES[@]}"; do
   set -- $c
+  n=0
   for round in first reuse; do
+    n=$((n + 1))
     check "$1 session :$2 -> $3:81 ($round)" session "$1" "$2" "$3"
-    check "  the server saw it end with $1" ended_as "$2" "$1"
+    check "  the server saw it end with $1" ended_as "$2" "$1" "$n"
     check "  the client's port is free again" port_free "$2"
-    sed -i "/^$2 /d" "$WEFT_TMP/ended.log"
   done
 done
 check "trace: b -> a:81 allowed" test "$(trace "$A4")" = allow
-# Established before the change: a held TCP connection and a UDP flow from fixed ports.
-exec 7> >(in_pod b python3 -c '
-import socket, sys, time
-s = socket.create_connection((sys.argv[1], 81), timeout=2, source_address=("", 45110))
+# Established before the change: a held TCP connection (fed through a FIFO: one round trip per
+# line) and a UDP flow, from fixed ports.
+cat >"$WEFT_TMP/held.py" <<'PY'
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("", 45110))
 s.settimeout(2)
-while sys.stdin.readline():
-    s.sendall(b"hld"); ok = s.recv(3) == b"hld"
-    open(sys.argv[2], "a").write(("ok" if ok else "bad") + "\n")
-' "$A4" "$WEFT_TMP/held.log" 2>>"$WEFT_TMP/held.err")
+s.connect((sys.argv[1], 81))
+with open(sys.argv[2], "a", buffering=1) as log:
+    while sys.stdin.readline():
+        try:
+            s.sendall(b"hld")
+            log.write("ok\n" if s.recv(3) == b"hld" else "bad\n")
+        except OSError as e:
+            log.write(f"error {e}\n")
+PY
+mkfifo "$WEFT_TMP/held.in"
+in_pod b python3 "$WEFT_TMP/held.py" "$A4" "$WEFT_TMP/held.log" <"$WEFT_TMP/held.in" 2>"$WEFT_TMP/held.err" &
+HELD_PID=$!
+exec 7>"$WEFT_TMP/held.in"
 held_echo() { # N: the held connection's Nth round trip succeeded
   echo ping >&7
-  eventually test "$(grep -c '^ok$' "$WEFT_TMP/held.log" 2>/dev/null)" -ge "$1"
+  eventually held_ok "$1" || { cat "$WEFT_TMP/held.log" "$WEFT_TMP/held.err" 2>/dev/null; return 1; }
 }
+held_ok() { test "$(grep -c '^ok$' "$WEFT_TMP/held.log" 2>/dev/null || true)" -ge "$1"; }
 udp_from() { # SRC_PORT: a UDP datagram from b:SRC_PORT to a:81 is echoed
   in_pod b python3 -c '
 import socket, sys
