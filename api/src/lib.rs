@@ -248,7 +248,7 @@ pub struct StatusResponse {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub programs: Option<String>,
     /// What keeps the manager from ready or from a current view, one line each (e.g. a
-    /// Kubernetes list its ClusterRole denies, a CRD that is not installed).
+    /// Kubernetes list its `ClusterRole` denies, a CRD that is not installed).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
 }

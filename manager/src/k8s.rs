@@ -95,7 +95,7 @@ pub async fn start(
 
 /// Waits for every watcher's initial list, however long it takes, then declares the manager
 /// ready. Meanwhile status carries the resources still missing with their last error (e.g.
-/// `403 Forbidden` from a ClusterRole without `list`), logged every [`SYNC_REPORT`]. Afterwards
+/// `403 Forbidden` from a `ClusterRole` without `list`), logged every [`SYNC_REPORT`]. Afterwards
 /// status keeps showing the watchers' problems (a failing watch, a CRD not installed).
 pub async fn become_ready(manager: &Arc<Manager>, watchers: Arc<Watchers>) {
     let t0 = Instant::now();

@@ -101,7 +101,7 @@ pub struct Manager {
     datapath: Arc<dyn Datapath>,
     ready: AtomicBool,
     /// What keeps the manager from ready or from a current view (e.g. a Kubernetes list the
-    /// ClusterRole denies), one line each, reported by status.
+    /// `ClusterRole` denies), one line each, reported by status.
     warnings: Mutex<Vec<String>>,
     /// Restore duration by phase, reported by status.
     restore_ms: Mutex<Vec<(String, f64)>>,
