@@ -473,8 +473,8 @@ mod tests {
         // The same registration again is a harmless retry.
         assert_eq!(r.prepare_ready(a.id, &register(&a)).unwrap(), ready);
         for change in [
-            |x: &mut RegisterRequest| x.host_mac = "02:00:00:00:00:99".into(),
-            |x: &mut RegisterRequest| x.pod_mac = "02:00:00:00:00:98".into(),
+            |x: &mut RegisterRequest| x.host_mac = weft_api::MacAddr::new([2, 0, 0, 0, 0, 0x99]),
+            |x: &mut RegisterRequest| x.pod_mac = weft_api::MacAddr::new([2, 0, 0, 0, 0, 0x98]),
             |x: &mut RegisterRequest| x.host_ifindex = 99,
         ] {
             let mut moved = register(&a);

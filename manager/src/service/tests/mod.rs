@@ -8,7 +8,7 @@ pub(crate) mod support;
 use super::*;
 use crate::datapath::{FakeCall, FakeDatapath};
 use crate::hostnet::FakeHostNet;
-use support::{make_ready, pod_request};
+use support::{fake_manager, make_ready, pod_request};
 use weft_api::TraceRequest;
 use weft_policy::mapstate::{Direction, PolicyEntry, Verdict, proto};
 
