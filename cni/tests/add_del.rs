@@ -1,5 +1,13 @@
 //! ADD/DEL/CHECK/GC against the real binary in private netns (root only; never skipped).
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::panic,
+    reason = "an integration test crate: its helpers panic with context like its tests (clippy.toml's allow-*-in-tests covers only #[test] functions)"
+)]
+
 mod common;
 
 use common::{World, ping, sh};

@@ -2,6 +2,14 @@
 //! of the fuzz targets in fuzz/): no input panics, every refusal is an error object with a
 //! code the spec or docs/CNI.md defines, and results read back as they were written.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::panic,
+    reason = "an integration test crate: its helpers panic with context like its tests (clippy.toml's allow-*-in-tests covers only #[test] functions)"
+)]
+
 use proptest::prelude::*;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use weft_api::IpConfig;

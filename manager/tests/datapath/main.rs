@@ -1,6 +1,14 @@
 //! Privileged datapath tests: real programs on real veths in private netns, real traffic.
 //! They need root, clang-19 and bpffs, and fail (never skip) without them.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::panic,
+    reason = "an integration test crate: its helpers panic with context like its tests (clippy.toml's allow-*-in-tests covers only #[test] functions)"
+)]
+
 mod support;
 
 /// Restart, detach, reconcile, map dumps and policy updates under traffic.
