@@ -64,10 +64,9 @@ impl From<ManagerError> for HttpError {
             ManagerError::Endpoint(
                 EndpointError::WrongOwner { .. } | EndpointError::AlreadyReady { .. },
             ) => Self::new(StatusCode::CONFLICT, ApiErrorKind::Conflict, msg),
-            ManagerError::Endpoint(EndpointError::Invalid(_) | EndpointError::Ipam(_)) => {
-                Self::new(StatusCode::BAD_REQUEST, ApiErrorKind::Invalid, msg)
-            }
-            ManagerError::Invalid(_) | ManagerError::ClusterIdentity(_) => {
+            ManagerError::Endpoint(EndpointError::Invalid(_) | EndpointError::Ipam(_))
+            | ManagerError::Invalid(_)
+            | ManagerError::ClusterIdentity(_) => {
                 Self::new(StatusCode::BAD_REQUEST, ApiErrorKind::Invalid, msg)
             }
             ManagerError::NotReady => {

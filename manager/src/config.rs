@@ -235,7 +235,7 @@ impl Config {
     pub fn resolve(cli: Cli) -> Result<Self, ConfigError> {
         let uninstall = cli.uninstall;
         let s = match &cli.config {
-            Some(path) => overlay(load_file(path)?, cli)?,
+            Some(path) => overlay(&load_file(path)?, cli)?,
             None => cli,
         };
         let kvstore = kvstore_config(&s)?;
@@ -295,9 +295,9 @@ impl Config {
 
 /// `flags` over `file`: every setting the flags give (not `None`, not an empty list) replaces
 /// the file's.
-fn overlay(file: Cli, flags: Cli) -> Result<Cli, ConfigError> {
+fn overlay(file: &Cli, flags: Cli) -> Result<Cli, ConfigError> {
     let encode = |c: &Cli| serde_json::to_value(c).map_err(ConfigError::Overlay);
-    let (mut merged, given) = (encode(&file)?, encode(&flags)?);
+    let (mut merged, given) = (encode(file)?, encode(&flags)?);
     if let (serde_json::Value::Object(merged), serde_json::Value::Object(given)) =
         (&mut merged, given)
     {

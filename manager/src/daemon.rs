@@ -325,6 +325,10 @@ async fn join_cluster(manager: &Arc<Manager>) -> Result<bool, StartError> {
 /// synced.
 /// The datapath keeps enforcing from its pinned maps throughout: nothing here recreates a map
 /// or removes an entry before its replacement exists.
+#[expect(
+    clippy::too_many_lines,
+    reason = "start-up is one ordered sequence of phases, read top to bottom beside docs/ARCHITECTURE.md"
+)]
 pub async fn start(config: &Config) -> Result<Started, StartError> {
     let mut phases = Phases::new();
     let (manifest, node_name) = node_identity(config)?;

@@ -187,6 +187,7 @@ async fn new_pair(
 
 /// The error for a name that is taken: on the pod side at once, on the host side once nothing
 /// of ours can still be deleting it.
+#[must_use]
 pub fn taken(spec: &VethSpec, side: Side) -> CniError {
     CniError::InterfaceExists(match side {
         Side::Pod => format!(

@@ -14,7 +14,7 @@ use weft_policy::mapstate::proto;
 
 const A: usize = 0;
 const B: usize = 1;
-/// B's endpoint id and A's identity (support::World).
+/// B's endpoint id and A's identity (`support::World`).
 const EP_B: u32 = 101;
 /// The service the closed connections used; the policy below denies it.
 const SERVICE: u16 = 81;

@@ -21,7 +21,7 @@ pub enum Close {
     /// The client aborts with `SO_LINGER {on, 0}`: one RST, no FIN; the server reads ECONNRESET.
     Rst,
     /// The server closes first (FIN), the client reads EOF and closes (FIN): the server's socket
-    /// ends in TIME_WAIT, the client's is gone, so the client can bind the port again at once.
+    /// ends in `TIME_WAIT`, the client's is gone, so the client can bind the port again at once.
     Fin,
     /// Both ends drop the connection without a packet (`TCP_REPAIR` before close): what a crashed
     /// peer leaves behind — conntrack still holds an open entry.
@@ -63,7 +63,7 @@ pub fn closing_server(ns: &str, port: u16) -> Receiver<Ended> {
 }
 
 fn serve(mut conn: TcpStream, tx: &Sender<Ended>) {
-    let peer_port = conn.peer_addr().map(|a| a.port()).unwrap_or(0);
+    let peer_port = conn.peer_addr().map_or(0, |a| a.port());
     conn.set_read_timeout(Some(Duration::from_secs(10)))
         .unwrap();
     let mut req = [0u8; 3];
@@ -97,7 +97,7 @@ fn serve(mut conn: TcpStream, tx: &Sender<Ended>) {
     }
 }
 
-/// TCP_REPAIR: the socket is then closed without a FIN or RST (needs CAP_NET_ADMIN).
+/// `TCP_REPAIR`: the socket is then closed without a FIN or RST (needs `CAP_NET_ADMIN`).
 fn repair(conn: &TcpStream) {
     setsockopt(conn, sockopt::TcpRepair, &1).expect("TCP_REPAIR");
 }
@@ -121,7 +121,7 @@ fn unacked(conn: &TcpStream) -> u32 {
     info.tcpi_unacked
 }
 
-/// A TCP connection from `src_port` of netns `ns` to `dst`, bound with SO_REUSEADDR like a
+/// A TCP connection from `src_port` of netns `ns` to `dst`, bound with `SO_REUSEADDR` like a
 /// client reusing its port. `Err` when the connection was not made within [`WAIT`].
 pub fn connect_from(ns: &str, src_port: u16, dst: SocketAddr) -> std::io::Result<TcpStream> {
     in_ns(ns, || {
