@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
 use tokio::net::UnixStream;
 
-use crate::ApiError;
+use crate::{ApiError, ApiErrorKind};
 
 /// Why a call to the manager failed.
 #[derive(Debug, thiserror::Error)]
@@ -29,12 +29,12 @@ pub enum ClientError {
         source: std::io::Error,
     },
     /// The connection broke mid-request.
-    #[error("talking to weft-manager at {path}: {detail}")]
+    #[error("talking to weft-manager at {path}: {source}")]
     Transport {
         /// Socket path.
         path: PathBuf,
         /// What happened.
-        detail: String,
+        source: hyper::Error,
     },
     /// The manager answered with an error status.
     #[error("{}", .body.message)]
@@ -45,13 +45,16 @@ pub enum ClientError {
         body: ApiError,
     },
     /// The request could not be built (e.g. a path too long for a URI); nothing was sent.
-    #[error("cannot build a request for {path:?}: {detail}")]
+    #[error("cannot build a request for {path:?}: {source}")]
     BadRequest {
         /// The path (first 80 characters).
         path: String,
         /// Why.
-        detail: String,
+        source: hyper::http::Error,
     },
+    /// The request body could not be encoded as JSON; nothing was sent.
+    #[error("cannot encode the request as JSON: {0}")]
+    Encode(#[source] serde_json::Error),
     /// The request body is larger than the manager accepts; nothing was sent.
     #[error(
         "the request is {size} bytes; weft-manager accepts at most {limit} bytes per request: split it (e.g. import the policy file in parts)"
@@ -63,12 +66,12 @@ pub enum ClientError {
         limit: usize,
     },
     /// The manager's answer could not be decoded.
-    #[error("unexpected answer from weft-manager ({status}): {detail}")]
+    #[error("unexpected answer from weft-manager ({status}): {source}")]
     Decode {
         /// HTTP status.
         status: u16,
         /// What failed to parse.
-        detail: String,
+        source: serde_json::Error,
     },
 }
 
@@ -140,19 +143,19 @@ impl Client {
         let resp = sender
             .send_request(req)
             .await
-            .map_err(|e| self.transport(&e))?;
+            .map_err(|e| self.transport(e))?;
         let status = resp.status();
         let mut body = resp.into_body();
         if !status.is_success() {
             let bytes = body
                 .collect()
                 .await
-                .map_err(|e| self.transport(&e))?
+                .map_err(|e| self.transport(e))?
                 .to_bytes();
             return Err(api_error(status, &bytes));
         }
         while let Some(frame) = body.frame().await {
-            let frame = frame.map_err(|e| self.transport(&e))?;
+            let frame = frame.map_err(|e| self.transport(e))?;
             if let Some(data) = frame.data_ref()
                 && !on_chunk(data)
             {
@@ -169,10 +172,7 @@ impl Client {
         body: Option<&B>,
     ) -> Result<T, ClientError> {
         let payload = match body {
-            Some(b) => Bytes::from(serde_json::to_vec(b).map_err(|e| ClientError::Decode {
-                status: 0,
-                detail: e.to_string(),
-            })?),
+            Some(b) => Bytes::from(serde_json::to_vec(b).map_err(ClientError::Encode)?),
             None => Bytes::new(),
         };
         let (status, bytes) = self.raw(method, path, payload).await?;
@@ -180,9 +180,9 @@ impl Client {
         if !status.is_success() {
             return Err(api_error(status, &bytes));
         }
-        serde_json::from_slice(&bytes).map_err(|e| ClientError::Decode {
+        serde_json::from_slice(&bytes).map_err(|source| ClientError::Decode {
             status: status.as_u16(),
-            detail: e.to_string(),
+            source,
         })
     }
 
@@ -199,16 +199,17 @@ impl Client {
                 // The manager closed the idle connection (its header timeout, a restart) before
                 // the request went out: nothing was sent, so it is safe to send it again on a
                 // fresh connection. Once sent, an error is reported, never retried.
-                Err(mut e) => {
-                    req = e.take_message().ok_or_else(|| self.transport(e.error()))?;
-                }
+                Err(mut e) => match e.take_message() {
+                    Some(unsent) => req = unsent,
+                    None => return Err(self.transport(e.into_error())),
+                },
             }
         }
         let mut sender = self.connect().await?;
         let resp = sender
             .send_request(req)
             .await
-            .map_err(|e| self.transport(&e))?;
+            .map_err(|e| self.transport(e))?;
         self.finish(sender, resp).await
     }
 
@@ -223,7 +224,7 @@ impl Client {
             .into_body()
             .collect()
             .await
-            .map_err(|e| self.transport(&e))?
+            .map_err(|e| self.transport(e))?
             .to_bytes();
         *self.idle.lock().unwrap_or_else(PoisonError::into_inner) = Some(sender);
         Ok((status, bytes))
@@ -253,7 +254,7 @@ impl Client {
                 })?;
         let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
             .await
-            .map_err(|e| self.transport(&e))?;
+            .map_err(|e| self.transport(e))?;
         tokio::spawn(async move {
             // The connection ends when the client (or its kept sender) is dropped; its error is
             // reported by the request.
@@ -262,10 +263,10 @@ impl Client {
         Ok(sender)
     }
 
-    fn transport(&self, e: &dyn std::fmt::Display) -> ClientError {
+    fn transport(&self, source: hyper::Error) -> ClientError {
         ClientError::Transport {
             path: self.socket.clone(),
-            detail: e.to_string(),
+            source,
         }
     }
 }
@@ -292,9 +293,9 @@ fn build_request(
     }
     builder
         .body(Full::new(payload))
-        .map_err(|e| ClientError::BadRequest {
+        .map_err(|source| ClientError::BadRequest {
             path: path.chars().take(80).collect(),
-            detail: e.to_string(),
+            source,
         })
 }
 
@@ -307,7 +308,7 @@ fn api_error(status: StatusCode, bytes: &[u8]) -> ClientError {
         Err(_) => ClientError::Api {
             status: status.as_u16(),
             body: ApiError {
-                kind: "http".into(),
+                kind: ApiErrorKind::Http,
                 message: format!(
                     "weft-manager answered {status}: {}",
                     String::from_utf8_lossy(bytes)

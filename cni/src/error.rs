@@ -3,6 +3,7 @@
 //! Every command returns `Result<_, CniError>`; `main` prints the error object on stdout and exits
 //! non-zero. Codes 1–99 are the spec's well-known ones, 100+ are Weft's own.
 
+use weft_api::ApiErrorKind;
 use weft_api::client::ClientError;
 
 /// Weft's plugin-specific codes (the spec leaves 100+ to plugins).
@@ -69,12 +70,12 @@ pub enum CniError {
     #[error("{0}")]
     InterfaceExists(String),
     /// A netlink/netns operation failed.
-    #[error("{context}: {detail}")]
+    #[error("{context}: {source}")]
     Netlink {
         /// What was being done.
         context: String,
-        /// The kernel's answer.
-        detail: String,
+        /// The kernel's answer (or why the step could not be done).
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// The manager rejected the request.
     #[error("weft-manager rejected the request: {0}")]
@@ -107,16 +108,19 @@ impl CniError {
     fn details(&self) -> String {
         match self {
             Self::TryAgainLater { details, .. } => details.clone(),
-            Self::Netlink { detail, .. } => detail.clone(),
+            Self::Netlink { source, .. } => source.to_string(),
             _ => String::new(),
         }
     }
 
     /// A netlink failure while doing `context`.
-    pub fn netlink(context: impl Into<String>, detail: impl std::fmt::Display) -> Self {
+    pub fn netlink(
+        context: impl Into<String>,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
         Self::Netlink {
             context: context.into(),
-            detail: detail.to_string(),
+            source: source.into(),
         }
     }
 
@@ -154,23 +158,23 @@ impl From<ClientError> for CniError {
             },
             ClientError::Transport {
                 ref path,
-                ref detail,
+                ref source,
             } => Self::TryAgainLater {
                 msg: format!(
                     "connection to weft-manager at {} failed; try again later",
                     path.display()
                 ),
-                details: detail.clone(),
+                details: source.to_string(),
             },
-            ClientError::Api { body, .. } => match body.kind.as_str() {
-                "pool_exhausted" => Self::PoolExhausted(body.message),
-                "not_ready" | "busy" => Self::TryAgainLater {
+            ClientError::Api { body, .. } => match body.kind {
+                ApiErrorKind::PoolExhausted => Self::PoolExhausted(body.message),
+                kind if kind.is_retryable() => Self::TryAgainLater {
                     msg: format!("weft-manager is not ready: {}", body.message),
                     details: String::new(),
                 },
-                _ => Self::Manager(format!("{} ({})", body.message, body.kind)),
+                kind => Self::Manager(format!("{} ({kind})", body.message)),
             },
-            ClientError::Decode { .. } => Self::Manager(e.to_string()),
+            ClientError::Decode { .. } | ClientError::Encode(_) => Self::Manager(e.to_string()),
             // Permanent: retrying the same input cannot succeed.
             ClientError::TooLarge { .. } | ClientError::BadRequest { .. } => {
                 Self::InvalidConfig(e.to_string())
@@ -189,7 +193,7 @@ mod tests {
         ClientError::Api {
             status: 409,
             body: ApiError {
-                kind: kind.into(),
+                kind: ApiErrorKind::from(kind.to_owned()),
                 message: message.into(),
             },
         }
@@ -213,7 +217,7 @@ mod tests {
         assert_eq!(CniError::from(api("invalid", "x")).code(), 103);
         let decode = ClientError::Decode {
             status: 200,
-            detail: "eof".into(),
+            source: serde_json::from_str::<u8>("").unwrap_err(),
         };
         assert_eq!(CniError::from(decode).code(), 103);
     }

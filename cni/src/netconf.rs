@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use weft_api::{Attachment, Label};
 
-/// Where weft-manager listens unless the config says otherwise (DESIGN §6).
+/// Where weft-manager listens unless the config says otherwise (docs/ARCHITECTURE.md, "Contract").
 pub const DEFAULT_SOCKET: &str = "/run/weft/manager.sock";
 /// Default MTU of both veth ends.
 pub const DEFAULT_MTU: u32 = 1500;

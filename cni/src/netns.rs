@@ -13,14 +13,15 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use tokio::sync::oneshot;
 
-/// `NSFS_MAGIC` from include/uapi/linux/magic.h: what a netns handle lies on.
-const NSFS_MAGIC: i64 = 0x6e73_6673;
-
 /// `CLONE_NEWNET`, as `NS_GET_NSTYPE` reports a network namespace.
-const CLONE_NEWNET: i32 = 0x4000_0000;
+const CLONE_NEWNET: i32 = nix::sched::CloneFlags::CLONE_NEWNET.bits();
 
-// `NS_GET_NSTYPE` = _IO(0xb7, 0x3), include/uapi/linux/nsfs.h.
-nix::ioctl_none!(ns_get_nstype, 0xb7, 0x3);
+nix::ioctl_none!(
+    /// `NS_GET_NSTYPE` = `_IO(0xb7, 0x3)`, include/uapi/linux/nsfs.h.
+    ns_get_nstype,
+    0xb7,
+    0x3
+);
 
 /// Opens `CNI_NETNS` and checks it is a network namespace other than the plugin's own. A
 /// regular file or directory (not a netns) and the node's own netns (by device and inode:
@@ -33,12 +34,7 @@ pub fn open_pod_netns(path: &Path) -> Result<File, CniError> {
         .map_err(|e| CniError::InvalidEnv(format!("cannot open CNI_NETNS {shown}: {e}")))?;
     let fs = nix::sys::statfs::fstatfs(&file)
         .map_err(|e| CniError::InvalidEnv(format!("cannot inspect CNI_NETNS {shown}: {e}")))?;
-    #[expect(
-        clippy::useless_conversion,
-        reason = "f_type is i64 on x86_64 but not everywhere"
-    )]
-    let magic = i64::from(fs.filesystem_type().0);
-    if magic != NSFS_MAGIC {
+    if fs.filesystem_type() != nix::sys::statfs::NSFS_MAGIC {
         return Err(CniError::InvalidEnv(format!(
             "CNI_NETNS {shown} is not a network namespace (a netns is /proc/PID/ns/net or a bind mount of one, e.g. /run/netns/NAME)"
         )));

@@ -1,6 +1,14 @@
 //! Failure paths of the real binary: every failed ADD leaves the node netns exactly as it was and
 //! the IP released. Root only; never skipped.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::panic,
+    reason = "an integration test crate: its helpers panic with context like its tests (clippy.toml's allow-*-in-tests covers only #[test] functions)"
+)]
+
 mod common;
 
 use common::{World, sh};

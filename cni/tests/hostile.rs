@@ -5,6 +5,14 @@
 //! (no delete queue), and planted files are left as they were. Needs no root; as root, the
 //! files an attacker plants are handed to an unprivileged uid, as a real attacker's would be.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::panic,
+    reason = "an integration test crate: its helpers panic with context like its tests (clippy.toml's allow-*-in-tests covers only #[test] functions)"
+)]
+
 use std::ffi::OsString;
 use std::io::Write;
 use std::os::unix::ffi::OsStringExt;

@@ -2,7 +2,7 @@
 //! same value.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use weft_fuzz::result::CniResult;
+use weft_cni::result::CniResult;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(r) = serde_json::from_slice::<CniResult>(data) {

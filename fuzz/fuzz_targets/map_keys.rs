@@ -3,7 +3,7 @@
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use std::collections::BTreeMap;
-use weft_fuzz::encode::{encode_entries, lookup_encoded};
+use weft_manager::datapath::{encode_entries, lookup_encoded};
 use weft_policy::mapstate::{Direction, PolicyEntry, Verdict};
 
 fn naive(

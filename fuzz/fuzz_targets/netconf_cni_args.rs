@@ -3,8 +3,8 @@
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use std::os::unix::ffi::OsStringExt;
-use weft_fuzz::env::{CniEnv, parse_cni_args};
-use weft_fuzz::netconf::NetConf;
+use weft_cni::env::{CniEnv, parse_cni_args};
+use weft_cni::netconf::NetConf;
 
 fuzz_target!(|data: &[u8]| {
     if let Err(e) = NetConf::parse(data) {

@@ -1,5 +1,5 @@
 //! The Node object: its JSON for the manager's CIDR selection (`weft_manager::node`, which
-//! applies DESIGN §3's priority), and the annotation patch written back (Cilium's
+//! applies the priority of docs/ARCHITECTURE.md, "Pod CIDRs"), and the annotation patch written back (Cilium's
 //! `AnnotateNode`: pod CIDR and router IP per family, Weft's keys beside Cilium's).
 
 use ipnet::IpNet;

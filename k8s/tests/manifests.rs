@@ -2,6 +2,14 @@
 //! left over, so a typo (`hostNetwrok`, a misplaced `mountPropagation`) fails here instead of
 //! being silently dropped by the API server's lenient decoding.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::panic,
+    reason = "an integration test crate: its helpers panic with context like its tests (clippy.toml's allow-*-in-tests covers only #[test] functions)"
+)]
+
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 use std::path::PathBuf;

@@ -3,6 +3,14 @@
 //! resourceVersion, no re-list), a 410 Gone (re-list, and what vanished is dropped), namespace
 //! label changes reaching pods, and policy objects applied, rejected and deleted.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::panic,
+    reason = "an integration test crate: its helpers panic with context like its tests (clippy.toml's allow-*-in-tests covers only #[test] functions)"
+)]
+
 use serde_json::Value;
 use std::collections::BTreeSet;
 use std::path::PathBuf;

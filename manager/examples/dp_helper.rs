@@ -2,6 +2,14 @@
 //! attachments and pinned maps outlive each run, exactly as they outlive the manager.
 //! Run inside the netns that holds the interfaces (`nsenter --net=...`, which keeps bpffs).
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::panic,
+    reason = "a benchmark driver run by scripts, not a production path: a failing step aborts the run with its message"
+)]
+
 use clap::{Parser, Subcommand};
 use std::net::IpAddr;
 use std::path::PathBuf;

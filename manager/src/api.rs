@@ -10,9 +10,10 @@ use axum::routing::{get, post};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use std::sync::Arc;
-use weft_api::{AllocateRequest, ApiError, GcRequest, RegisterRequest};
-
-use crate::service::TraceRequest;
+use weft_api::{
+    AllocateRequest, ApiError, ApiErrorKind, GcRequest, ImportRequest, LabelsRequest,
+    RegisterRequest, TraceRequest,
+};
 
 use crate::endpoint::EndpointError;
 use crate::ipam::IpamError;
@@ -24,11 +25,11 @@ type Shared = Arc<Manager>;
 pub struct HttpError(StatusCode, ApiError);
 
 impl HttpError {
-    fn new(status: StatusCode, kind: &str, message: impl Into<String>) -> Self {
+    fn new(status: StatusCode, kind: ApiErrorKind, message: impl Into<String>) -> Self {
         Self(
             status,
             ApiError {
-                kind: kind.into(),
+                kind,
                 message: message.into(),
             },
         )
@@ -45,33 +46,40 @@ impl From<ManagerError> for HttpError {
     fn from(e: ManagerError) -> Self {
         let msg = e.to_string();
         match e {
-            ManagerError::Endpoint(EndpointError::Ipam(IpamError::Exhausted { .. })) => {
-                Self::new(StatusCode::INSUFFICIENT_STORAGE, "pool_exhausted", msg)
-            }
+            ManagerError::Endpoint(EndpointError::Ipam(IpamError::Exhausted { .. })) => Self::new(
+                StatusCode::INSUFFICIENT_STORAGE,
+                ApiErrorKind::PoolExhausted,
+                msg,
+            ),
             ManagerError::Endpoint(EndpointError::NotFound(_)) => {
-                Self::new(StatusCode::NOT_FOUND, "not_found", msg)
+                Self::new(StatusCode::NOT_FOUND, ApiErrorKind::NotFound, msg)
             }
             // Retryable: the CNI maps `busy` to "try again later" (code 11). The kvstore
             // being unreachable for a new identity is the same: retry once etcd is back.
             ManagerError::Endpoint(EndpointError::BeingDeleted(_))
-            | ManagerError::KvstoreUnavailable(_)
+            | ManagerError::KvstoreUnavailable { .. }
             | ManagerError::Policy(crate::policy_state::PolicyStateError::NeedsCluster(_)) => {
-                Self::new(StatusCode::SERVICE_UNAVAILABLE, "busy", msg)
+                Self::new(StatusCode::SERVICE_UNAVAILABLE, ApiErrorKind::Busy, msg)
             }
             ManagerError::Endpoint(
                 EndpointError::WrongOwner { .. } | EndpointError::AlreadyReady { .. },
-            ) => Self::new(StatusCode::CONFLICT, "conflict", msg),
-            ManagerError::Endpoint(EndpointError::Invalid(_) | EndpointError::Ipam(_)) => {
-                Self::new(StatusCode::BAD_REQUEST, "invalid", msg)
+            ) => Self::new(StatusCode::CONFLICT, ApiErrorKind::Conflict, msg),
+            ManagerError::Endpoint(EndpointError::Invalid(_) | EndpointError::Ipam(_))
+            | ManagerError::Invalid(_)
+            | ManagerError::ClusterIdentity(_) => {
+                Self::new(StatusCode::BAD_REQUEST, ApiErrorKind::Invalid, msg)
             }
-            ManagerError::Invalid(_) => Self::new(StatusCode::BAD_REQUEST, "invalid", msg),
-            ManagerError::NotReady => Self::new(StatusCode::SERVICE_UNAVAILABLE, "not_ready", msg),
+            ManagerError::NotReady => {
+                Self::new(StatusCode::SERVICE_UNAVAILABLE, ApiErrorKind::NotReady, msg)
+            }
             ManagerError::Endpoint(EndpointError::Store(_))
             | ManagerError::HostNet(_)
             | ManagerError::Datapath(_)
-            | ManagerError::Policy(_) => {
-                Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", msg)
-            }
+            | ManagerError::Policy(_) => Self::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                ApiErrorKind::Internal,
+                msg,
+            ),
         }
     }
 }
@@ -86,14 +94,20 @@ fn json<T: serde::Serialize>(v: &T) -> Reply {
     Ok(axum::Json(v).into_response())
 }
 
+/// The request body as `T`; a body that does not decode is refused naming the field (`pod_mac:
+/// "zz" is not a MAC address ...`).
 fn body<T: DeserializeOwned>(bytes: &Bytes) -> Result<T, HttpError> {
-    serde_json::from_slice(bytes).map_err(|e| {
+    let bad = |e: &dyn std::fmt::Display| {
         HttpError::new(
             StatusCode::BAD_REQUEST,
-            "invalid",
+            ApiErrorKind::Invalid,
             format!("request body is not valid JSON for this call: {e}"),
         )
-    })
+    };
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let v = serde_path_to_error::deserialize(&mut de).map_err(|e| bad(&e))?;
+    de.end().map_err(|e| bad(&e))?;
+    Ok(v)
 }
 
 /// The API's routes over `manager`.
@@ -122,12 +136,11 @@ pub fn router(manager: Shared) -> Router {
         .route("/v1/maps/{name}", get(map_dump))
         .route("/v1/verify", get(verify))
         .route("/v1/monitor", get(monitor))
-        .route("/v1/metrics", get(metrics))
         .route("/metrics", get(crate::prom::handler))
         .fallback(|| async {
             HttpError::new(
                 StatusCode::NOT_FOUND,
-                "not_found",
+                ApiErrorKind::NotFound,
                 "no such API path; see docs/API.md",
             )
         })
@@ -159,13 +172,13 @@ async fn json_errors(resp: Response) -> Response {
         .unwrap_or_default();
     let (kind, default) = match status {
         StatusCode::METHOD_NOT_ALLOWED => (
-            "method_not_allowed",
+            ApiErrorKind::MethodNotAllowed,
             "this path does not take that method; see docs/API.md",
         ),
-        StatusCode::PAYLOAD_TOO_LARGE => ("too_large", ""),
-        StatusCode::NOT_FOUND => ("not_found", "no such API path; see docs/API.md"),
-        s if s.is_client_error() => ("invalid", "the request is malformed"),
-        _ => ("internal", "internal error"),
+        StatusCode::PAYLOAD_TOO_LARGE => (ApiErrorKind::TooLarge, ""),
+        StatusCode::NOT_FOUND => (ApiErrorKind::NotFound, "no such API path; see docs/API.md"),
+        s if s.is_client_error() => (ApiErrorKind::Invalid, "the request is malformed"),
+        _ => (ApiErrorKind::Internal, "internal error"),
     };
     let message = if status == StatusCode::PAYLOAD_TOO_LARGE {
         format!(
@@ -211,7 +224,7 @@ async fn list_endpoints(State(m): State<Shared>, Query(q): Query<OwnerQuery>) ->
         (None, None) => json(&m.endpoints()),
         _ => Err(HttpError::new(
             StatusCode::BAD_REQUEST,
-            "invalid",
+            ApiErrorKind::Invalid,
             "give both container_id and ifname, or neither",
         )),
     }
@@ -244,7 +257,7 @@ async fn delete_endpoint(State(m): State<Shared>, Query(q): Query<OwnerQuery>) -
     let (Some(c), Some(i)) = (q.container_id, q.ifname) else {
         return Err(HttpError::new(
             StatusCode::BAD_REQUEST,
-            "invalid",
+            ApiErrorKind::Invalid,
             "DELETE /v1/endpoints needs container_id and ifname query parameters",
         ));
     };
@@ -260,15 +273,8 @@ async fn ipam(State(m): State<Shared>) -> Reply {
     json(&m.allocations())
 }
 
-/// `POST /v1/policies` body: the file's name (for error messages) and its text.
-#[derive(Deserialize)]
-struct ImportBody {
-    file: String,
-    content: String,
-}
-
 async fn import_policy(State(m): State<Shared>, bytes: Bytes) -> Reply {
-    let req: ImportBody = body(&bytes)?;
+    let req: ImportRequest = body(&bytes)?;
     json(&m.import_policy(&req.file, &req.content)?)
 }
 
@@ -312,16 +318,8 @@ async fn kvstore(State(m): State<Shared>) -> Reply {
     json(&m.kvstore_status())
 }
 
-#[derive(Deserialize)]
-struct LabelsBody {
-    #[serde(default)]
-    add: Vec<String>,
-    #[serde(default)]
-    remove: Vec<String>,
-}
-
 async fn set_labels(State(m): State<Shared>, Path(id): Path<u32>, bytes: Bytes) -> Reply {
-    let req: LabelsBody = body(&bytes)?;
+    let req: LabelsRequest = body(&bytes)?;
     json(&m.set_labels(id, &req.add, &req.remove)?)
 }
 
@@ -332,7 +330,7 @@ async fn maps(State(m): State<Shared>) -> Reply {
 async fn map_dump(State(m): State<Shared>, Path(name): Path<String>) -> Reply {
     m.datapath()
         .map_dump(&name)
-        .map_err(|e| HttpError::new(StatusCode::NOT_FOUND, "not_found", e.to_string()))
+        .map_err(|e| HttpError::new(StatusCode::NOT_FOUND, ApiErrorKind::NotFound, e.to_string()))
         .and_then(|v| json(&v))
 }
 
@@ -368,13 +366,5 @@ async fn monitor(State(m): State<Shared>) -> Response {
         .into_response()
 }
 
-async fn metrics(State(m): State<Shared>) -> Response {
-    (
-        [(
-            axum::http::header::CONTENT_TYPE,
-            "text/plain; version=0.0.4",
-        )],
-        m.metrics(),
-    )
-        .into_response()
-}
+#[cfg(test)]
+mod tests;

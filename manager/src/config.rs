@@ -1,7 +1,12 @@
-//! weft-manager's settings: command-line flags over a TOML file over defaults (DESIGN §6).
+//! weft-manager's settings: command-line flags over a TOML file over defaults.
+//!
+//! Every setting is declared once, as a field of [`Cli`]: clap reads it as a flag
+//! (`--state-dir`) and serde as a key of the `--config` file (`state_dir`). The file is read
+//! into the same struct, the flags given are laid over it ([`overlay`]), and [`Config::resolve`]
+//! applies the defaults and checks the combinations.
 
 use clap::Parser;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
 /// Config failures.
@@ -16,20 +21,24 @@ pub enum ConfigError {
         source: std::io::Error,
     },
     /// The file is not valid TOML for these keys.
-    #[error("config {path}: {detail} (see conf/manager.toml for the accepted keys)")]
+    #[error("config {path}: {source} (see conf/manager.toml for the accepted keys)")]
     Parse {
         /// Path.
         path: String,
-        /// Parser message.
-        detail: String,
+        /// The parser's error.
+        source: toml::de::Error,
     },
     /// A value is out of range.
     #[error("{0}")]
     Invalid(String),
+    /// The file's settings could not be combined with the flags (cannot happen: both are the
+    /// same struct).
+    #[error("combining the config file with the flags: {0}")]
+    Overlay(#[source] serde_json::Error),
 }
 
 /// Log output format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
     /// Human-readable lines.
@@ -39,8 +48,11 @@ pub enum LogFormat {
     Json,
 }
 
-/// `weft-manager` flags. Each also settable in `--config`.
-#[derive(Debug, Parser, Default)]
+/// `weft-manager` flags, and the keys of its `--config` file (the flag's name with `_` for
+/// `-`; `pod_cidrs` for `--pod-cidr`). A flag left out (`None`, or an empty list) leaves the
+/// file's value.
+#[derive(Debug, Parser, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
 #[command(
     name = "weft-manager",
     version,
@@ -49,6 +61,7 @@ pub enum LogFormat {
 pub struct Cli {
     /// TOML config file; flags override it.
     #[arg(long)]
+    #[serde(skip)]
     pub config: Option<PathBuf>,
     /// State directory (the sled database lives inside) [default: /var/lib/weft].
     #[arg(long)]
@@ -73,8 +86,8 @@ pub struct Cli {
     pub log_format: Option<LogFormat>,
     /// Kubernetes mode: this Node, its pods, namespaces and network policies come from the API
     /// server (in-cluster service account, or --kubeconfig).
-    #[arg(long)]
-    pub k8s: bool,
+    #[arg(long, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+    pub k8s: Option<bool>,
     /// kubeconfig for Kubernetes mode (implies --k8s) [default: in-cluster, then $KUBECONFIG].
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
@@ -127,6 +140,7 @@ pub struct Cli {
     /// Removes what Weft installed in the node's network stack outside its pinned maps (the
     /// masquerade table) and exits.
     #[arg(long)]
+    #[serde(skip)]
     pub uninstall: bool,
     /// Also serve Prometheus metrics (`/metrics` and `/healthz` only, read-only) on this TCP
     /// address: IP:PORT, or :PORT for every IPv4 address [default: off; the `DaemonSet` uses :9962].
@@ -140,7 +154,7 @@ pub struct Cli {
 }
 
 /// Cluster state backends.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum KvstoreKind {
     /// etcd v3 (3.4 or later).
@@ -156,39 +170,6 @@ pub struct KvstoreConfig {
     pub tls: crate::kvstore::etcd::TlsFiles,
     /// Lease time-to-live in seconds.
     pub lease_ttl_s: u64,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FileConfig {
-    state_dir: Option<PathBuf>,
-    socket: Option<PathBuf>,
-    bpffs: Option<PathBuf>,
-    node_name: Option<String>,
-    node_manifest: Option<PathBuf>,
-    #[serde(default)]
-    pod_cidrs: Vec<String>,
-    log_format: Option<LogFormat>,
-    #[serde(default)]
-    k8s: bool,
-    kubeconfig: Option<PathBuf>,
-    k8s_cilium_policies: Option<bool>,
-    install_cni_bin: Option<PathBuf>,
-    install_cni_conf: Option<PathBuf>,
-    cni_uninstall: Option<bool>,
-    kvstore: Option<KvstoreKind>,
-    #[serde(default)]
-    kvstore_endpoints: Vec<String>,
-    kvstore_ca: Option<PathBuf>,
-    kvstore_cert: Option<PathBuf>,
-    kvstore_key: Option<PathBuf>,
-    kvstore_lease_ttl: Option<u64>,
-    node_ip: Option<std::net::IpAddr>,
-    masquerade: Option<bool>,
-    #[serde(default)]
-    non_masquerade_cidrs: Vec<ipnet::IpNet>,
-    metrics_listen: Option<String>,
-    identity_grace_period: Option<u64>,
 }
 
 /// The resolved settings.
@@ -250,69 +231,46 @@ fn hostname() -> String {
 }
 
 impl Config {
-    /// Merges flags over the file named by `--config` over defaults.
+    /// Lays the flags over the file named by `--config`, then applies the defaults.
     pub fn resolve(cli: Cli) -> Result<Self, ConfigError> {
-        let file = match &cli.config {
-            Some(path) => load_file(path)?,
-            None => FileConfig::default(),
+        let uninstall = cli.uninstall;
+        let s = match &cli.config {
+            Some(path) => overlay(&load_file(path)?, cli)?,
+            None => cli,
         };
-        let kvstore = kvstore_config(&cli, &file)?;
-        let pod_cidrs = if cli.pod_cidrs.is_empty() {
-            file.pod_cidrs
-        } else {
-            cli.pod_cidrs
-        };
-        let node_name_given = cli.node_name.is_some() || file.node_name.is_some();
+        let kvstore = kvstore_config(&s)?;
+        let node_name_given = s.node_name.is_some();
         let mut config = Self {
-            state_dir: cli
-                .state_dir
-                .or(file.state_dir)
-                .unwrap_or_else(|| "/var/lib/weft".into()),
-            socket: cli
-                .socket
-                .or(file.socket)
-                .unwrap_or_else(|| "/run/weft/manager.sock".into()),
-            bpffs: cli
-                .bpffs
-                .or(file.bpffs)
-                .unwrap_or_else(|| "/sys/fs/bpf/weft".into()),
-            node_name: cli.node_name.or(file.node_name).unwrap_or_else(hostname),
+            state_dir: s.state_dir.unwrap_or_else(|| "/var/lib/weft".into()),
+            socket: s.socket.unwrap_or_else(|| "/run/weft/manager.sock".into()),
+            bpffs: s.bpffs.unwrap_or_else(|| "/sys/fs/bpf/weft".into()),
+            node_name: s.node_name.unwrap_or_else(hostname),
             node_name_given,
-            node_manifest: cli.node_manifest.or(file.node_manifest),
-            pod_cidrs,
-            log_format: cli.log_format.or(file.log_format).unwrap_or_default(),
+            node_manifest: s.node_manifest,
+            pod_cidrs: s.pod_cidrs,
+            log_format: s.log_format.unwrap_or_default(),
             k8s: None,
             cni_install: None,
             kvstore,
-            node_ip: cli.node_ip.or(file.node_ip),
-            masquerade: cli.masquerade.or(file.masquerade).unwrap_or(true),
-            non_masquerade_cidrs: if cli.non_masquerade_cidrs.is_empty() {
-                file.non_masquerade_cidrs
-            } else {
-                cli.non_masquerade_cidrs
-            },
-            uninstall: cli.uninstall,
-            metrics_listen: cli
+            node_ip: s.node_ip,
+            masquerade: s.masquerade.unwrap_or(true),
+            non_masquerade_cidrs: s.non_masquerade_cidrs,
+            uninstall,
+            metrics_listen: s
                 .metrics_listen
-                .or(file.metrics_listen)
-                .map(|s| crate::prom::parse_listen(&s))
+                .map(|a| crate::prom::parse_listen(&a))
                 .transpose()
                 .map_err(|e| ConfigError::Invalid(e.to_string()))?,
             identity_grace: std::time::Duration::from_secs(
-                cli.identity_grace_period
-                    .or(file.identity_grace_period)
-                    .unwrap_or(DEFAULT_IDENTITY_GRACE_S),
+                s.identity_grace_period.unwrap_or(DEFAULT_IDENTITY_GRACE_S),
             ),
         };
-        match (
-            cli.install_cni_bin.or(file.install_cni_bin),
-            cli.install_cni_conf.or(file.install_cni_conf),
-        ) {
+        match (s.install_cni_bin, s.install_cni_conf) {
             (Some(bin_dir), Some(conf_dir)) => {
                 config.cni_install = Some(crate::cni_install::CniInstall {
                     bin_dir,
                     conf_dir,
-                    uninstall_on_stop: cli.cni_uninstall.or(file.cni_uninstall).unwrap_or(false),
+                    uninstall_on_stop: s.cni_uninstall.unwrap_or(false),
                 });
             }
             (None, None) => {}
@@ -322,14 +280,10 @@ impl Config {
                 ));
             }
         }
-        let kubeconfig = cli.kubeconfig.or(file.kubeconfig);
-        if cli.k8s || file.k8s || kubeconfig.is_some() {
+        if s.k8s == Some(true) || s.kubeconfig.is_some() {
             config.k8s = Some(K8sSettings {
-                kubeconfig,
-                cilium_policies: cli
-                    .k8s_cilium_policies
-                    .or(file.k8s_cilium_policies)
-                    .unwrap_or(true),
+                kubeconfig: s.kubeconfig,
+                cilium_policies: s.k8s_cilium_policies.unwrap_or(true),
             });
         }
         if config.node_name.is_empty() {
@@ -339,23 +293,41 @@ impl Config {
     }
 }
 
-/// Resolves the kvstore flags; any of them without `--kvstore etcd` is a mistake worth naming.
-fn kvstore_config(cli: &Cli, file: &FileConfig) -> Result<Option<KvstoreConfig>, ConfigError> {
-    let endpoints = if cli.kvstore_endpoints.is_empty() {
-        file.kvstore_endpoints.clone()
-    } else {
-        cli.kvstore_endpoints.clone()
-    };
+/// `flags` over `file`: every setting the flags give (not `None`, not an empty list) replaces
+/// the file's.
+fn overlay(file: &Cli, flags: Cli) -> Result<Cli, ConfigError> {
+    let encode = |c: &Cli| serde_json::to_value(c).map_err(ConfigError::Overlay);
+    let (mut merged, given) = (encode(file)?, encode(&flags)?);
+    if let (serde_json::Value::Object(merged), serde_json::Value::Object(given)) =
+        (&mut merged, given)
+    {
+        for (key, value) in given {
+            let unset = match &value {
+                serde_json::Value::Null => true,
+                serde_json::Value::Array(a) => a.is_empty(),
+                _ => false,
+            };
+            if !unset {
+                merged.insert(key, value);
+            }
+        }
+    }
+    let mut out: Cli = serde_json::from_value(merged).map_err(ConfigError::Overlay)?;
+    out.config = flags.config;
+    out.uninstall = flags.uninstall;
+    Ok(out)
+}
+
+/// Resolves the kvstore settings; any of them without `--kvstore etcd` is a mistake worth naming.
+fn kvstore_config(s: &Cli) -> Result<Option<KvstoreConfig>, ConfigError> {
+    let endpoints = s.kvstore_endpoints.clone();
     let tls = crate::kvstore::etcd::TlsFiles {
-        ca: cli.kvstore_ca.clone().or_else(|| file.kvstore_ca.clone()),
-        cert: cli
-            .kvstore_cert
-            .clone()
-            .or_else(|| file.kvstore_cert.clone()),
-        key: cli.kvstore_key.clone().or_else(|| file.kvstore_key.clone()),
+        ca: s.kvstore_ca.clone(),
+        cert: s.kvstore_cert.clone(),
+        key: s.kvstore_key.clone(),
     };
-    let ttl = cli.kvstore_lease_ttl.or(file.kvstore_lease_ttl);
-    if cli.kvstore.or(file.kvstore).is_none() {
+    let ttl = s.kvstore_lease_ttl;
+    if s.kvstore.is_none() {
         if !endpoints.is_empty() || tls.any() || ttl.is_some() {
             return Err(ConfigError::Invalid(
                 "--kvstore-endpoints/--kvstore-ca/--kvstore-cert/--kvstore-key/--kvstore-lease-ttl need --kvstore etcd".into(),
@@ -399,14 +371,14 @@ fn kvstore_config(cli: &Cli, file: &FileConfig) -> Result<Option<KvstoreConfig>,
     }))
 }
 
-fn load_file(path: &Path) -> Result<FileConfig, ConfigError> {
+fn load_file(path: &Path) -> Result<Cli, ConfigError> {
     let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
         path: path.display().to_string(),
         source,
     })?;
-    toml::from_str(&text).map_err(|e| ConfigError::Parse {
+    toml::from_str(&text).map_err(|source| ConfigError::Parse {
         path: path.display().to_string(),
-        detail: e.to_string(),
+        source,
     })
 }
 
@@ -497,6 +469,53 @@ mod tests {
         assert_eq!(secs(&["--config", path]), 5);
         assert_eq!(secs(&["--config", path, "--identity-grace-period", "7"]), 7);
         assert!(Cli::try_parse_from(["weft-manager", "--identity-grace-period", "-1"]).is_err());
+    }
+
+    #[test]
+    fn a_flag_set_to_false_overrides_the_file_and_a_missing_flag_keeps_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("m.toml");
+        std::fs::write(
+            &file,
+            "masquerade = true\nk8s = true\nkvstore_endpoints = [\"http://a:1\"]\nkvstore = \"etcd\"\n",
+        )
+        .unwrap();
+        let path = file.to_str().unwrap();
+        let c = Config::resolve(Cli::parse_from([
+            "weft-manager",
+            "--config",
+            path,
+            "--masquerade=false",
+        ]))
+        .unwrap();
+        assert!(!c.masquerade, "--masquerade=false beats the file's true");
+        assert!(c.k8s.is_some(), "k8s = true stays without --k8s");
+        assert_eq!(c.kvstore.unwrap().endpoints, ["http://a:1"]);
+        let c = Config::resolve(Cli::parse_from([
+            "weft-manager",
+            "--config",
+            path,
+            "--k8s=false",
+            "--kvstore-endpoints",
+            "http://b:2",
+        ]))
+        .unwrap();
+        assert!(c.k8s.is_none(), "--k8s=false beats the file");
+        assert_eq!(c.kvstore.unwrap().endpoints, ["http://b:2"]);
+    }
+
+    #[test]
+    fn flag_only_settings_are_not_keys_of_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        for key in ["config = \"/x.toml\"", "uninstall = true"] {
+            let file = dir.path().join("m.toml");
+            std::fs::write(&file, format!("{key}\n")).unwrap();
+            let cli = Cli::parse_from(["weft-manager", "--config", file.to_str().unwrap()]);
+            assert!(
+                matches!(Config::resolve(cli), Err(ConfigError::Parse { .. })),
+                "{key}"
+            );
+        }
     }
 
     #[test]

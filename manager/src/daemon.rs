@@ -1,4 +1,4 @@
-//! Start-up in DESIGN §2 order, then serving the API until SIGTERM.
+//! Start-up in the order of docs/ARCHITECTURE.md, "Restore", then serving the API until SIGTERM.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -78,9 +78,15 @@ pub enum StartError {
     /// The delete queue's directory is not trusted.
     #[error(transparent)]
     Queue(#[from] weft_api::delete_queue::QueueError),
-    /// Kvstore mode could not be set up.
+    /// Kvstore mode: this node cannot join as configured (its name or address).
     #[error("kvstore: {0}")]
-    Kvstore(String),
+    KvstoreNode(String),
+    /// Kvstore mode: the etcd client could not be set up.
+    #[error(transparent)]
+    Kvstore(#[from] crate::kvstore::KvError),
+    /// Kvstore mode: the cluster agent's threads could not be started.
+    #[error("kvstore: starting its threads: {0}")]
+    KvstoreThreads(#[source] std::io::Error),
     /// The masquerade table could not be installed.
     #[error(transparent)]
     Masquerade(#[from] crate::masquerade::MasqueradeError),
@@ -197,17 +203,16 @@ fn cluster_link(
 ) -> Result<crate::service::ClusterLink, StartError> {
     use crate::cluster::{Cluster, ClusterConfig, nodeip, routes::NetlinkRoutes};
     use crate::kvstore::{etcd::EtcdKv, keys};
-    keys::check_node_name(node_name).map_err(StartError::Kvstore)?;
+    keys::check_node_name(node_name).map_err(StartError::KvstoreNode)?;
     let node_ip = match config.node_ip {
         Some(ip) => ip,
-        None => nodeip::detect().map_err(StartError::Kvstore)?,
+        None => nodeip::detect().map_err(StartError::KvstoreNode)?,
     };
     let store = EtcdKv::new(
         kv.endpoints.clone(),
         &kv.tls,
         std::time::Duration::from_secs(2),
-    )
-    .map_err(|e| StartError::Kvstore(e.to_string()))?;
+    )?;
     let node = keys::NodeRecord {
         name: node_name.to_owned(),
         node_ip,
@@ -301,7 +306,7 @@ async fn join_cluster(manager: &Arc<Manager>) -> Result<bool, StartError> {
     let Some(cluster) = manager.cluster().cloned() else {
         return Ok(false);
     };
-    let threads = |e: std::io::Error| StartError::Kvstore(format!("starting its threads: {e}"));
+    let threads = StartError::KvstoreThreads;
     crate::cluster::watch::spawn(cluster.clone(), manager.clone()).map_err(threads)?;
     crate::cluster::session::spawn(cluster.clone(), manager.clone()).map_err(threads)?;
     let synced = tokio::task::spawn_blocking(move || {
@@ -362,8 +367,9 @@ async fn restore_all(
     })
 }
 
-/// Everything before serving, in DESIGN §2 order: returns the manager and its socket; ready,
-/// except in Kubernetes mode, where it turns ready once its watchers have synced.
+/// Everything before serving, in the order of docs/ARCHITECTURE.md, "Restore": returns the manager
+/// and its socket; ready, except in Kubernetes mode, where it turns ready once its watchers have
+/// synced.
 /// The datapath keeps enforcing from its pinned maps throughout: nothing here recreates a map
 /// or removes an entry before its replacement exists.
 pub async fn start(config: &Config) -> Result<Started, StartError> {

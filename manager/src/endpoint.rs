@@ -51,9 +51,9 @@ pub enum EndpointError {
         /// Registered ifindex.
         ifindex: u32,
         /// Registered host MAC.
-        host_mac: String,
+        host_mac: weft_api::MacAddr,
         /// Registered pod MAC.
-        pod_mac: String,
+        pod_mac: weft_api::MacAddr,
     },
 }
 
@@ -219,22 +219,22 @@ impl Registry {
         }
         if ep.state == EndpointState::Ready
             && (ep.host_ifindex != Some(reg.host_ifindex)
-                || ep.host_mac.as_deref() != Some(reg.host_mac.as_str())
-                || ep.pod_mac.as_deref() != Some(reg.pod_mac.as_str()))
+                || ep.host_mac != Some(reg.host_mac)
+                || ep.pod_mac != Some(reg.pod_mac))
         {
             // Re-pointing a live endpoint at another link or MAC would redirect its traffic.
             return Err(EndpointError::AlreadyReady {
                 id,
                 host_ifname: ep.host_ifname.clone(),
                 ifindex: ep.host_ifindex.unwrap_or_default(),
-                host_mac: ep.host_mac.clone().unwrap_or_default(),
-                pod_mac: ep.pod_mac.clone().unwrap_or_default(),
+                host_mac: ep.host_mac.unwrap_or_default(),
+                pod_mac: ep.pod_mac.unwrap_or_default(),
             });
         }
         let mut ep = ep.clone();
         ep.host_ifindex = Some(reg.host_ifindex);
-        ep.host_mac = Some(reg.host_mac.clone());
-        ep.pod_mac = Some(reg.pod_mac.clone());
+        ep.host_mac = Some(reg.host_mac);
+        ep.pod_mac = Some(reg.pod_mac);
         ep.state = EndpointState::Ready;
         Ok(ep)
     }
@@ -363,8 +363,8 @@ mod tests {
             container_id: ep.container_id.clone(),
             host_ifname: ep.host_ifname.clone(),
             host_ifindex: 7,
-            host_mac: "02:00:00:00:00:01".into(),
-            pod_mac: "02:00:00:00:00:02".into(),
+            host_mac: weft_api::MacAddr::new([2, 0, 0, 0, 0, 1]),
+            pod_mac: weft_api::MacAddr::new([2, 0, 0, 0, 0, 2]),
         }
     }
 
@@ -473,8 +473,8 @@ mod tests {
         // The same registration again is a harmless retry.
         assert_eq!(r.prepare_ready(a.id, &register(&a)).unwrap(), ready);
         for change in [
-            |x: &mut RegisterRequest| x.host_mac = "02:00:00:00:00:99".into(),
-            |x: &mut RegisterRequest| x.pod_mac = "02:00:00:00:00:98".into(),
+            |x: &mut RegisterRequest| x.host_mac = weft_api::MacAddr::new([2, 0, 0, 0, 0, 0x99]),
+            |x: &mut RegisterRequest| x.pod_mac = weft_api::MacAddr::new([2, 0, 0, 0, 0, 0x98]),
             |x: &mut RegisterRequest| x.host_ifindex = 99,
         ] {
             let mut moved = register(&a);

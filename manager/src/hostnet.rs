@@ -19,12 +19,48 @@ pub const HOST_PEER: &str = "weft_net";
 #[derive(Debug, thiserror::Error)]
 pub enum HostNetError {
     /// A netlink request failed.
-    #[error("netlink: {op}: {detail}")]
+    #[error("netlink: {op}: {source}")]
     Netlink {
         /// What was being done.
         op: String,
         /// Kernel's answer.
-        detail: String,
+        source: rtnetlink::Error,
+    },
+    /// A request on the synchronous netlink socket failed (`crate::netlink_sync`).
+    #[error("netlink: {op}: {source}")]
+    Socket {
+        /// What was being done.
+        op: String,
+        /// The socket's or the kernel's error.
+        source: std::io::Error,
+    },
+    /// A route message could not be built for a pod CIDR (rtnetlink's `InvalidRouteMessage`,
+    /// which it does not export by name).
+    #[error("netlink: route {cidr}: {source}")]
+    Route {
+        /// The CIDR.
+        cidr: IpNet,
+        /// Why.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// `weft_host` was created but is not there to be read back.
+    #[error("netlink: create {HOST_DEVICE}: device vanished after creation")]
+    Vanished,
+    /// A route for a pod CIDR exists through another device.
+    #[error(
+        "netlink: route {cidr} dev {HOST_DEVICE}: a route for {cidr} through another device exists; Weft does not replace routes it does not own: remove it or choose another pod CIDR"
+    )]
+    RouteTaken {
+        /// The pod CIDR.
+        cidr: IpNet,
+    },
+    /// The blocking thread of a link deletion died.
+    #[error("netlink: delete link {what}: {source}")]
+    Join {
+        /// The link.
+        what: String,
+        /// The thread's fate.
+        source: tokio::task::JoinError,
     },
     /// A sysctl could not be written.
     #[error("cannot enable forwarding ({path}): {source}")]
@@ -71,12 +107,9 @@ pub struct NetlinkHostNet {
     handle: rtnetlink::Handle,
 }
 
-fn nl(op: impl Into<String>) -> impl FnOnce(rtnetlink::Error) -> HostNetError {
+pub(crate) fn nl(op: impl Into<String>) -> impl FnOnce(rtnetlink::Error) -> HostNetError {
     let op = op.into();
-    move |e| HostNetError::Netlink {
-        op,
-        detail: e.to_string(),
-    }
+    move |source| HostNetError::Netlink { op, source }
 }
 
 fn is_errno(e: &rtnetlink::Error, errno: i32) -> bool {
@@ -86,9 +119,9 @@ fn is_errno(e: &rtnetlink::Error, errno: i32) -> bool {
 /// A netlink connection in the manager's namespace; its driver task runs on the current tokio
 /// runtime.
 pub(crate) fn connect() -> Result<rtnetlink::Handle, HostNetError> {
-    let (conn, handle, _) = rtnetlink::new_connection().map_err(|e| HostNetError::Netlink {
+    let (conn, handle, _) = rtnetlink::new_connection().map_err(|source| HostNetError::Socket {
         op: "open netlink socket".into(),
-        detail: e.to_string(),
+        source,
     })?;
     tokio::spawn(conn);
     Ok(handle)
@@ -127,10 +160,7 @@ impl NetlinkHostNet {
             }
             self.index(HOST_DEVICE)
                 .await?
-                .ok_or_else(|| HostNetError::Netlink {
-                    op: format!("create {HOST_DEVICE}"),
-                    detail: "device vanished after creation".into(),
-                })?
+                .ok_or(HostNetError::Vanished)?
         };
         let peer = self.index(HOST_PEER).await?;
         for idx in std::iter::once(index).chain(peer) {
@@ -163,9 +193,9 @@ impl NetlinkHostNet {
                 .map_err(nl(format!("add {router} to {HOST_DEVICE}")))?;
             let route = RouteMessageBuilder::<IpAddr>::new()
                 .destination_prefix(cidr.network(), cidr.prefix_len())
-                .map_err(|e| HostNetError::Netlink {
-                    op: format!("route {cidr}"),
-                    detail: e.to_string(),
+                .map_err(|e| HostNetError::Route {
+                    cidr: *cidr,
+                    source: Box::new(e),
                 })?
                 .output_interface(index)
                 .build();
@@ -206,12 +236,7 @@ impl NetlinkHostNet {
         {
             return Ok(());
         }
-        Err(HostNetError::Netlink {
-            op: format!("route {cidr} dev {HOST_DEVICE}"),
-            detail: format!(
-                "a route for {cidr} through another device exists; Weft does not replace routes it does not own: remove it or choose another pod CIDR"
-            ),
-        })
+        Err(HostNetError::RouteTaken { cidr })
     }
 
     /// After a CIDR change, the old router IPs and pod-CIDR routes leave `weft_host`.
@@ -315,48 +340,28 @@ impl NetlinkHostNet {
     async fn delete_index(&self, index: u32, what: &str) -> Result<(), HostNetError> {
         tokio::task::spawn_blocking(move || delete_link_blocking(index))
             .await
-            .map_err(|e| HostNetError::Netlink {
-                op: format!("delete link {what}"),
-                detail: e.to_string(),
+            .map_err(|source| HostNetError::Join {
+                what: what.to_owned(),
+                source,
             })?
-            .map_err(|detail| HostNetError::Netlink {
+            .map_err(|source| HostNetError::Socket {
                 op: format!("delete link {what}"),
-                detail,
+                source,
             })
     }
 }
 
 /// `RTM_DELLINK` of ifindex `index` on a fresh socket, waiting for the kernel's answer; a
 /// missing link is success.
-fn delete_link_blocking(index: u32) -> Result<(), String> {
-    use netlink_packet_core::{NLM_F_ACK, NLM_F_REQUEST, NetlinkMessage, NetlinkPayload};
+fn delete_link_blocking(index: u32) -> std::io::Result<()> {
     use netlink_packet_route::RouteNetlinkMessage;
     use netlink_packet_route::link::LinkMessage;
-    use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
 
     let mut link = LinkMessage::default();
     link.header.index = index;
-    let mut req = NetlinkMessage::from(RouteNetlinkMessage::DelLink(link));
-    req.header.flags = NLM_F_REQUEST | NLM_F_ACK;
-    req.finalize();
-    let mut out = vec![0; req.buffer_len()];
-    req.serialize(&mut out);
-    let mut socket = Socket::new(NETLINK_ROUTE).map_err(|e| e.to_string())?;
-    socket.bind_auto().map_err(|e| e.to_string())?;
-    socket
-        .connect(&SocketAddr::new(0, 0))
-        .map_err(|e| e.to_string())?;
-    socket.send(&out, 0).map_err(|e| e.to_string())?;
-    let mut answer = Vec::with_capacity(4096);
-    socket.recv(&mut answer, 0).map_err(|e| e.to_string())?;
-    let reply = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&answer)
-        .map_err(|e| format!("unreadable answer: {e}"))?;
-    match reply.payload {
-        NetlinkPayload::Error(e) if e.code.is_some() && e.raw_code().abs() != libc::ENODEV => {
-            Err(std::io::Error::from_raw_os_error(e.raw_code().abs()).to_string())
-        }
-        NetlinkPayload::Error(_) => Ok(()),
-        other => Err(format!("unexpected answer {other:?}")),
+    match crate::netlink_sync::RouteSocket::open()?.ack(RouteNetlinkMessage::DelLink(link)) {
+        Err(e) if e.raw_os_error() == Some(libc::ENODEV) => Ok(()),
+        done => done,
     }
 }
 

@@ -1,5 +1,5 @@
 //! Kubernetes mode (`--k8s`): the manager as a node agent of a cluster. At start it reads this
-//! Node from the API server (its pod CIDRs, by DESIGN §3's priority), then runs weft-k8s's
+//! Node from the API server (its pod CIDRs, by the priority of docs/ARCHITECTURE.md, "Pod CIDRs"), then runs weft-k8s's
 //! watchers into the manager: pod and namespace labels become endpoint labels (a change is an
 //! identity change, like `weftctl endpoint labels`), policy objects become repository rules
 //! replaced and deleted with their object. Ready only after the initial lists are in: until

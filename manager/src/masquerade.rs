@@ -22,11 +22,21 @@ pub const TABLE: &str = "weft";
 /// Masquerade failures.
 #[derive(Debug, thiserror::Error)]
 pub enum MasqueradeError {
-    /// `nft` could not be run or refused the ruleset.
+    /// `nft` refused the ruleset (its own message).
     #[error(
         "masquerade: nft failed: {0} (install nftables, or run weft-manager with --masquerade=false)"
     )]
     Nft(String),
+    /// `nft` could not be run.
+    #[error(
+        "masquerade: nft failed: {what}: {source} (install nftables, or run weft-manager with --masquerade=false)"
+    )]
+    Run {
+        /// The step (`cannot run nft`, `writing to nft`, ...).
+        what: &'static str,
+        /// Cause.
+        source: std::io::Error,
+    },
 }
 
 /// The nftables seam.
@@ -46,16 +56,25 @@ impl Nft for NftCommand {
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
-            .map_err(|e| MasqueradeError::Nft(format!("cannot run nft: {e}")))?;
+            .map_err(|source| MasqueradeError::Run {
+                what: "cannot run nft",
+                source,
+            })?;
         child
             .stdin
             .take()
             .ok_or_else(|| MasqueradeError::Nft("nft was started without a stdin pipe".into()))?
             .write_all(script.as_bytes())
-            .map_err(|e| MasqueradeError::Nft(format!("writing to nft: {e}")))?;
+            .map_err(|source| MasqueradeError::Run {
+                what: "writing to nft",
+                source,
+            })?;
         let out = child
             .wait_with_output()
-            .map_err(|e| MasqueradeError::Nft(e.to_string()))?;
+            .map_err(|source| MasqueradeError::Run {
+                what: "waiting for nft",
+                source,
+            })?;
         if out.status.success() {
             Ok(())
         } else {

@@ -1,4 +1,4 @@
-//! Node CIDRs: which pod CIDR each family uses, chosen by DESIGN §3's priority
+//! Node CIDRs: which pod CIDR each family uses, chosen by the priority of docs/ARCHITECTURE.md, "Pod CIDRs"
 //! (`spec.podCIDRs` > `spec.podCIDR` > annotation > config), as Cilium's `ParseNode` does.
 
 use ipnet::IpNet;

@@ -17,7 +17,7 @@ use rtnetlink::RouteMessageBuilder;
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use crate::hostnet::{HOST_DEVICE, HOST_PEER, HostNetError};
+use crate::hostnet::{HOST_DEVICE, HOST_PEER, HostNetError, nl};
 
 /// `RT_TABLE_MAIN`.
 const MAIN_TABLE: u8 = 254;
@@ -123,13 +123,6 @@ fn is_main(m: &RouteMessage) -> bool {
         _ => None,
     });
     attr.map_or(m.header.table == MAIN_TABLE, |t| t == u32::from(MAIN_TABLE))
-}
-
-fn nl(op: &'static str) -> impl FnOnce(rtnetlink::Error) -> HostNetError {
-    move |e| HostNetError::Netlink {
-        op: op.into(),
-        detail: e.to_string(),
-    }
 }
 
 /// Main-table routes of both families, as raw messages (for deletion) with their destination.

@@ -39,7 +39,7 @@ impl SlotKey {
                 bytes.push(*proto);
                 bytes.extend_from_slice(&port.to_le_bytes());
             }
-            crate::fnv::hash(&bytes)
+            weft_api::fnv::hash64(&bytes)
         };
         Self { identity, ports }
     }
@@ -442,5 +442,4 @@ impl SlotTable {
 }
 
 #[cfg(test)]
-#[path = "slots_tests.rs"]
 mod tests;

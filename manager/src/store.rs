@@ -48,20 +48,30 @@ pub enum StoreError {
     #[error("state database: {0}")]
     Sled(#[from] sled::Error),
     /// A stored record does not decode.
-    #[error("state database record {key} is corrupt: {detail}")]
+    #[error("state database record {key} is corrupt: {source}")]
     Corrupt {
         /// Which record.
         key: String,
-        /// Decoder message.
-        detail: String,
+        /// The decoder's error.
+        source: serde_json::Error,
+    },
+    /// A stored key or number has the wrong size.
+    #[error("state database record {key} is corrupt: {what} is not {len} bytes")]
+    BadLength {
+        /// Which record.
+        key: String,
+        /// What was read (`endpoint id`, ...).
+        what: &'static str,
+        /// The size it must have.
+        len: usize,
     },
     /// A value could not be encoded for writing.
-    #[error("state database: cannot encode {what}: {detail}")]
+    #[error("state database: cannot encode {what}: {source}")]
     Encode {
         /// What was being written.
         what: &'static str,
-        /// Encoder message.
-        detail: String,
+        /// The encoder's error.
+        source: serde_json::Error,
     },
 }
 
@@ -70,10 +80,7 @@ fn encode<T: serde::Serialize + ?Sized>(
     what: &'static str,
     value: &T,
 ) -> Result<Vec<u8>, StoreError> {
-    serde_json::to_vec(value).map_err(|e| StoreError::Encode {
-        what,
-        detail: e.to_string(),
-    })
+    serde_json::to_vec(value).map_err(|source| StoreError::Encode { what, source })
 }
 
 impl From<TransactionError<StoreError>> for StoreError {
@@ -163,9 +170,9 @@ impl Store {
         self.meta
             .get(key)?
             .map(|v| {
-                serde_json::from_slice(&v).map_err(|e| StoreError::Corrupt {
+                serde_json::from_slice(&v).map_err(|source| StoreError::Corrupt {
                     key: key.into(),
-                    detail: e.to_string(),
+                    source,
                 })
             })
             .transpose()
@@ -191,20 +198,25 @@ impl Store {
         let Some(rev) = self.rules.get(RULES_REVISION)? else {
             return Ok(None);
         };
-        let corrupt = |key: String, detail: String| StoreError::Corrupt { key, detail };
         let revision = rev
             .as_ref()
             .try_into()
             .map(u64::from_be_bytes)
-            .map_err(|_| corrupt("rules/rev".into(), "not a u64".into()))?;
+            .map_err(|_| StoreError::BadLength {
+                key: "rules/rev".into(),
+                what: "the revision",
+                len: 8,
+            })?;
         let mut rules = Vec::new();
         for item in &self.rules {
             let (k, v) = item?;
             let Ok(seq) = <[u8; 8]>::try_from(k.as_ref()).map(u64::from_be_bytes) else {
                 continue; // the revision record
             };
-            let rule = serde_json::from_slice(&v)
-                .map_err(|e| corrupt(format!("rules/{seq}"), e.to_string()))?;
+            let rule = serde_json::from_slice(&v).map_err(|source| StoreError::Corrupt {
+                key: format!("rules/{seq}"),
+                source,
+            })?;
             rules.push((seq, rule));
         }
         Ok(Some((revision, rules)))
@@ -324,9 +336,9 @@ impl Store {
             .iter()
             .map(|kv| {
                 let (k, v) = kv?;
-                serde_json::from_slice(&v).map_err(|e| StoreError::Corrupt {
+                serde_json::from_slice(&v).map_err(|source| StoreError::Corrupt {
                     key: format!("endpoints/{k:?}"),
-                    detail: e.to_string(),
+                    source,
                 })
             })
             .collect()
@@ -339,9 +351,10 @@ impl Store {
             .map(|kv| {
                 let (k, v) = kv?;
                 let id = v.as_ref().try_into().map(u32::from_be_bytes).map_err(|_| {
-                    StoreError::Corrupt {
+                    StoreError::BadLength {
                         key: format!("ips/{}", String::from_utf8_lossy(&k)),
-                        detail: "endpoint id is not 4 bytes".into(),
+                        what: "the endpoint id",
+                        len: 4,
                     }
                 })?;
                 Ok((String::from_utf8_lossy(&k).into_owned(), id))
@@ -395,16 +408,17 @@ impl Store {
             .iter()
             .map(|kv| {
                 let (k, v) = kv?;
-                let corrupt = |detail: String| StoreError::Corrupt {
+                let id = k.as_ref().try_into().map(u32::from_be_bytes).map_err(|_| {
+                    StoreError::BadLength {
+                        key: format!("identities/{k:?}"),
+                        what: "the id",
+                        len: 4,
+                    }
+                })?;
+                let key = serde_json::from_slice(&v).map_err(|source| StoreError::Corrupt {
                     key: format!("identities/{k:?}"),
-                    detail,
-                };
-                let id = k
-                    .as_ref()
-                    .try_into()
-                    .map(u32::from_be_bytes)
-                    .map_err(|_| corrupt("id is not 4 bytes".into()))?;
-                let key = serde_json::from_slice(&v).map_err(|e| corrupt(e.to_string()))?;
+                    source,
+                })?;
                 Ok((id, key))
             })
             .collect()

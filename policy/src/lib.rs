@@ -10,17 +10,6 @@
 //! [`peerports::PeerPorts`] and handed to the selector cache the same way. Cluster objects are
 //! parsed failing closed ([`parse::parse_cluster_object`]). See `docs/POLICY.md`.
 #![warn(missing_docs)]
-// Input reaches these crates from the API, policy files and the CNI: no path may panic on it.
-#![cfg_attr(
-    not(test),
-    deny(
-        clippy::unwrap_used,
-        clippy::expect_used,
-        clippy::indexing_slicing,
-        clippy::panic
-    )
-)]
-
 pub mod cidr;
 pub mod compute;
 pub mod diff;

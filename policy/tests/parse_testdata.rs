@@ -1,6 +1,14 @@
 //! Every file under testdata/policies parses (or fails with the documented error), and a
 //! rejected import leaves the repository untouched.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::panic,
+    reason = "an integration test crate: its helpers panic with context like its tests (clippy.toml's allow-*-in-tests covers only #[test] functions)"
+)]
+
 use std::path::PathBuf;
 use weft_policy::labels::{Label, LabelSet};
 use weft_policy::mapstate::{Direction, proto};

@@ -2,6 +2,14 @@
 //! text parses or fails with an error, never a panic; labels accepted are safe to print and
 //! read back as themselves.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::panic,
+    reason = "an integration test crate: its helpers panic with context like its tests (clippy.toml's allow-*-in-tests covers only #[test] functions)"
+)]
+
 use proptest::prelude::*;
 use weft_policy::labels::{Label, LabelSet};
 use weft_policy::parse::parse_policy_file;

@@ -2,6 +2,14 @@
 //! (parse every rule, [`Repository::add`]): same change, same repository, same errors, for
 //! random sequences of imports with edits, duplicates, unlabelled and invalid rules.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::panic,
+    reason = "an integration test crate: its helpers panic with context like its tests (clippy.toml's allow-*-in-tests covers only #[test] functions)"
+)]
+
 use proptest::prelude::*;
 use weft_policy::parse::memo::{ParseMemo, incoming};
 use weft_policy::parse::parse_policy_file;

@@ -23,7 +23,7 @@ END = "<!-- END bench/all -->"
 STATS = ("median", "p10", "p90", "n")
 META = ("part", "name", "anchor") + STATS
 
-# Targets: DESIGN.md §8 and issue #10. (text, figure label, what is compared, op, bound, source)
+# Targets: docs/ARCHITECTURE.md "Performance targets" (§8) and issue #10. (text, figure label, what is compared, op, bound, source)
 # "ratio" compares the figure's median with its anchor's median from the same run.
 TARGETS = [
     ("CNI ADD ≤ 0.5× ptp+host-local", "cni_add_ms/impl=weft", "ratio", "<=", 0.5, "#10"),
@@ -226,7 +226,7 @@ def section(parts, cmds, results, drawn, errors):
             "|---|---|---|---|---|---|---|"]
     for t in TARGETS:
         out.append("| " + " | ".join(judge(t, by_label)) + " |")
-    out += ["", "Source: §8 = DESIGN.md §8, #10 = issue #10. A target without a figure from this "
+    out += ["", "Source: §8 = docs/ARCHITECTURE.md, \"Performance targets\"; #10 = issue #10. A target without a figure from this "
             "results file is reported as not measured, never as met.", ""]
     out += ["### Parts and commands", "", "| part | status | date (UTC) | commit | seconds | load before → after | commands |",
             "|---|---|---|---|---|---|---|"]

@@ -1,6 +1,14 @@
 //! What the privileged integration tests of `weft-cni` and `weft-manager` share: running
 //! commands and refusing (never skipping) when the machine cannot run them for real.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::panic,
+    reason = "test support: a step that cannot run fails the calling test by panicking"
+)]
+
 use std::process::Command;
 
 /// Runs a command, panicking with its output when it fails.

@@ -11,8 +11,9 @@ use crate::result::{CniResult, Plumbed};
 use crate::revert::{self, RevertStack, Undo};
 use crate::{annotations, manager, netns};
 use std::os::fd::{AsFd, BorrowedFd};
+use weft_api::MacAddr;
 use weft_api::client::Client;
-use weft_api::naming::{format_mac, host_ifname, veth_macs};
+use weft_api::naming::{host_ifname, veth_macs};
 use weft_api::{AllocateRequest, EndpointState, IpConfig, RegisterRequest};
 
 /// The endpoint's labels (`args.cni.labels` over `weft.io/label.*` annotations).
@@ -128,14 +129,14 @@ pub async fn run(env: &CniEnv, conf: &NetConf) -> Result<CniResult, CniError> {
         egress_bits: conf.bandwidth.egress,
     };
     let host = host_side(&nl, host_index, &ep.ips, pod_mac, conf.bandwidth.ingress);
-    let host_mac_s = format_mac(&host_mac);
-    let pod_mac_s = format_mac(&pod_mac);
+    let host_mac_s = host_mac.to_string();
+    let pod_mac_s = pod_mac.to_string();
     let register = RegisterRequest {
         container_id: env.container_id.clone(),
         host_ifname: host_name.clone(),
         host_ifindex: host_index,
-        host_mac: host_mac_s.clone(),
-        pod_mac: pod_mac_s.clone(),
+        host_mac,
+        pod_mac,
     };
     let plumb = async {
         let done = both_sides(pod, job, host).await;
@@ -249,7 +250,7 @@ async fn host_side(
     nl: &rtnetlink::Handle,
     index: u32,
     ips: &[IpConfig],
-    pod_mac: [u8; 6],
+    pod_mac: MacAddr,
     ingress_bits: Option<u64>,
 ) -> Result<(), CniError> {
     netlink::host::configure(nl, index, ips, pod_mac).await?;
@@ -293,7 +294,7 @@ struct PodJob {
     /// The pod end is still down (created from the node netns).
     bring_up: bool,
     ips: Vec<IpConfig>,
-    host_mac: [u8; 6],
+    host_mac: MacAddr,
     egress_bits: Option<u64>,
 }
 

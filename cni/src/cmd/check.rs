@@ -4,7 +4,7 @@
 use crate::env::CniEnv;
 use crate::error::CniError;
 use crate::netconf::NetConf;
-use crate::netlink::{self, describe, veth};
+use crate::netlink::{self, cause, veth};
 use crate::result::CniResult;
 use crate::{manager, netns};
 use futures::TryStreamExt;
@@ -134,7 +134,7 @@ async fn check_pod(nl: &Handle, want: &Expected) -> Result<(), CniError> {
         .try_filter_map(|x| async move { Ok(x) })
         .try_collect()
         .await
-        .map_err(|e| CniError::netlink("listing addresses", describe(&e)))?;
+        .map_err(|e| CniError::netlink("listing addresses", cause(e)))?;
     for (a, p) in &want.addrs {
         if !have.contains(&(*a, *p)) {
             return Err(mismatch(format!("{} lacks address {a}/{p}", want.ifname)));
@@ -162,7 +162,7 @@ async fn has_default_via(nl: &Handle, index: u32, gw: IpAddr) -> Result<bool, Cn
         .execute()
         .try_collect()
         .await
-        .map_err(|e| CniError::netlink("listing routes", describe(&e)))?;
+        .map_err(|e| CniError::netlink("listing routes", cause(e)))?;
     Ok(routes.iter().any(|r| {
         r.header.destination_prefix_length == 0
             && r.attributes.contains(&RouteAttribute::Oif(index))

@@ -1,12 +1,13 @@
 //! Host-side configuration in the node netns: a host route and a permanent neighbour per pod IP.
 
-use super::{describe, pipeline};
+use super::{cause, pipeline};
 use crate::error::CniError;
 use futures::future::BoxFuture;
 use netlink_packet_route::route::RouteScope;
 use rtnetlink::{Handle, LinkUnspec, RouteMessageBuilder};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use weft_api::IpConfig;
+use weft_api::MacAddr;
 
 /// The host veth up, then a `/32` (`/128`) route to each pod IP via it, and pod IP → pod MAC
 /// (no ARP/NDP). The pod-side thread creates the pair with the host end down (the kernel cannot
@@ -19,7 +20,7 @@ pub async fn configure(
     handle: &Handle,
     index: u32,
     ips: &[IpConfig],
-    pod_mac: [u8; 6],
+    pod_mac: MacAddr,
 ) -> Result<(), CniError> {
     let mut steps: Vec<BoxFuture<'static, Result<(), CniError>>> = Vec::new();
     let up = handle
@@ -28,7 +29,7 @@ pub async fn configure(
     steps.push(Box::pin(async move {
         up.execute()
             .await
-            .map_err(|e| CniError::netlink("bringing the host veth up", describe(&e)))
+            .map_err(|e| CniError::netlink("bringing the host veth up", cause(e)))
     }));
     for ip in ips {
         let addr = ip.address;
@@ -46,17 +47,17 @@ pub async fn configure(
         let req = handle.route().add(route).replace();
         steps.push(Box::pin(async move {
             req.execute().await.map_err(|e| {
-                CniError::netlink(format!("adding the host route to {addr}"), describe(&e))
+                CniError::netlink(format!("adding the host route to {addr}"), cause(e))
             })
         }));
         let req = handle
             .neighbours()
             .add(index, addr)
-            .link_layer_address(&pod_mac)
+            .link_layer_address(&pod_mac.octets())
             .replace();
         steps.push(Box::pin(async move {
             req.execute().await.map_err(|e| {
-                CniError::netlink(format!("adding the host neighbour {addr}"), describe(&e))
+                CniError::netlink(format!("adding the host neighbour {addr}"), cause(e))
             })
         }));
     }

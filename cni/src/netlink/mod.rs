@@ -37,11 +37,12 @@ pub fn errno(e: &rtnetlink::Error) -> Option<i32> {
     }
 }
 
-/// A kernel error message as text (`File exists (os error 17)`), falling back to Debug.
+/// The cause to report for `e`: a kernel NACK as the `io::Error` of its errno (`File exists
+/// (os error 17)`), anything else as it is.
 #[must_use]
-pub fn describe(e: &rtnetlink::Error) -> String {
+pub fn cause(e: rtnetlink::Error) -> Box<dyn std::error::Error + Send + Sync> {
     match e {
-        rtnetlink::Error::NetlinkError(m) => m.to_io().to_string(),
-        other => other.to_string(),
+        rtnetlink::Error::NetlinkError(m) => Box::new(m.to_io()),
+        other => Box::new(other),
     }
 }

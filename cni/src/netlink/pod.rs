@@ -1,6 +1,6 @@
 //! Pod-side configuration: runs inside the pod netns on its own netlink socket.
 
-use super::{describe, pipeline};
+use super::{cause, pipeline};
 use crate::error::CniError;
 use futures::future::BoxFuture;
 use netlink_packet_route::address::{AddressAttribute, AddressFlags};
@@ -8,13 +8,14 @@ use netlink_packet_route::route::RouteScope;
 use rtnetlink::{Handle, LinkUnspec, RouteMessageBuilder};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use weft_api::IpConfig;
+use weft_api::MacAddr;
 
 /// Every netns has its loopback at ifindex 1 (`LOOPBACK_IFINDEX`, `include/net/net_namespace.h`),
 /// so no lookup is needed to bring it up.
 const LOOPBACK_IFINDEX: u32 = 1;
 
 fn fail(what: String) -> impl FnOnce(rtnetlink::Error) -> CniError {
-    move |e| CniError::netlink(what, describe(&e))
+    move |e| CniError::netlink(what, cause(e))
 }
 
 /// `lo` (and the interface, when `bring_up`) up, addresses, routes via the gateway and a
@@ -27,7 +28,7 @@ pub async fn configure(
     handle: &Handle,
     index: u32,
     ips: &[IpConfig],
-    host_mac: [u8; 6],
+    host_mac: MacAddr,
     bring_up: bool,
 ) -> Result<(), CniError> {
     let mut steps: Vec<BoxFuture<'static, Result<(), CniError>>> = Vec::new();
@@ -67,7 +68,7 @@ pub async fn configure(
         let req = handle
             .neighbours()
             .add(index, gw)
-            .link_layer_address(&host_mac);
+            .link_layer_address(&host_mac.octets());
         let err = fail(format!("adding neighbour {gw}"));
         steps.push(Box::pin(async move { req.execute().await.map_err(err) }));
     }

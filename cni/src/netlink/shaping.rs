@@ -10,7 +10,7 @@
 //! (`include/uapi/linux/pkt_sched.h`) plus `TCA_TBF_BURST` and, above 4 GB/s,
 //! `TCA_TBF_RATE64`. The link layer is given (Ethernet), so the kernel needs no rate table.
 
-use super::describe;
+use super::cause;
 use crate::error::CniError;
 use futures::StreamExt;
 use netlink_packet_core::{
@@ -104,7 +104,7 @@ pub async fn limit(handle: &Handle, index: u32, bucket: Bucket) -> Result<(), Cn
         {
             return Err(CniError::netlink(
                 what(),
-                describe(&rtnetlink::Error::NetlinkError(e)),
+                cause(rtnetlink::Error::NetlinkError(e)),
             ));
         }
     }

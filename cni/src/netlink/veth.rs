@@ -1,6 +1,6 @@
 //! The veth pair, created in one request with each end born in its own netns.
 
-use super::{describe, errno};
+use super::{cause, errno};
 use crate::error::CniError;
 use futures::StreamExt;
 use netlink_packet_core::{
@@ -11,6 +11,7 @@ use netlink_packet_route::link::{InfoData, InfoKind, InfoVeth, LinkAttribute, Li
 use nix::errno::Errno;
 use rtnetlink::{Handle, LinkMessageBuilder, LinkUnspec};
 use std::os::fd::{AsRawFd, BorrowedFd};
+use weft_api::MacAddr;
 
 /// What to create.
 #[derive(Debug, Clone)]
@@ -18,11 +19,11 @@ pub struct VethSpec {
     /// Host-side name (node netns).
     pub host_name: String,
     /// Host-side MAC.
-    pub host_mac: [u8; 6],
+    pub host_mac: MacAddr,
     /// Pod-side name (`CNI_IFNAME`).
     pub pod_name: String,
     /// Pod-side MAC.
-    pub pod_mac: [u8; 6],
+    pub pod_mac: MacAddr,
     /// MTU of both ends.
     pub mtu: u32,
     /// Pod netns path, for messages.
@@ -61,7 +62,7 @@ pub enum Side {
 /// One end of the pair as the request describes it.
 struct End<'a> {
     name: &'a str,
-    mac: [u8; 6],
+    mac: MacAddr,
 }
 
 impl VethSpec {
@@ -134,7 +135,7 @@ async fn new_pair(
 ) -> Result<Option<(u32, Option<u32>)>, CniError> {
     let peer_msg = LinkMessageBuilder::<LinkUnspec>::new()
         .name(peer.name.to_owned())
-        .address(peer.mac.to_vec())
+        .address(peer.mac.octets().to_vec())
         .mtu(spec.mtu)
         // Not `.up()`: kernel 6.18 then answers ENOTCONN (it reports the peer's flag change to
         // our port id in the peer's netns, where our socket does not exist). That end is
@@ -143,7 +144,7 @@ async fn new_pair(
         .build();
     let msg = LinkMessageBuilder::<LinkUnspec>::new_with_info_kind(InfoKind::Veth)
         .name(local.name.to_owned())
-        .address(local.mac.to_vec())
+        .address(local.mac.octets().to_vec())
         .mtu(spec.mtu)
         .up()
         .set_info_data(InfoData::Veth(InfoVeth::Peer(peer_msg)))
@@ -165,7 +166,7 @@ async fn new_pair(
                 }
                 return Err(CniError::netlink(
                     format!("creating veth {} <-> {}", spec.host_name, spec.pod_name),
-                    describe(&e),
+                    cause(e),
                 ));
             }
             _ => {}
@@ -186,6 +187,7 @@ async fn new_pair(
 
 /// The error for a name that is taken: on the pod side at once, on the host side once nothing
 /// of ours can still be deleting it.
+#[must_use]
 pub fn taken(spec: &VethSpec, side: Side) -> CniError {
     CniError::InterfaceExists(match side {
         Side::Pod => format!(
@@ -209,10 +211,7 @@ async fn lookup(handle: &Handle, name: &str) -> Result<Option<LinkMessage>, CniE
     match links.next().await {
         Some(Ok(link)) => Ok(Some(link)),
         Some(Err(e)) if errno(&e) == Some(Errno::ENODEV as i32) => Ok(None),
-        Some(Err(e)) => Err(CniError::netlink(
-            format!("looking up {name}"),
-            describe(&e),
-        )),
+        Some(Err(e)) => Err(CniError::netlink(format!("looking up {name}"), cause(e))),
         None => Ok(None),
     }
 }
@@ -225,6 +224,6 @@ pub async fn delete(handle: &Handle, name: &str) -> Result<bool, CniError> {
     match handle.link().del_with_message(msg).execute().await {
         Ok(()) => Ok(true),
         Err(e) if errno(&e) == Some(Errno::ENODEV as i32) => Ok(false),
-        Err(e) => Err(CniError::netlink(format!("deleting {name}"), describe(&e))),
+        Err(e) => Err(CniError::netlink(format!("deleting {name}"), cause(e))),
     }
 }

@@ -1,4 +1,4 @@
-//! A fake weft-manager on a unix socket: the API of DESIGN §6 with an in-memory allocator over
+//! A fake weft-manager on a unix socket: the API of docs/API.md with an in-memory allocator over
 //! `10.77.0.0/24` and `fd77::/64` (router `.1` / `::1`). It records every request for assertions.
 
 use bytes::Bytes;
@@ -14,8 +14,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use weft_api::{
-    AllocateRequest, ApiError, CidrSource, DeleteResponse, Endpoint, EndpointState, GcRequest,
-    GcResponse, IpConfig, PoolStatus, RegisterRequest, StatusResponse,
+    AllocateRequest, ApiError, ApiErrorKind, CidrSource, DeleteResponse, Endpoint, EndpointState,
+    GcRequest, GcResponse, IpConfig, PoolStatus, RegisterRequest, StatusResponse,
 };
 
 pub const V4_POOL: &str = "10.77.0.0/24";
@@ -61,21 +61,25 @@ impl State {
                 if self.healthy {
                     ok(&serde_json::json!({"ok": true}))
                 } else {
-                    err(StatusCode::SERVICE_UNAVAILABLE, "not_ready", "starting")
+                    err(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        ApiErrorKind::NotReady,
+                        "starting",
+                    )
                 }
             }
             (Method::GET, "/v1/status") => ok(&self.status()),
             (Method::POST, "/v1/endpoints") => match serde_json::from_slice(body) {
                 Ok(req) => self.allocate(req),
-                Err(_) => err(StatusCode::BAD_REQUEST, "invalid", "bad body"),
+                Err(_) => err(StatusCode::BAD_REQUEST, ApiErrorKind::Invalid, "bad body"),
             },
             (Method::POST, p) if p.starts_with("/v1/endpoints/") && p.ends_with("/ready") => {
                 let id = p["/v1/endpoints/".len()..p.len() - "/ready".len()]
                     .parse()
                     .unwrap_or(0);
                 match serde_json::from_slice(body) {
-                    Ok(req) => self.register(id, req),
-                    Err(_) => err(StatusCode::BAD_REQUEST, "invalid", "bad body"),
+                    Ok(req) => self.register(id, &req),
+                    Err(_) => err(StatusCode::BAD_REQUEST, ApiErrorKind::Invalid, "bad body"),
                 }
             }
             (Method::DELETE, "/v1/endpoints") => {
@@ -105,9 +109,13 @@ impl State {
             }
             (Method::POST, "/v1/gc") => match serde_json::from_slice(body) {
                 Ok(req) => self.gc(&req),
-                Err(_) => err(StatusCode::BAD_REQUEST, "invalid", "bad body"),
+                Err(_) => err(StatusCode::BAD_REQUEST, ApiErrorKind::Invalid, "bad body"),
             },
-            _ => err(StatusCode::NOT_FOUND, "not_found", "no such route"),
+            _ => err(
+                StatusCode::NOT_FOUND,
+                ApiErrorKind::NotFound,
+                "no such route",
+            ),
         }
     }
 
@@ -150,7 +158,7 @@ impl State {
             _ => {
                 return err(
                     StatusCode::INSUFFICIENT_STORAGE,
-                    "pool_exhausted",
+                    ApiErrorKind::PoolExhausted,
                     &format!("pool {V4_POOL} is exhausted"),
                 );
             }
@@ -187,13 +195,21 @@ impl State {
         ok(&ep)
     }
 
-    fn register(&mut self, id: u32, req: RegisterRequest) -> Reply {
+    fn register(&mut self, id: u32, req: &RegisterRequest) -> Reply {
         let reject = self.reject_ready;
         let Some(ep) = self.endpoints.iter_mut().find(|e| e.id == id) else {
-            return err(StatusCode::NOT_FOUND, "not_found", "no such endpoint");
+            return err(
+                StatusCode::NOT_FOUND,
+                ApiErrorKind::NotFound,
+                "no such endpoint",
+            );
         };
         if ep.container_id != req.container_id || reject {
-            return err(StatusCode::CONFLICT, "conflict", "other container");
+            return err(
+                StatusCode::CONFLICT,
+                ApiErrorKind::Conflict,
+                "other container",
+            );
         }
         ep.host_ifindex = Some(req.host_ifindex);
         ep.host_mac = Some(req.host_mac);
@@ -250,9 +266,9 @@ fn ok<T: Serialize + ?Sized>(v: &T) -> Reply {
     (StatusCode::OK, serde_json::to_string(v).expect("serialize"))
 }
 
-fn err(status: StatusCode, kind: &str, message: &str) -> Reply {
+fn err(status: StatusCode, kind: ApiErrorKind, message: &str) -> Reply {
     let body = ApiError {
-        kind: kind.into(),
+        kind,
         message: message.into(),
     };
     (status, serde_json::to_string(&body).expect("serialize"))

@@ -120,12 +120,7 @@ impl Cluster {
     /// The cluster-wide number of a label set this node does not hold yet.
     pub fn allocate_identity(&self, labels: &LabelSet) -> Result<Identity, ClusterIdentityError> {
         let got = identities::allocate(&*self.kv, labels);
-        self.set_connected(!matches!(
-            got,
-            Err(ClusterIdentityError::Kv(
-                crate::kvstore::KvError::Unavailable(_)
-            ))
-        ));
+        self.set_connected(!matches!(&got, Err(ClusterIdentityError::Kv(e)) if e.is_unavailable()));
         got
     }
 

@@ -10,7 +10,7 @@ use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteMessage, Ro
 use rtnetlink::RouteMessageBuilder;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use crate::hostnet::HostNetError;
+use crate::hostnet::{HostNetError, nl};
 
 /// Route protocol number of Weft's routes (`ip route show proto 196`).
 pub const WEFT_PROTO: u8 = 196;
@@ -21,13 +21,6 @@ pub trait RouteTable: Send + Sync {
     fn replace(&self, cidr: IpNet, gateway: IpAddr) -> BoxFuture<'_, Result<(), HostNetError>>;
     /// Removes Weft's route for `cidr` (missing is fine; another owner's is kept).
     fn remove(&self, cidr: IpNet) -> BoxFuture<'_, Result<(), HostNetError>>;
-}
-
-fn nl(op: String) -> impl FnOnce(rtnetlink::Error) -> HostNetError {
-    move |e| HostNetError::Netlink {
-        op,
-        detail: e.to_string(),
-    }
 }
 
 /// Routes over rtnetlink in the manager's namespace.
@@ -80,9 +73,9 @@ impl NetlinkRoutes {
         let route = RouteMessageBuilder::<IpAddr>::new()
             .destination_prefix(cidr.network(), cidr.prefix_len())
             .and_then(|b| b.gateway(gateway))
-            .map_err(|e| HostNetError::Netlink {
-                op: format!("route {cidr} via {gateway}"),
-                detail: e.to_string(),
+            .map_err(|e| HostNetError::Route {
+                cidr,
+                source: Box::new(e),
             })?
             .protocol(RouteProtocol::Other(WEFT_PROTO))
             .build();

@@ -48,8 +48,11 @@ impl Cluster {
     ) -> Result<(), KvError> {
         let kv = &*self.kv;
         if !published.node {
-            let record = serde_json::to_vec(&self.config.node)
-                .map_err(|e| KvError::Failed(format!("encoding the node record: {e}")))?;
+            let record =
+                serde_json::to_vec(&self.config.node).map_err(|source| KvError::Encode {
+                    what: "the node record".into(),
+                    source,
+                })?;
             kv.put(&keys::node(&self.config.node.name), &record, Some(lease))?;
             published.node = true;
         }
@@ -81,7 +84,10 @@ impl Cluster {
             .map(|r| {
                 serde_json::to_vec(r)
                     .map(|v| (keys::ip(r.ip), v))
-                    .map_err(|e| KvError::Failed(format!("encoding an ip record: {e}")))
+                    .map_err(|source| KvError::Encode {
+                        what: "an ip record".into(),
+                        source,
+                    })
             })
             .collect::<Result<_, _>>()?;
         for (key, value) in &want {
@@ -160,10 +166,10 @@ fn run(cluster: &Cluster, local: &dyn Local) {
             Ok(()) => cluster.set_connected(true),
             Err(e) => {
                 tracing::debug!("kvstore publish: {e}");
-                if matches!(e, KvError::Failed(ref m) if m.contains("lease")) {
+                if matches!(e, KvError::LeaseNotFound(_)) {
                     *crate::locks::lock(&cluster.lease) = None;
                 }
-                cluster.set_connected(!matches!(e, KvError::Unavailable(_)));
+                cluster.set_connected(!e.is_unavailable());
             }
         }
         if last_gc.elapsed() >= cluster.config.gc_interval {

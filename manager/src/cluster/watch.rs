@@ -62,10 +62,11 @@ impl Cluster {
                 }
                 return Ok(());
             };
-            let record: IpRecord = serde_json::from_slice(v).map_err(|e| KvError::Malformed {
-                key: key.into(),
-                detail: e.to_string(),
-            })?;
+            let record: IpRecord =
+                serde_json::from_slice(v).map_err(|source| KvError::Malformed {
+                    key: key.into(),
+                    source,
+                })?;
             let mut ips = crate::locks::lock(&self.ips);
             if record.node == self.node_name() {
                 // Our own write echoed back; a record of another node we held is gone.
@@ -94,10 +95,11 @@ impl Cluster {
                 }
                 return Ok(());
             };
-            let record: NodeRecord = serde_json::from_slice(v).map_err(|e| KvError::Malformed {
-                key: key.into(),
-                detail: e.to_string(),
-            })?;
+            let record: NodeRecord =
+                serde_json::from_slice(v).map_err(|source| KvError::Malformed {
+                    key: key.into(),
+                    source,
+                })?;
             crate::locks::lock(&self.nodes).insert(name.into(), record.clone());
             remote.node_put(&record);
         }

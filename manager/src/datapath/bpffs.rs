@@ -3,17 +3,9 @@
 use super::error::DatapathError;
 use std::path::Path;
 
-/// `BPF_FS_MAGIC` from include/uapi/linux/magic.h.
-const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
-
 fn is_bpffs(path: &Path) -> Result<bool, nix::Error> {
     let st = nix::sys::statfs::statfs(path)?;
-    #[expect(
-        clippy::useless_conversion,
-        reason = "f_type is i64 on x86_64 but not everywhere"
-    )]
-    let magic = i64::from(st.filesystem_type().0);
-    Ok(magic == BPF_FS_MAGIC)
+    Ok(st.filesystem_type() == nix::sys::statfs::BPF_FS_MAGIC)
 }
 
 /// Creates `dir` and mounts a bpffs on it unless it already lies on one (e.g. under

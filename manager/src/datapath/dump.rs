@@ -10,13 +10,6 @@ use std::net::IpAddr;
 use std::path::Path;
 use weft_ebpf::{self as abi, map_names as names};
 
-fn mac(m: [u8; 6]) -> String {
-    m.iter()
-        .map(|b| format!("{b:02x}"))
-        .collect::<Vec<_>>()
-        .join(":")
-}
-
 fn verdict(v: u8) -> &'static str {
     match v {
         abi::VERDICT_ALLOW => "allow",
@@ -64,7 +57,7 @@ fn endpoints(maps: &Maps) -> Result<Vec<Value>, DatapathError> {
             "policy_id": e.policy_id,
             "ingress_enforced": e.flags & abi::EP_INGRESS_ENFORCED != 0,
             "egress_enforced": e.flags & abi::EP_EGRESS_ENFORCED != 0,
-            "mac": mac(e.mac),
+            "mac": weft_api::MacAddr::new(e.mac).to_string(),
             "ipv4": (e.flags & abi::EP_HAS_IPV4 != 0).then(|| IpAddr::from(e.ipv4).to_string()),
             "ipv6": (e.flags & abi::EP_HAS_IPV6 != 0).then(|| IpAddr::from(e.ipv6).to_string()),
         }));

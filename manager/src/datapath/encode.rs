@@ -201,11 +201,11 @@ fn digest_sorted(entries: impl Iterator<Item = (PolicyBlock, u8)>, flags: u32) -
 
 /// A [`digest`] fed one entry at a time, in key order (a write digests the slot while it
 /// packs its shadow, in the same pass).
-pub(crate) struct Digest(crate::fnv::Fnv);
+pub(crate) struct Digest(weft_api::fnv::Fnv64);
 
 impl Digest {
     pub(crate) fn new(flags: u32) -> Self {
-        let mut h = crate::fnv::Fnv::new();
+        let mut h = weft_api::fnv::Fnv64::new();
         h.feed(&flags.to_le_bytes());
         Self(h)
     }
@@ -291,5 +291,4 @@ pub(crate) fn diff(old: &Encoded, new: &Encoded) -> (Vec<(PolicyBlock, u8)>, Vec
 }
 
 #[cfg(test)]
-#[path = "encode_tests.rs"]
 mod tests;

@@ -15,8 +15,6 @@ mod error;
 mod events;
 mod fake;
 mod progpin;
-#[cfg(test)]
-mod props;
 mod shadow;
 mod state;
 mod tcfilter;
@@ -30,7 +28,9 @@ pub const PROGRAMS_REUSED: &str = "reused";
 pub const PROGRAMS_LOADED: &str = "loaded";
 pub(crate) use bpffs::ensure as ensure_bpffs;
 pub use encode::Encoded;
-pub use encode::{PolicyBlock, digest, encode_policy, lookup_encoded, policy_digest};
+pub use encode::{
+    PolicyBlock, digest, encode_entries, encode_policy, lookup_encoded, policy_digest,
+};
 pub use error::DatapathError;
 pub use fake::{FakeCall, FakeDatapath};
 pub use types::{
@@ -161,3 +161,6 @@ pub trait Datapath: Send + Sync {
     /// Drop events from now on.
     fn subscribe_events(&self) -> tokio::sync::broadcast::Receiver<DropEvent>;
 }
+
+#[cfg(test)]
+mod tests;

@@ -27,19 +27,13 @@ pub(crate) const PROGS_DIR: &str = "progs";
 /// size produces other pins. Not a security boundary (writing bpffs takes root), only identity.
 #[must_use]
 pub(crate) fn object_digest(object: &[u8], config: &DatapathConfig) -> String {
-    const PRIME: u128 = 0x0000_0000_0100_0000_0000_0000_0000_013b;
-    let mut h: u128 = 0x6c62_272e_07bb_0142_62b8_2175_6295_c58d;
-    let mut feed = |bytes: &[u8]| {
-        for &b in bytes {
-            h = (h ^ u128::from(b)).wrapping_mul(PRIME);
-        }
-    };
-    feed(&(object.len() as u64).to_le_bytes());
-    feed(object);
+    let mut h = weft_api::fnv::Fnv128::new();
+    h.feed(&(object.len() as u64).to_le_bytes());
+    h.feed(object);
     for (_, max) in config.map_sizes() {
-        feed(&max.to_le_bytes());
+        h.feed(&max.to_le_bytes());
     }
-    format!("{h:032x}")
+    format!("{:032x}", h.finish())
 }
 
 /// The pinned programs as the decision sees them (the seam: bpffs + `BPF_OBJ_GET` +
@@ -387,5 +381,15 @@ mod tests {
         };
         assert_ne!(a, object_digest(b"object", &bigger));
         assert_eq!(a.len(), 32);
+    }
+
+    #[test]
+    fn the_digest_keeps_its_value_across_versions() {
+        // The pins of a running node live under this name: another value makes an upgraded
+        // manager load and verify its programs afresh instead of reusing them.
+        assert_eq!(
+            object_digest(b"weft", &DatapathConfig::default()),
+            "0279db4b4dbcf6518dcb196b73615997"
+        );
     }
 }

@@ -34,9 +34,11 @@ impl TlsFiles {
     }
 
     fn options(&self) -> Result<TlsOptions, KvError> {
-        let read = |p: &PathBuf, what: &str| {
-            std::fs::read(p).map_err(|e| {
-                KvError::Failed(format!("cannot read --kvstore-{what} {}: {e}", p.display()))
+        let read = |p: &PathBuf, what: &'static str| {
+            std::fs::read(p).map_err(|source| KvError::TlsFile {
+                what,
+                path: p.clone(),
+                source,
             })
         };
         let mut tls = TlsOptions::new();
@@ -48,11 +50,7 @@ impl TlsFiles {
                 tls = tls.identity(TlsIdentity::from_pem(read(c, "cert")?, read(k, "key")?));
             }
             (None, None) => {}
-            _ => {
-                return Err(KvError::Failed(
-                    "--kvstore-cert and --kvstore-key go together: give both or neither".into(),
-                ));
-            }
+            _ => return Err(KvError::TlsPair),
         }
         Ok(tls)
     }
@@ -67,19 +65,22 @@ pub struct EtcdKv {
     timeout: Duration,
 }
 
-fn classify(e: &etcd_client::Error) -> KvError {
+/// etcd's answer as a [`KvError`], by its gRPC code: etcd answers `NotFound` to a write or
+/// revoke only for a missing lease (`ErrGRPCLeaseNotFound`).
+fn classify(e: etcd_client::Error) -> KvError {
     use etcd_client::Error as E;
-    match e {
+    match &e {
         E::GRpcStatus(s)
             if matches!(
                 s.code(),
                 tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Cancelled
             ) =>
         {
-            KvError::Unavailable(s.message().to_owned())
+            KvError::Unreachable(e)
         }
-        E::TransportError(t) => KvError::Unavailable(t.to_string()),
-        other => KvError::Failed(other.to_string()),
+        E::GRpcStatus(s) if s.code() == tonic::Code::NotFound => KvError::LeaseNotFound(Some(e)),
+        E::TransportError(_) => KvError::Unreachable(e),
+        _ => KvError::Refused(e),
     }
 }
 
@@ -92,7 +93,7 @@ impl EtcdKv {
             .thread_name("weft-etcd")
             .enable_all()
             .build()
-            .map_err(|e| KvError::Failed(format!("cannot start the etcd client runtime: {e}")))?;
+            .map_err(KvError::Runtime)?;
         let mut options = ConnectOptions::new()
             .with_connect_timeout(timeout)
             .with_timeout(timeout)
@@ -130,7 +131,7 @@ impl EtcdKv {
                 } else {
                     let c = Client::connect(&endpoints, Some(options))
                         .await
-                        .map_err(|e| KvError::Unavailable(e.to_string()))?;
+                        .map_err(KvError::Unreachable)?;
                     *crate::locks::lock(&cached) = Some(c.clone());
                     c
                 };
@@ -162,7 +163,7 @@ impl Kv for EtcdKv {
     fn get(&self, key: &str) -> Result<Option<Entry>, KvError> {
         let key = key.to_owned();
         self.run(move |mut c| async move {
-            let resp = c.get(key, None).await.map_err(|e| classify(&e))?;
+            let resp = c.get(key, None).await.map_err(classify)?;
             Ok(resp.kvs().first().map(entry))
         })
     }
@@ -173,7 +174,7 @@ impl Kv for EtcdKv {
             let resp = c
                 .get(prefix, Some(GetOptions::new().with_prefix()))
                 .await
-                .map_err(|e| classify(&e))?;
+                .map_err(classify)?;
             let rev = resp
                 .header()
                 .map_or(0, etcd_client::ResponseHeader::revision);
@@ -207,26 +208,22 @@ impl Kv for EtcdKv {
             let resp = c
                 .txn(Txn::new().when(compares).and_then(txn_ops))
                 .await
-                .map_err(|e| classify(&e))?;
+                .map_err(classify)?;
             Ok(resp.succeeded())
         })
     }
 
     fn grant_lease(&self, ttl_s: i64) -> Result<LeaseId, KvError> {
         self.run(move |mut c| async move {
-            Ok(c.lease_grant(ttl_s, None)
-                .await
-                .map_err(|e| classify(&e))?
-                .id())
+            Ok(c.lease_grant(ttl_s, None).await.map_err(classify)?.id())
         })
     }
 
     fn keep_alive(&self, lease: LeaseId) -> Result<bool, KvError> {
         self.run(move |mut c| async move {
-            let (mut keeper, mut stream) =
-                c.lease_keep_alive(lease).await.map_err(|e| classify(&e))?;
-            keeper.keep_alive().await.map_err(|e| classify(&e))?;
-            match stream.message().await.map_err(|e| classify(&e))? {
+            let (mut keeper, mut stream) = c.lease_keep_alive(lease).await.map_err(classify)?;
+            keeper.keep_alive().await.map_err(classify)?;
+            match stream.message().await.map_err(classify)? {
                 Some(resp) => Ok(resp.ttl() > 0),
                 None => Err(KvError::Unavailable("keep-alive stream closed".into())),
             }
@@ -235,7 +232,7 @@ impl Kv for EtcdKv {
 
     fn revoke(&self, lease: LeaseId) -> Result<(), KvError> {
         self.run(move |mut c| async move {
-            c.lease_revoke(lease).await.map_err(|e| classify(&e))?;
+            c.lease_revoke(lease).await.map_err(classify)?;
             Ok(())
         })
     }
@@ -253,7 +250,7 @@ impl Kv for EtcdKv {
                 ),
             )
             .await
-            .map_err(|e| classify(&e))
+            .map_err(classify)
         })?;
         self.rt.spawn(async move {
             let mut stream = stream;
@@ -277,7 +274,7 @@ impl Kv for EtcdKv {
                         continue;
                     }
                     Ok(None) => KvError::Unavailable("watch stream closed".into()),
-                    Err(e) => classify(&e),
+                    Err(e) => classify(e),
                 };
                 let _ = tx.send(Err(err));
                 return;

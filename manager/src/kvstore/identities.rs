@@ -23,7 +23,7 @@ const LAST_LABEL_ID: Identity = reserved::FIRST_CIDR - 1;
 const ATTEMPTS: usize = 16;
 
 /// Identity failures that are not store failures.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 pub enum ClusterIdentityError {
     /// The store failed.
     #[error(transparent)]
@@ -50,25 +50,24 @@ fn parse_id(key: &str, value: &[u8]) -> Result<Identity, KvError> {
     std::str::from_utf8(value)
         .ok()
         .and_then(|s| s.parse().ok())
-        .ok_or_else(|| KvError::Malformed {
-            key: key.into(),
-            detail: "not an identity number".into(),
-        })
+        .ok_or_else(|| KvError::NotANumber { key: key.into() })
 }
 
 /// The label set stored at `id/<n>`.
 pub fn parse_labels(key: &str, value: &[u8]) -> Result<LabelSet, KvError> {
-    serde_json::from_slice(value).map_err(|e| KvError::Malformed {
+    serde_json::from_slice(value).map_err(|source| KvError::Malformed {
         key: key.into(),
-        detail: e.to_string(),
+        source,
     })
 }
 
 /// The number of `labels`, allocating it cluster-wide if nobody has yet.
 pub fn allocate(kv: &dyn Kv, labels: &LabelSet) -> Result<Identity, ClusterIdentityError> {
     let master = keys::id_by_labels(labels);
-    let labels_json = serde_json::to_vec(labels)
-        .map_err(|e| KvError::Failed(format!("encoding the labels {labels}: {e}")))?;
+    let labels_json = serde_json::to_vec(labels).map_err(|source| KvError::Encode {
+        what: format!("the labels {labels}"),
+        source,
+    })?;
     for _ in 0..ATTEMPTS {
         if let Some(e) = kv.get(&master)? {
             return Ok(parse_id(&master, &e.value)?);
@@ -145,8 +144,10 @@ pub fn publish_ref(
         });
     }
     let number = keys::id_by_number(id);
-    let labels_json = serde_json::to_vec(labels)
-        .map_err(|e| KvError::Failed(format!("encoding the labels {labels}: {e}")))?;
+    let labels_json = serde_json::to_vec(labels).map_err(|source| KvError::Encode {
+        what: format!("the labels {labels}"),
+        source,
+    })?;
     let mut all = writes.to_vec();
     all.push(Op::Put {
         key: number.clone(),

@@ -136,7 +136,7 @@ impl Kv for MemKv {
             } = op
                 && !inner.leases.contains(lease)
             {
-                return Err(KvError::Failed(format!("lease {lease} not found")));
+                return Err(KvError::LeaseNotFound(None));
             }
         }
         for op in ops {

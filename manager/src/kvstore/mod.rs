@@ -16,22 +16,67 @@ use std::sync::mpsc::Receiver;
 pub type LeaseId = i64;
 
 /// Store failures.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 pub enum KvError {
-    /// The store could not be reached in time (etcd down, network cut).
+    /// The store did not answer in time, or its stream ended (etcd down, network cut).
     #[error("kvstore unreachable: {0}")]
     Unavailable(String),
-    /// The store answered with an error.
+    /// The etcd client could not reach the store.
+    #[error("kvstore unreachable: {0}")]
+    Unreachable(#[source] etcd_client::Error),
+    /// The lease a request names no longer exists: it expired (this node stopped renewing it
+    /// for longer than its time-to-live) or was revoked.
+    #[error("kvstore: lease not found (expired or revoked)")]
+    LeaseNotFound(#[source] Option<etcd_client::Error>),
+    /// The store refused the request.
     #[error("kvstore: {0}")]
-    Failed(String),
+    Refused(#[source] etcd_client::Error),
+    /// A TLS file could not be read.
+    #[error("kvstore: cannot read --kvstore-{what} {}: {source}", .path.display())]
+    TlsFile {
+        /// Which option (`ca`, `cert`, `key`).
+        what: &'static str,
+        /// The file.
+        path: std::path::PathBuf,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// A client certificate without its key, or the other way round.
+    #[error("--kvstore-cert and --kvstore-key go together: give both or neither")]
+    TlsPair,
+    /// The etcd client's runtime could not be started.
+    #[error("kvstore: cannot start the etcd client runtime: {0}")]
+    Runtime(#[source] std::io::Error),
     /// A value in the store is not what Weft writes there.
-    #[error("kvstore: malformed value at {key}: {detail}")]
+    #[error("kvstore: malformed value at {key}: {source}")]
     Malformed {
         /// The key.
         key: String,
-        /// What is wrong.
-        detail: String,
+        /// The decoder's error.
+        source: serde_json::Error,
     },
+    /// An identity key's value is not a number.
+    #[error("kvstore: malformed value at {key}: not an identity number")]
+    NotANumber {
+        /// The key.
+        key: String,
+    },
+    /// A record could not be encoded for writing.
+    #[error("kvstore: encoding {what}: {source}")]
+    Encode {
+        /// What was being written.
+        what: String,
+        /// The encoder's error.
+        source: serde_json::Error,
+    },
+}
+
+impl KvError {
+    /// The store could not be reached: retry later; nothing was refused.
+    #[must_use]
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, Self::Unavailable(_) | Self::Unreachable(_))
+    }
 }
 
 /// One stored key.

@@ -262,7 +262,7 @@ impl PolicyState {
     /// remote one, and the named ports of every identity's pods. Stable across builds (persisted by `crate::slots`): FNV-1a over JSON.
     #[must_use]
     pub fn inputs_digest(&self) -> u64 {
-        let mut h = crate::fnv::Fnv::new();
+        let mut h = weft_api::fnv::Fnv64::new();
         h.feed(&self.repo.revision().to_le_bytes());
         for (id, key) in self.alloc.iter() {
             h.feed(&id.to_le_bytes());

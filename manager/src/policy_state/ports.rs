@@ -88,7 +88,7 @@ impl PolicyState {
 
     /// Feeds the named ports of every identity into a digest of the policy inputs (nothing
     /// when there are none: digests persisted before named ports mattered stay valid).
-    pub(super) fn feed_ports(&self, h: &mut crate::fnv::Fnv) {
+    pub(super) fn feed_ports(&self, h: &mut weft_api::fnv::Fnv64) {
         if self.cache.all_named_ports().is_empty() {
             return;
         }

@@ -14,7 +14,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use crate::datapath::FakeDatapath;
 use crate::hostnet::FakeHostNet;
 use crate::service::Manager;
-use crate::service::test_support::{pod_request, ready_pod};
+use crate::service::tests::support::{fake_manager, pod_request, ready_pod};
 
 /// `name{labels}` → value, after checking the exposition's shape: every sample belongs to a
 /// family declared by a `# TYPE` line before it (with the suffixes its type allows), every value
@@ -69,7 +69,7 @@ const RULE: &str = r#"[{"labels":[{"key":"name","value":"r"}],"endpointSelector"
 const CIDR_RULE: &str = r#"[{"labels":[{"key":"name","value":"c"}],"endpointSelector":{"matchLabels":{"id":"app2"}},"egress":[{"toCIDR":["192.0.2.0/24"]}]}]"#;
 
 fn manager() -> Arc<Manager> {
-    let m = crate::service::fake_manager(
+    let m = fake_manager(
         Arc::new(FakeHostNet::default()),
         Arc::new(FakeDatapath::default()),
     );

@@ -3,11 +3,9 @@
 //! node list and kvstore status for the API.
 
 use ipnet::IpNet;
-use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::net::IpAddr;
 use std::sync::Arc;
-use weft_api::EndpointState;
+use weft_api::{EndpointState, KvstoreStatus, NodeInfo};
 use weft_policy::labels::LabelSet;
 use weft_policy::mapstate::Identity;
 
@@ -17,7 +15,6 @@ use crate::cluster::routes::RouteTable;
 use crate::cluster::session::{Desired, Local};
 use crate::cluster::watch::Remote;
 use crate::ipcache::Source;
-use crate::kvstore::KvError;
 use crate::kvstore::identities::ClusterIdentityError;
 use crate::kvstore::keys::{IpRecord, NodeRecord};
 use crate::kvstore::keys::{named_port_records, named_ports_of};
@@ -34,38 +31,6 @@ pub struct ClusterLink {
     pub runtime: tokio::runtime::Handle,
     /// The kvstore endpoints, for status.
     pub endpoints: Vec<String>,
-}
-
-/// One node (`GET /v1/nodes`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct NodeInfo {
-    /// Name.
-    pub name: String,
-    /// Underlay IP.
-    pub node_ip: IpAddr,
-    /// Pod CIDRs.
-    pub pod_cidrs: Vec<IpNet>,
-    /// Router IPs.
-    pub router_ips: Vec<IpAddr>,
-    /// This node?
-    pub local: bool,
-}
-
-/// `GET /v1/kvstore`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct KvstoreStatus {
-    /// `etcd`, or `none` in single-node mode.
-    pub backend: String,
-    /// Last kvstore operation succeeded.
-    pub connected: bool,
-    /// Endpoints given.
-    pub endpoints: Vec<String>,
-    /// Current lease.
-    pub lease: Option<i64>,
-    /// Remote nodes known.
-    pub remote_nodes: usize,
-    /// Remote endpoint addresses in the ipcache.
-    pub remote_ips: usize,
 }
 
 impl Manager {
@@ -111,12 +76,13 @@ impl Manager {
         }
         match link.cluster.allocate_identity(labels) {
             Ok(id) => Ok(Some(id)),
-            Err(ClusterIdentityError::Kv(KvError::Unavailable(detail))) => {
-                Err(ManagerError::KvstoreUnavailable(format!(
-                    "labels {labels} need a new cluster-wide identity and the kvstore is unreachable ({detail}); retry once etcd is back (pods with known labels still start)"
-                )))
+            Err(ClusterIdentityError::Kv(source)) if source.is_unavailable() => {
+                Err(ManagerError::KvstoreUnavailable {
+                    labels: labels.to_string(),
+                    source,
+                })
             }
-            Err(e) => Err(ManagerError::Invalid(e.to_string())),
+            Err(e) => Err(ManagerError::ClusterIdentity(e)),
         }
     }
 

@@ -8,15 +8,13 @@
 
 mod cluster;
 mod labels;
-pub mod policy_api;
+mod policy_api;
 mod regen;
 pub mod validate;
 mod verify;
 
-pub use cluster::{ClusterLink, KvstoreStatus, NodeInfo};
+pub use cluster::ClusterLink;
 pub use labels::{from_api_labels, to_api_labels};
-pub use policy_api::{ImportResult, TraceRequest, TraceResult};
-pub use verify::VerifyReport;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -60,9 +58,21 @@ pub enum ManagerError {
     /// Not ready to serve yet.
     #[error("weft-manager is starting; retry shortly")]
     NotReady,
-    /// Kvstore mode: the operation needs etcd and etcd cannot be reached (retryable).
-    #[error("{0}")]
-    KvstoreUnavailable(String),
+    /// Kvstore mode: a new label set needs a cluster-wide number and etcd cannot be reached
+    /// (retryable).
+    #[error(
+        "labels {labels} need a new cluster-wide identity and the kvstore is unreachable ({source}); retry once etcd is back (pods with known labels still start)"
+    )]
+    KvstoreUnavailable {
+        /// The label set.
+        labels: String,
+        /// Why etcd could not be asked.
+        source: crate::kvstore::KvError,
+    },
+    /// Kvstore mode: the cluster could not number a new label set (conflict, exhausted, a
+    /// malformed record).
+    #[error(transparent)]
+    ClusterIdentity(crate::kvstore::identities::ClusterIdentityError),
 }
 
 /// Everything behind the lock.
@@ -114,7 +124,7 @@ pub struct Manager {
 /// The datapath's view of a registered endpoint (`None` before registration).
 pub(crate) fn datapath_view(ep: &Endpoint) -> Option<EndpointDatapath> {
     let host_ifindex = ep.host_ifindex?;
-    let pod_mac = parse_mac(ep.pod_mac.as_deref()?)?;
+    let pod_mac = ep.pod_mac?.octets();
     Some(EndpointDatapath {
         endpoint_id: ep.id,
         identity: ep.identity,
@@ -260,17 +270,6 @@ impl Trimmer {
             }
         }
     }
-}
-
-/// `aa:bb:cc:dd:ee:ff` → bytes.
-#[must_use]
-pub fn parse_mac(s: &str) -> Option<[u8; 6]> {
-    let mut out = [0u8; 6];
-    let mut parts = s.split(':');
-    for b in &mut out {
-        *b = u8::from_str_radix(parts.next()?, 16).ok()?;
-    }
-    parts.next().is_none().then_some(out)
 }
 
 impl Manager {
@@ -472,45 +471,6 @@ impl Manager {
         }
     }
 
-    /// Prometheus text exposition of the manager's own numbers (`GET /v1/metrics`).
-    pub fn metrics(&self) -> String {
-        use std::fmt::Write;
-        let s = self.status();
-        let mut out = String::from(
-            "# HELP weft_restore_phase_milliseconds Duration of each phase of the last start-up.\n\
-             # TYPE weft_restore_phase_milliseconds gauge\n",
-        );
-        for (phase, ms) in &s.restore_ms {
-            let _ = writeln!(
-                out,
-                "weft_restore_phase_milliseconds{{phase=\"{phase}\"}} {ms}"
-            );
-        }
-        let _ = writeln!(
-            out,
-            "# TYPE weft_endpoints gauge\nweft_endpoints {}",
-            s.endpoints
-        );
-        let _ = writeln!(
-            out,
-            "# TYPE weft_policy_revision gauge\nweft_policy_revision {}",
-            s.policy_revision
-        );
-        let _ = writeln!(
-            out,
-            "# TYPE weft_regenerations_total counter\nweft_regenerations_total {}",
-            s.regenerations
-        );
-        for (name, value) in [("used", true), ("capacity", false)] {
-            let _ = writeln!(out, "# TYPE weft_ipam_{name} gauge");
-            for p in &s.pools {
-                let n = if value { p.used } else { p.capacity };
-                let _ = writeln!(out, "weft_ipam_{name}{{pool=\"{}\"}} {n}", p.cidr);
-            }
-        }
-        out
-    }
-
     /// Writes what the ipcache owners changed to the kernel map: upserts first, removals last.
     /// On failure the kernel's state is unknown, so the next flush rewrites everything wanted.
     pub(crate) fn flush_ipcache(&self, st: &mut State) -> Result<(), ManagerError> {
@@ -618,7 +578,9 @@ impl Manager {
         let mut st = self.state();
         let mut ep = st.reg.prepare_ready(id, req)?;
         let mut view = datapath_view(&ep).ok_or_else(|| {
-            ManagerError::Invalid(format!("pod_mac {:?} is not a MAC address", req.pod_mac))
+            ManagerError::Invalid(format!(
+                "endpoint {id} has no pod MAC or host ifindex after registering"
+            ))
         })?;
         let t0 = std::time::Instant::now();
         // Its named ports first: peers whose egress rules name them (and its own slot) know
@@ -934,15 +896,4 @@ impl Manager {
 }
 
 #[cfg(test)]
-pub(crate) use test_support::fake_manager;
-
-#[cfg(test)]
-mod named_port_tests;
-#[cfg(test)]
-mod reimport_tests;
-#[cfg(test)]
-mod slot_tests;
-#[cfg(test)]
-pub(crate) mod test_support;
-#[cfg(test)]
-mod tests;
+pub(crate) mod tests;

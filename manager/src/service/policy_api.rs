@@ -1,8 +1,9 @@
 //! Policy operations: import, delete, list, identities, label changes and trace.
 
-use serde::{Deserialize, Serialize};
-use std::net::IpAddr;
-use weft_api::{Endpoint, EndpointState};
+use weft_api::{
+    Endpoint, EndpointState, IdentityInfo, ImportResult, TracePeerRequest, TraceRequest,
+    TraceResult, policy::local_source,
+};
 use weft_policy::labels::{Label, LabelSet};
 use weft_policy::mapstate::{Identity, Verdict, proto, reserved};
 use weft_policy::rule::NamedPorts;
@@ -11,85 +12,6 @@ use weft_policy::trace::{TracePeer, trace};
 use super::{Manager, ManagerError, State, datapath_view, from_api_labels, to_api_labels};
 use crate::ipcache::Source;
 use crate::policy_state::Effects;
-
-/// Answer to an import or delete.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct ImportResult {
-    /// Repository revision after the change; every endpoint enforces it when this returns.
-    pub revision: u64,
-    /// Rules in the repository now.
-    pub rules: usize,
-    /// Endpoints whose maps changed.
-    pub regenerated: usize,
-    /// Wall time of the whole change, regeneration included.
-    pub elapsed_ms: f64,
-    /// What the file gets enforced with a caveat (e.g. a CIDR with host bits set: enforced as
-    /// the network it names).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub warnings: Vec<String>,
-}
-
-/// One side of a trace: exactly one field set.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct TracePeerRequest {
-    /// A local endpoint.
-    #[serde(default)]
-    pub endpoint: Option<u32>,
-    /// Labels (`k=v`) that pick the local endpoints carrying all of them.
-    #[serde(default)]
-    pub labels: Vec<String>,
-    /// An address, resolved as the datapath's ipcache would.
-    #[serde(default)]
-    pub ip: Option<IpAddr>,
-}
-
-/// `POST /v1/policy/trace`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct TraceRequest {
-    /// Source.
-    pub src: TracePeerRequest,
-    /// Destination.
-    pub dst: TracePeerRequest,
-    /// Destination port (0 for ICMP).
-    #[serde(default)]
-    pub port: u16,
-    /// `tcp`, `udp`, `sctp`, `icmp`, `icmpv6` or a number.
-    pub protocol: String,
-}
-
-/// The verdict and why.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct TraceResult {
-    /// `allow` or `deny`.
-    pub verdict: String,
-    /// Source identity.
-    pub src_identity: Identity,
-    /// Destination identity.
-    pub dst_identity: Identity,
-    /// The source's egress decision, when it is a local endpoint.
-    pub egress: Option<String>,
-    /// The destination's ingress decision, when it is a local endpoint.
-    pub ingress: Option<String>,
-}
-
-/// One identity (`GET /v1/identities`).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct IdentityInfo {
-    /// Numeric id.
-    pub id: Identity,
-    /// Labels, or `cidr:<prefix>` for CIDR identities, or `reserved:<name>`.
-    pub labels: Vec<String>,
-    /// Endpoints or rules holding it.
-    pub references: u64,
-    /// `local` (allocated on this node: CIDR and reserved identities, and every identity in
-    /// single-node mode), or `kvstore` (numbered by the cluster).
-    #[serde(default = "local_source")]
-    pub source: String,
-}
-
-fn local_source() -> String {
-    "local".into()
-}
 
 fn split_kv(s: &str) -> Result<(&str, &str), ManagerError> {
     s.split_once('=')

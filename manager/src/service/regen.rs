@@ -1,4 +1,4 @@
-//! Selective, incremental regeneration (DESIGN §4). Only endpoints whose selected rules or peer
+//! Selective, incremental regeneration (docs/POLICY.md, "How the manager drives it"). Only endpoints whose selected rules or peer
 //! identity sets changed are touched, and within them, where the change allows, only the entries
 //! of the peer identities it concerns (a new or freed identity; the peers of an edited rule).
 //! Everything reaches the datapath as a map diff. Why restricting to identities is exact:

@@ -4,9 +4,8 @@
 //! computed anew from the registry, the identities and the repository, and the actual ones are
 //! read from the kernel. The model-based test (scripts/e2e/model.sh) runs it after every step.
 
-use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
-use weft_api::EndpointState;
+use weft_api::{EndpointState, VerifyReport};
 use weft_policy::compute::compute_with_ports;
 use weft_policy::labels::LabelSet;
 use weft_policy::mapstate::{EndpointPolicy, Identity};
@@ -16,23 +15,6 @@ use super::{Manager, ManagerError, State, from_api_labels, initial_ipcache};
 use crate::datapath::{KernelState, encode_policy};
 use crate::ipcache::Source;
 use crate::policy_state::PortOwner;
-
-/// Where the kernel disagrees with the control plane (empty: consistent).
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct VerifyReport {
-    /// True when nothing disagrees.
-    pub consistent: bool,
-    /// Ready endpoints checked.
-    pub endpoints: usize,
-    /// Policy slots in use.
-    pub slots: usize,
-    /// Policy blocks expected in the kernel.
-    pub policy_entries: usize,
-    /// ipcache prefixes expected.
-    pub ipcache_entries: usize,
-    /// One line per disagreement (at most a few per endpoint).
-    pub problems: Vec<String>,
-}
 
 const MAX_DETAILS: usize = 3;
 

@@ -4,7 +4,7 @@ use crate::series::{Series, extent};
 use plotters::prelude::*;
 use plotters::style::{FontStyle, register_font};
 use std::path::Path;
-use std::sync::Once;
+use std::sync::OnceLock;
 
 /// Drawing failures (plotters reports them as boxed errors of its backend).
 #[derive(Debug, thiserror::Error)]
@@ -43,13 +43,19 @@ const PALETTE: [RGBColor; 10] = [
     RGBColor(23, 190, 207),
 ];
 
-fn register() {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        // The font is compiled in; a failure here is a broken dependency, not bad input.
-        register_font(FONT, FontStyle::Normal, epaint_default_fonts::HACK_REGULAR)
-            .unwrap_or_else(|_| panic!("the bundled Hack font does not parse"));
+/// Registers the compiled-in font once; a failure is a broken dependency, not bad input.
+fn register() -> Result<(), DrawError> {
+    static REGISTERED: OnceLock<bool> = OnceLock::new();
+    let ok = *REGISTERED.get_or_init(|| {
+        register_font(FONT, FontStyle::Normal, epaint_default_fonts::HACK_REGULAR).is_ok()
     });
+    if ok {
+        Ok(())
+    } else {
+        Err(DrawError::Backend(
+            "the bundled Hack font (epaint_default_fonts) does not parse".to_owned(),
+        ))
+    }
 }
 
 /// An axis label without a trailing `.0` (`{}` of an f64 prints 60 as "60").
@@ -59,7 +65,7 @@ fn short(v: f64) -> String {
 
 /// Writes `series` as an 900×540 PNG at `out`.
 pub fn png(out: &Path, labels: &Labels<'_>, series: &Series) -> Result<(), DrawError> {
-    register();
+    register()?;
     let root = BitMapBackend::new(out, (900, 540)).into_drawing_area();
     root.fill(&WHITE).map_err(backend)?;
     let ((x0, x1), (y0, y1)) = extent(series);
@@ -82,8 +88,7 @@ pub fn png(out: &Path, labels: &Labels<'_>, series: &Series) -> Result<(), DrawE
         .y_label_formatter(&|v| short(*v))
         .draw()
         .map_err(backend)?;
-    for (i, (name, points)) in series.iter().enumerate() {
-        let colour = PALETTE[i % PALETTE.len()];
+    for ((name, points), &colour) in series.iter().zip(PALETTE.iter().cycle()) {
         chart
             .draw_series(LineSeries::new(
                 points.iter().map(|p| (p.x, p.y)),

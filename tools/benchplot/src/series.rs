@@ -65,20 +65,24 @@ pub fn parse(input: &str) -> Result<Series, ParseError> {
             continue;
         }
         let f: Vec<&str> = text.split_whitespace().collect();
-        if f.len() != 3 && f.len() != 5 {
-            return Err(ParseError::Shape {
-                line,
-                text: text.to_owned(),
-            });
-        }
-        let range = if f.len() == 5 {
-            Some((number(line, "LOW", f[3])?, number(line, "HIGH", f[4])?))
-        } else {
-            None
+        let (name, x, y, range) = match f.as_slice() {
+            [name, x, y] => (*name, *x, *y, None),
+            [name, x, y, low, high] => (
+                *name,
+                *x,
+                *y,
+                Some((number(line, "LOW", low)?, number(line, "HIGH", high)?)),
+            ),
+            _ => {
+                return Err(ParseError::Shape {
+                    line,
+                    text: text.to_owned(),
+                });
+            }
         };
-        out.entry(f[0].to_owned()).or_default().push(Point {
-            x: number(line, "X", f[1])?,
-            y: number(line, "Y", f[2])?,
+        out.entry(name.to_owned()).or_default().push(Point {
+            x: number(line, "X", x)?,
+            y: number(line, "Y", y)?,
             range,
         });
     }

@@ -2,13 +2,21 @@
 //! of the fuzz targets in fuzz/): no input panics, every refusal is an error object with a
 //! code the spec or docs/CNI.md defines, and results read back as they were written.
 
-use crate::env::{CniEnv, parse_cni_args};
-use crate::netconf::NetConf;
-use crate::result::{CniResult, Plumbed};
-use crate::version::SpecVersion;
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::panic,
+    reason = "an integration test crate: its helpers panic with context like its tests (clippy.toml's allow-*-in-tests covers only #[test] functions)"
+)]
+
 use proptest::prelude::*;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use weft_api::IpConfig;
+use weft_cni::env::{CniEnv, parse_cni_args};
+use weft_cni::netconf::NetConf;
+use weft_cni::result::{CniResult, Plumbed};
+use weft_cni::version::SpecVersion;
 
 const CODES: [u32; 5] = [1, 4, 6, 7, 11];
 

@@ -1,178 +1,17 @@
-//! weftctl: the operator CLI over the manager's API.
+//! What each command asks the manager and how its answer is printed.
 
-mod render;
-pub mod table;
-
-use clap::{Parser, Subcommand, ValueEnum};
 use serde_json::Value;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use weft_api::client::{Client, ClientError};
-use weft_api::{Allocation, Endpoint, StatusResponse};
+use weft_api::{
+    Allocation, Endpoint, ImportRequest, ImportResult, LabelsRequest, StatusResponse,
+    TracePeerRequest, TraceRequest, TraceResult, VerifyReport,
+};
 
-use crate::service::policy_api::{TracePeerRequest, TraceRequest};
-use crate::service::{ImportResult, TraceResult};
-
-/// Output format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Output {
-    /// Aligned columns.
-    Table,
-    /// JSON as the API returns it.
-    Json,
-}
-
-/// weftctl command line.
-#[derive(Debug, Parser)]
-#[command(
-    name = "weftctl",
-    version,
-    about = "Operate a Weft node through weft-manager's API"
-)]
-pub struct Cli {
-    /// weft-manager's API socket.
-    #[arg(long, global = true, default_value = "/run/weft/manager.sock")]
-    pub socket: PathBuf,
-    /// Output format.
-    #[arg(short = 'o', long, global = true, value_enum, default_value = "table")]
-    pub output: Output,
-    /// What to do.
-    #[command(subcommand)]
-    pub command: Command,
-}
-
-/// Top-level commands.
-#[derive(Debug, Subcommand)]
-pub enum Command {
-    /// Node, CIDRs with their source, router IPs, pool usage, endpoint count.
-    Status {
-        /// Wait up to SECS for the manager to become ready.
-        #[arg(long, value_name = "SECS")]
-        wait: Option<u64>,
-    },
-    /// Endpoints.
-    #[command(subcommand)]
-    Endpoint(EndpointCmd),
-    /// IP allocations.
-    #[command(subcommand)]
-    Ipam(IpamCmd),
-    /// Network policy.
-    #[command(subcommand)]
-    Policy(PolicyCmd),
-    /// Security identities.
-    #[command(subcommand)]
-    Identity(IdentityCmd),
-    /// Cluster nodes (kvstore mode).
-    #[command(subcommand)]
-    Node(NodeCmd),
-    /// eBPF maps.
-    #[command(subcommand)]
-    Map(MapCmd),
-    /// Stream drop events (one line each; `-o json` for JSON lines).
-    Monitor,
-}
-
-/// `weftctl policy ...`
-#[derive(Debug, Subcommand)]
-pub enum PolicyCmd {
-    /// Import a Cilium (JSON/YAML) or Kubernetes `NetworkPolicy` file; prints the revision.
-    Import {
-        /// The policy file.
-        file: PathBuf,
-        /// Return only once every endpoint enforces the new revision.
-        #[arg(long)]
-        wait: bool,
-    },
-    /// Rules and revision.
-    List,
-    /// Delete rules by label, or all of them.
-    Delete {
-        /// Rules carrying this label (`k=v`); repeatable, all must match.
-        #[arg(
-            long = "labels",
-            value_delimiter = ',',
-            required_unless_present = "all"
-        )]
-        labels: Vec<String>,
-        /// Every rule.
-        #[arg(long, conflicts_with = "labels")]
-        all: bool,
-    },
-    /// What the policy decides for a flow and which rule decided.
-    Trace {
-        /// Source: labels (`id=app2,k=v`), an endpoint id, or an IP.
-        #[arg(long)]
-        src: String,
-        /// Destination: labels, an endpoint id, or an IP.
-        #[arg(long)]
-        dst: String,
-        /// Destination port.
-        #[arg(long = "dport", default_value_t = 0)]
-        dport: u16,
-        /// Protocol: tcp, udp, sctp, icmp, icmpv6.
-        #[arg(long, default_value = "tcp")]
-        proto: String,
-    },
-}
-
-/// `weftctl identity ...`
-#[derive(Debug, Subcommand)]
-pub enum IdentityCmd {
-    /// Every identity in use.
-    List,
-}
-
-/// `weftctl node ...`
-#[derive(Debug, Subcommand)]
-pub enum NodeCmd {
-    /// This node and every node the kvstore knows.
-    List,
-}
-
-/// `weftctl map ...`
-#[derive(Debug, Subcommand)]
-pub enum MapCmd {
-    /// The pinned maps with their sizes.
-    List,
-    /// Decoded entries of one map.
-    Dump {
-        /// Map name (see `map list`).
-        name: String,
-    },
-    /// Compare the endpoints, ipcache and policy maps with a from-scratch computation of the
-    /// control plane's state; exits non-zero when they disagree.
-    Verify,
-}
-
-/// `weftctl endpoint ...`
-#[derive(Debug, Subcommand)]
-pub enum EndpointCmd {
-    /// Every endpoint.
-    List,
-    /// One endpoint.
-    Get {
-        /// Endpoint id.
-        id: u32,
-    },
-    /// Change an endpoint's labels (new identity; policy follows).
-    Labels {
-        /// Endpoint id.
-        id: u32,
-        /// Add or replace `k=v`; repeatable.
-        #[arg(long)]
-        add: Vec<String>,
-        /// Remove key `k`; repeatable.
-        #[arg(long)]
-        remove: Vec<String>,
-    },
-}
-
-/// `weftctl ipam ...`
-#[derive(Debug, Subcommand)]
-pub enum IpamCmd {
-    /// Every allocation.
-    List,
-}
+use crate::cli::{
+    Cli, Command, EndpointCmd, IdentityCmd, IpamCmd, MapCmd, NodeCmd, Output, PolicyCmd,
+};
+use crate::render;
 
 /// weftctl failures.
 #[derive(Debug, thiserror::Error)]
@@ -180,9 +19,30 @@ pub enum CtlError {
     /// The API call failed.
     #[error(transparent)]
     Client(#[from] ClientError),
-    /// A local problem (file unreadable, ...).
-    #[error("{0}")]
-    Local(String),
+    /// The policy file could not be read.
+    #[error("cannot read {path}: {source}")]
+    ReadFile {
+        /// The file.
+        path: String,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// An answer could not be printed as JSON.
+    #[error("encoding the output as JSON: {0}")]
+    Encode(#[from] serde_json::Error),
+    /// `map verify` found the kernel maps disagreeing with the control plane.
+    #[error("the kernel maps disagree with the control plane (see above)")]
+    Inconsistent,
+    /// `policy import --wait` ran out of time.
+    #[error("{behind} endpoint(s) still below revision {revision} after {secs} s")]
+    RevisionTimeout {
+        /// Endpoints not there yet.
+        behind: usize,
+        /// The revision waited for.
+        revision: u64,
+        /// Seconds waited.
+        secs: u64,
+    },
     /// `status --wait` ran out of time.
     #[error("weft-manager at {socket} not ready after {secs} s: {last}")]
     NotReady {
@@ -201,11 +61,7 @@ fn print<T: serde::Serialize>(
     table: impl FnOnce(&T) -> String,
 ) -> Result<(), CtlError> {
     match output {
-        Output::Json => println!(
-            "{}",
-            serde_json::to_string_pretty(value)
-                .map_err(|e| CtlError::Local(format!("encoding the output as JSON: {e}")))?
-        ),
+        Output::Json => println!("{}", serde_json::to_string_pretty(value)?),
         Output::Table => {
             let text = table(value);
             if !text.is_empty() {
@@ -228,8 +84,7 @@ pub async fn run(cli: Cli) -> Result<(), CtlError> {
             let kv: Value = client.get("/v1/kvstore").await?;
             match cli.output {
                 Output::Json => {
-                    let mut v = serde_json::to_value(&s)
-                        .map_err(|e| CtlError::Local(format!("encoding the status: {e}")))?;
+                    let mut v = serde_json::to_value(&s)?;
                     if let Value::Object(fields) = &mut v {
                         fields.insert("kvstore".into(), kv);
                     }
@@ -256,7 +111,7 @@ pub async fn run(cli: Cli) -> Result<(), CtlError> {
             print(cli.output, &allocs, |a| render::ipam_table(a))?;
         }
         Command::Endpoint(EndpointCmd::Labels { id, add, remove }) => {
-            let body = serde_json::json!({"add": add, "remove": remove});
+            let body = LabelsRequest { add, remove };
             let ep: Endpoint = client
                 .post(&format!("/v1/endpoints/{id}/labels"), &body)
                 .await?;
@@ -282,35 +137,10 @@ pub async fn run(cli: Cli) -> Result<(), CtlError> {
             print(cli.output, &v, render::map_dump_lines)?;
         }
         Command::Map(MapCmd::Verify) => {
-            let v: Value = client.get("/v1/verify").await?;
-            print(cli.output, &v, |v| {
-                let problems: Vec<&str> = v["problems"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .filter_map(Value::as_str)
-                    .collect();
-                let head = format!(
-                    "{} endpoints, {} policy slots, {} policy blocks, {} ipcache prefixes: {}",
-                    v["endpoints"],
-                    v["slots"],
-                    v["policy_entries"],
-                    v["ipcache_entries"],
-                    if problems.is_empty() {
-                        "consistent"
-                    } else {
-                        "INCONSISTENT"
-                    }
-                );
-                std::iter::once(head)
-                    .chain(problems.iter().map(|p| format!("  {}", p.escape_debug())))
-                    .collect::<Vec<_>>()
-                    .join("\n")
-            })?;
-            if v.get("consistent") != Some(&Value::Bool(true)) {
-                return Err(CtlError::Local(
-                    "the kernel maps disagree with the control plane (see above)".into(),
-                ));
+            let r: VerifyReport = client.get("/v1/verify").await?;
+            print(cli.output, &r, render::verify_lines)?;
+            if !r.consistent {
+                return Err(CtlError::Inconsistent);
             }
         }
         Command::Monitor => monitor(&client, cli.output).await?,
@@ -346,10 +176,14 @@ fn trace_peer(s: &str) -> TracePeerRequest {
 async fn policy(client: &Client, output: Output, cmd: PolicyCmd) -> Result<(), CtlError> {
     match cmd {
         PolicyCmd::Import { file, wait } => {
-            let content = std::fs::read_to_string(&file)
-                .map_err(|e| CtlError::Local(format!("cannot read {}: {e}", file.display())))?;
-            let name = file.display().to_string();
-            let body = serde_json::json!({"file": name, "content": content});
+            let content = std::fs::read_to_string(&file).map_err(|source| CtlError::ReadFile {
+                path: file.display().to_string(),
+                source,
+            })?;
+            let body = ImportRequest {
+                file: file.display().to_string(),
+                content,
+            };
             let r: ImportResult = client.post("/v1/policies", &body).await?;
             if wait {
                 wait_revision(client, r.revision).await?;
@@ -413,7 +247,8 @@ async fn policy(client: &Client, output: Output, cmd: PolicyCmd) -> Result<(), C
 
 /// Polls until every ready endpoint reports `revision` or later.
 async fn wait_revision(client: &Client, revision: u64) -> Result<(), CtlError> {
-    let deadline = Instant::now() + Duration::from_secs(30);
+    const SECS: u64 = 30;
+    let deadline = Instant::now() + Duration::from_secs(SECS);
     loop {
         let eps: Vec<Endpoint> = client.get("/v1/endpoints").await?;
         let behind = eps
@@ -424,9 +259,11 @@ async fn wait_revision(client: &Client, revision: u64) -> Result<(), CtlError> {
             return Ok(());
         }
         if Instant::now() >= deadline {
-            return Err(CtlError::Local(format!(
-                "{behind} endpoint(s) still below revision {revision} after 30 s"
-            )));
+            return Err(CtlError::RevisionTimeout {
+                behind,
+                revision,
+                secs: SECS,
+            });
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }

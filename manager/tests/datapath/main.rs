@@ -1,14 +1,20 @@
 //! Privileged datapath tests: real programs on real veths in private netns, real traffic.
 //! They need root, clang-19 and bpffs, and fail (never skip) without them.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::panic,
+    reason = "an integration test crate: its helpers panic with context like its tests (clippy.toml's allow-*-in-tests covers only #[test] functions)"
+)]
+
 mod support;
 
 /// Restart, detach, reconcile, map dumps and policy updates under traffic.
-#[path = "datapath/lifecycle.rs"]
 mod lifecycle;
 
 /// The conntrack reopen rule and established flows across a policy change.
-#[path = "datapath/reopen.rs"]
 mod reopen;
 
 use std::collections::BTreeSet;

@@ -246,3 +246,23 @@ fn diff_matches_a_lookup_per_block_on_random_maps() {
         );
     }
 }
+
+#[test]
+fn a_slot_digest_keeps_its_value_across_versions() {
+    // Persisted per slot (`crate::slots`): another value makes a restarted manager rewrite
+    // every slot instead of trusting it.
+    let block = PolicyBlock {
+        key: abi::PolicyKey {
+            policy_id: 7,
+            identity: 256,
+            direction: 0,
+            proto: 6,
+            dport: 80u16.to_be(),
+        },
+        prefix_len: 96,
+    };
+    let encoded: Encoded = [(block, abi::VERDICT_ALLOW)].into_iter().collect();
+    assert_eq!(abi::VERDICT_ALLOW, 1);
+    assert_eq!(digest(&encoded, 1), 0xe449_a923_1c4d_ff08);
+    assert_eq!(digest(&Encoded::new(), 3), 0xed20_2287_f403_d086);
+}

@@ -1,10 +1,10 @@
 //! Policy slots through the manager's operations, over the fake datapath: sharing by identity,
 //! reference counting, the order of a label change's switch, and the restart's trust decision.
 
-use super::test_support::{fake_manager_on, fake_manager_with_grace, ready_pod};
-use super::*;
+use super::support::{fake_manager_on, fake_manager_with_grace, ready_pod};
 use crate::datapath::{FakeCall, FakeDatapath};
 use crate::hostnet::FakeHostNet;
+use crate::service::*;
 use crate::store::Store;
 use std::collections::BTreeSet;
 

@@ -4,11 +4,11 @@
 use std::sync::Arc;
 use weft_api::{AllocateRequest, Endpoint, Label, RegisterRequest};
 
-use super::{Manager, from_api_labels};
 use crate::datapath::FakeDatapath;
 use crate::endpoint::Registry;
 use crate::hostnet::FakeHostNet;
 use crate::policy_state::PolicyState;
+use crate::service::{Manager, from_api_labels};
 use crate::store::Store;
 
 /// A manager over the fakes with one IPv4 pool, 10.0.1.0/24, on a fresh store.
@@ -72,8 +72,8 @@ pub(crate) fn make_ready(m: &Manager, ep: &Endpoint) -> Endpoint {
             container_id: ep.container_id.clone(),
             host_ifname: ep.host_ifname.clone(),
             host_ifindex: 9 + ep.id,
-            host_mac: "02:00:00:00:00:01".into(),
-            pod_mac: "02:00:00:00:00:02".into(),
+            host_mac: weft_api::MacAddr::new([2, 0, 0, 0, 0, 1]),
+            pod_mac: weft_api::MacAddr::new([2, 0, 0, 0, 0, 2]),
         },
     )
     .expect("register")

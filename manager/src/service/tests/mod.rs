@@ -1,10 +1,16 @@
-//! Unit tests of the manager's operations over fake host plumbing and a fake datapath.
+//! Unit tests of the manager's operations over fake host plumbing and a fake datapath; the
+//! managers and pods they start from are in `support`.
 
-use super::test_support::{make_ready, pod_request};
+mod reimport;
+mod slots;
+pub(crate) mod support;
+
 use super::*;
 use crate::datapath::{FakeCall, FakeDatapath};
 use crate::hostnet::FakeHostNet;
 use std::collections::BTreeMap;
+use support::{fake_manager, make_ready, pod_request};
+use weft_api::TraceRequest;
 use weft_policy::mapstate::{Direction, PolicyEntry, Verdict, proto};
 
 struct World {
@@ -207,11 +213,11 @@ fn trace_agrees_with_the_installed_map() {
     ] {
         let t =
             w.m.trace(&TraceRequest {
-                src: policy_api::TracePeerRequest {
+                src: weft_api::TracePeerRequest {
                     endpoint: Some(src.id),
                     ..Default::default()
                 },
-                dst: policy_api::TracePeerRequest {
+                dst: weft_api::TracePeerRequest {
                     labels: vec!["id=app1".into()],
                     ..Default::default()
                 },
@@ -284,23 +290,6 @@ async fn abandoned_add_is_reaped_with_its_ip_but_a_completed_one_is_not() {
         w.m.status().pools[0].used,
         1,
         "the abandoned IP is free again"
-    );
-}
-
-#[test]
-fn metrics_expose_restore_phases_and_counts() {
-    let w = world();
-    pod(&w, "p1", "app1");
-    w.m.record_phase("store", 1.5);
-    let text = w.m.metrics();
-    assert!(
-        text.contains("weft_restore_phase_milliseconds{phase=\"store\"} 1.5"),
-        "{text}"
-    );
-    assert!(text.contains("weft_endpoints 1"), "{text}");
-    assert!(
-        text.contains("weft_ipam_used{pool=\"10.0.1.0/24\"} 1"),
-        "{text}"
     );
 }
 

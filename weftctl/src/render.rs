@@ -1,9 +1,9 @@
 //! Table renderings of the API's answers for weftctl's default output.
 
 use serde_json::Value;
-use weft_api::{Allocation, Endpoint, StatusResponse};
+use weft_api::{Allocation, Endpoint, StatusResponse, VerifyReport};
 
-use super::table;
+use crate::table;
 
 pub fn status_table(s: &StatusResponse) -> String {
     let mut out = format!(
@@ -177,12 +177,11 @@ pub fn policy_table(v: &Value) -> String {
 /// `cluster` for rules the Kubernetes watchers added (`k8s:io.weft.policy.origin=cluster`),
 /// `import` for everything `weftctl policy import` added.
 fn origin_of(labels: &Value) -> &'static str {
-    let mark = weft_k8s::policy::origin_label().to_string();
     let cluster = labels
         .as_array()
         .into_iter()
         .flatten()
-        .any(|l| l.as_str() == Some(mark.as_str()));
+        .any(|l| l.as_str() == Some(weft_api::policy::CLUSTER_POLICY_LABEL));
     if cluster { "cluster" } else { "import" }
 }
 
@@ -302,6 +301,26 @@ pub fn map_dump_lines(v: &Value) -> String {
         out.push('\n');
     }
     out
+}
+
+/// `map verify`: a summary line, then one line per disagreement.
+pub fn verify_lines(r: &VerifyReport) -> String {
+    let head = format!(
+        "{} endpoints, {} policy slots, {} policy blocks, {} ipcache prefixes: {}",
+        r.endpoints,
+        r.slots,
+        r.policy_entries,
+        r.ipcache_entries,
+        if r.problems.is_empty() {
+            "consistent"
+        } else {
+            "INCONSISTENT"
+        }
+    );
+    std::iter::once(head)
+        .chain(r.problems.iter().map(|p| format!("  {}", p.escape_debug())))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// One `monitor` line.

@@ -2,7 +2,7 @@
 //! repository) against the full path: after every random edit of a file the repository is what
 //! parsing the whole file gives, and every slot holds exactly its from-scratch policy.
 
-use super::test_support::{fake_manager_on, ready_pod};
+use super::support::{fake_manager_on, ready_pod};
 use crate::datapath::FakeDatapath;
 use crate::hostnet::FakeHostNet;
 use crate::store::Store;

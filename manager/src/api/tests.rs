@@ -26,7 +26,10 @@ struct World {
 fn world() -> World {
     let net = Arc::new(FakeHostNet::default());
     let dp = Arc::new(FakeDatapath::default());
-    let m = Arc::new(crate::service::fake_manager(net.clone(), dp.clone()));
+    let m = Arc::new(crate::service::tests::support::fake_manager(
+        net.clone(),
+        dp.clone(),
+    ));
     m.set_ready();
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("api.sock");
@@ -114,11 +117,18 @@ fn ready_body(ep: &weft_api::Endpoint, f: impl FnOnce(&mut RegisterRequest)) -> 
         container_id: ep.container_id.clone(),
         host_ifname: ep.host_ifname.clone(),
         host_ifindex: 10,
-        host_mac: "02:00:00:00:00:01".into(),
-        pod_mac: "02:00:00:00:00:02".into(),
+        host_mac: weft_api::MacAddr::new([2, 0, 0, 0, 0, 1]),
+        pod_mac: weft_api::MacAddr::new([2, 0, 0, 0, 0, 2]),
     };
     f(&mut r);
     serde_json::to_vec(&r).unwrap()
+}
+
+/// A register body with a field changed to something no `RegisterRequest` can hold.
+fn ready_json(ep: &weft_api::Endpoint, f: impl FnOnce(&mut serde_json::Value)) -> Vec<u8> {
+    let mut v: serde_json::Value = serde_json::from_slice(&ready_body(ep, |_| {})).unwrap();
+    f(&mut v);
+    serde_json::to_vec(&v).unwrap()
 }
 
 struct Case {
@@ -446,7 +456,9 @@ fn cases(ready: &weft_api::Endpoint) -> Vec<Case> {
             request(
                 "POST",
                 &ep_path,
-                &ready_body(ready, |r| r.host_mac = "02:00:00:00:00:99".into()),
+                &ready_body(ready, |r| {
+                    r.host_mac = weft_api::MacAddr::new([2, 0, 0, 0, 0, 0x99]);
+                }),
             ),
             409,
             "conflict",
@@ -468,7 +480,7 @@ fn cases(ready: &weft_api::Endpoint) -> Vec<Case> {
             request(
                 "POST",
                 &ep_path,
-                &ready_body(ready, |r| r.pod_mac = "zz:zz".into()),
+                &ready_json(ready, |r| r["pod_mac"] = "zz:zz".into()),
             ),
             400,
             "invalid",
@@ -639,8 +651,8 @@ async fn hostile_api_requests_get_their_exact_error_and_change_nothing() {
                 container_id: "c1".into(),
                 host_ifname: ep.host_ifname.clone(),
                 host_ifindex: 10,
-                host_mac: "02:00:00:00:00:01".into(),
-                pod_mac: "02:00:00:00:00:02".into(),
+                host_mac: weft_api::MacAddr::new([2, 0, 0, 0, 0, 1]),
+                pod_mac: weft_api::MacAddr::new([2, 0, 0, 0, 0, 2]),
             },
         )
         .unwrap();
@@ -678,5 +690,13 @@ async fn hostile_api_requests_get_their_exact_error_and_change_nothing() {
         failures.len(),
         table.len(),
         failures.join("\n")
+    );
+}
+
+#[test]
+fn weftctl_tells_cluster_rules_by_the_label_the_watchers_set() {
+    assert_eq!(
+        weft_k8s::policy::origin_label().to_string(),
+        weft_api::policy::CLUSTER_POLICY_LABEL
     );
 }

@@ -158,9 +158,7 @@ impl World {
         let mac_str = link[0]["address"].as_str().unwrap().to_owned();
         let pod = world.pods.last_mut().unwrap();
         pod.ep.host_ifindex = ifindex;
-        for (b, part) in pod.ep.pod_mac.iter_mut().zip(mac_str.split(':')) {
-            *b = u8::from_str_radix(part, 16).unwrap();
-        }
+        pod.ep.pod_mac = mac_str.parse::<weft_api::MacAddr>().unwrap().octets();
     }
 
     pub fn config(&self) -> DatapathConfig {

@@ -1,0 +1,128 @@
+//! Policy calls: import, delete, trace, identities and endpoint labels (`/v1/policies`,
+//! `/v1/policy/trace`, `/v1/identities`, `/v1/endpoints/{id}/labels`), and the consistency
+//! check `/v1/verify`.
+
+use serde::{Deserialize, Serialize};
+use std::net::IpAddr;
+
+/// `POST /v1/policies`: the file's name (for error messages) and its text.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImportRequest {
+    /// The file's name as the operator gave it.
+    pub file: String,
+    /// Cilium JSON/YAML or a Kubernetes `NetworkPolicy`.
+    pub content: String,
+}
+
+/// Answer to an import or delete.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ImportResult {
+    /// Repository revision after the change; every endpoint enforces it when this returns.
+    pub revision: u64,
+    /// Rules in the repository now.
+    pub rules: usize,
+    /// Endpoints whose maps changed.
+    pub regenerated: usize,
+    /// Wall time of the whole change, regeneration included.
+    pub elapsed_ms: f64,
+    /// What the file gets enforced with a caveat (e.g. a CIDR with host bits set: enforced as
+    /// the network it names).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
+}
+
+/// One side of a trace: exactly one field set.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TracePeerRequest {
+    /// A local endpoint.
+    #[serde(default)]
+    pub endpoint: Option<u32>,
+    /// Labels (`k=v`) that pick the local endpoints carrying all of them.
+    #[serde(default)]
+    pub labels: Vec<String>,
+    /// An address, resolved as the datapath's ipcache would.
+    #[serde(default)]
+    pub ip: Option<IpAddr>,
+}
+
+/// `POST /v1/policy/trace`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TraceRequest {
+    /// Source.
+    pub src: TracePeerRequest,
+    /// Destination.
+    pub dst: TracePeerRequest,
+    /// Destination port (0 for ICMP).
+    #[serde(default)]
+    pub port: u16,
+    /// `tcp`, `udp`, `sctp`, `icmp`, `icmpv6` or a number.
+    pub protocol: String,
+}
+
+/// The verdict and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TraceResult {
+    /// `allow` or `deny`.
+    pub verdict: String,
+    /// Source identity.
+    pub src_identity: u32,
+    /// Destination identity.
+    pub dst_identity: u32,
+    /// The source's egress decision, when it is a local endpoint.
+    pub egress: Option<String>,
+    /// The destination's ingress decision, when it is a local endpoint.
+    pub ingress: Option<String>,
+}
+
+/// One identity (`GET /v1/identities`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IdentityInfo {
+    /// Numeric id.
+    pub id: u32,
+    /// Labels, or `cidr:<prefix>` for CIDR identities, or `reserved:<name>`.
+    pub labels: Vec<String>,
+    /// Endpoints or rules holding it.
+    pub references: u64,
+    /// `local` (allocated on this node: CIDR and reserved identities, and every identity in
+    /// single-node mode), or `kvstore` (numbered by the cluster).
+    #[serde(default = "local_source")]
+    pub source: String,
+}
+
+/// [`IdentityInfo::source`] of an identity numbered on this node.
+#[must_use]
+pub fn local_source() -> String {
+    "local".into()
+}
+
+/// `POST /v1/endpoints/{id}/labels`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LabelsRequest {
+    /// Add or replace `k=v`.
+    #[serde(default)]
+    pub add: Vec<String>,
+    /// Remove key `k`.
+    #[serde(default)]
+    pub remove: Vec<String>,
+}
+
+/// The label the Kubernetes watchers put on every rule they add, as `GET /v1/policies` shows
+/// it, so `weftctl policy list` tells cluster rules from imported ones.
+pub const CLUSTER_POLICY_LABEL: &str = "k8s:io.weft.policy.origin=cluster";
+
+/// `GET /v1/verify`: where the kernel disagrees with the control plane (empty: consistent).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VerifyReport {
+    /// True when nothing disagrees.
+    pub consistent: bool,
+    /// Ready endpoints checked.
+    pub endpoints: usize,
+    /// Policy slots in use.
+    pub slots: usize,
+    /// Policy blocks expected in the kernel.
+    pub policy_entries: usize,
+    /// ipcache prefixes expected.
+    pub ipcache_entries: usize,
+    /// One line per disagreement (at most a few per endpoint).
+    pub problems: Vec<String>,
+}
