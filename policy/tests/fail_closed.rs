@@ -2,6 +2,14 @@
 //! and noted, while the object's pods stay isolated in its directions; what `weftctl policy
 //! import` is given stays all or nothing.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::panic,
+    reason = "an integration test crate: its helpers panic with context like its tests (clippy.toml's allow-*-in-tests covers only #[test] functions)"
+)]
+
 use weft_policy::compute::{ComputeOptions, compute};
 use weft_policy::labels::LabelSet;
 use weft_policy::mapstate::{Direction, PolicyEntry, Verdict, reserved};

@@ -1,6 +1,7 @@
 //! Unit tests of the manager's operations over fake host plumbing and a fake datapath; the
 //! managers and pods they start from are in `support`.
 
+mod named_ports;
 mod reimport;
 mod slots;
 pub(crate) mod support;

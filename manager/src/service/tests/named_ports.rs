@@ -2,14 +2,14 @@
 //! node's pods (from the pod watch) and other nodes' (from their kvstore records), kept per
 //! identity as pods come, change and go.
 
-use super::test_support::{fake_manager, make_ready, pod_request};
-use super::*;
+use super::support::{fake_manager, make_ready, pod_request};
+use crate::service::*;
 use crate::cluster::watch::Remote;
 use crate::datapath::FakeDatapath;
 use crate::hostnet::FakeHostNet;
 use crate::kvstore::keys::{IpRecord, NamedPortRecord};
 use std::collections::BTreeMap;
-use weft_policy::mapstate::{Direction, Verdict, proto};
+use weft_policy::mapstate::{Direction, Identity, Verdict, proto};
 
 /// Egress of `id=cli` to `id=srv` pods (any node) on the port they call `http`.
 const CLI_TO_SRV_HTTP: &str = r#"[{"labels":["name=cli-out"],
@@ -56,8 +56,6 @@ fn egress(w: &World, from: &Endpoint, to: Identity, port: u16) -> Verdict {
         .expect("policy installed")
         .lookup(Direction::Egress, to, proto::TCP, port)
 }
-
-use weft_policy::mapstate::Identity;
 
 fn consistent(w: &World) {
     let r = w.m.verify().expect("verify");
