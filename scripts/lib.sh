@@ -53,6 +53,33 @@ trap weft_cleanup EXIT
 trap 'exit 130' INT TERM
 
 in_node() { nsenter --net="/run/netns/$WEFT_NODE" "$@"; }
+
+# weft_need_replay: dies early, before anything is set up, when weft-k8s-replay is not built.
+weft_need_replay() {
+  [ -x "$WEFT_BIN/weft-k8s-replay" ] ||
+    die "$WEFT_BIN/weft-k8s-replay is missing: cargo build --release -p weft-k8s --features replay --bin weft-k8s-replay"
+}
+# weft_start_replay: weft-k8s-replay serving $WEFT_TMP/replay.json in the node netns (where the
+# manager runs) as the manager's API server; sets REPLAY_PID, then REPLAY_URL once the server
+# wrote $WEFT_TMP/kubeconfig. The caller's EXIT trap kills $REPLAY_PID.
+weft_start_replay() {
+  local _
+  nsenter --net="/run/netns/$WEFT_NODE" "$WEFT_BIN/weft-k8s-replay" "$WEFT_TMP/replay.json" "$WEFT_TMP/kubeconfig" \
+    >>"$WEFT_TMP/replay.log" 2>&1 &
+  REPLAY_PID=$!
+  for _ in $(seq 100); do [ -s "$WEFT_TMP/kubeconfig" ] && break; sleep 0.05; done
+  [ -s "$WEFT_TMP/kubeconfig" ] || die "weft-k8s-replay did not start: $(cat "$WEFT_TMP/replay.log")"
+  REPLAY_URL=$(awk '/server:/ {print $2}' "$WEFT_TMP/kubeconfig")
+}
+# replay_push PATH EVENT-JSON: into the open watch of PATH (retried while the watcher reconnects).
+replay_push() {
+  local i
+  for i in $(seq 100); do
+    in_node curl -sf -X POST --data-binary "$2" "$REPLAY_URL/replay/push?path=$1" >/dev/null && return 0
+    sleep 0.1
+  done
+  return 1
+}
 in_pod() { local pod=$1; shift; ip netns exec "${WEFT_P}-$pod" "$@"; }
 weftctl() { "$WEFT_BIN/weftctl" --socket "$WEFT_SOCK" "$@"; }
 

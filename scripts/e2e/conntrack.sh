@@ -7,8 +7,7 @@
 # arrives through the watch: the same tuples must be dropped, with the drop event to prove it
 # was the policy and not the tool. Flows established before the change keep passing (TCP, UDP).
 source "$(dirname "$0")/../lib.sh"
-REPLAY=$WEFT_BIN/weft-k8s-replay
-[ -x "$REPLAY" ] || die "$REPLAY is missing: cargo build --release -p weft-k8s --features replay --bin weft-k8s-replay"
+weft_need_replay
 command -v curl >/dev/null || die "curl is missing: run scripts/setup"
 command -v python3 >/dev/null || die "python3 is missing: run scripts/setup"
 
@@ -127,21 +126,9 @@ jq -n \
            "/apis/networking.k8s.io/v1/networkpolicies":[$nps]}}' >"$WEFT_TMP/replay.json"
 
 weft_make_node
-nsenter --net="/run/netns/$WEFT_NODE" "$REPLAY" "$WEFT_TMP/replay.json" "$WEFT_TMP/kubeconfig" >>"$WEFT_TMP/replay.log" 2>&1 &
-REPLAY_PID=$!
-SERVER_PID= MON= HELD_PID=
+REPLAY_PID= SERVER_PID= MON= HELD_PID=
 trap 'rc=$?; exec 7>&-; kill $REPLAY_PID $SERVER_PID $MON $HELD_PID 2>/dev/null; (exit $rc); weft_cleanup' EXIT
-for _ in $(seq 100); do [ -s "$WEFT_TMP/kubeconfig" ] && break; sleep 0.05; done
-[ -s "$WEFT_TMP/kubeconfig" ] || die "weft-k8s-replay did not start: $(cat "$WEFT_TMP/replay.log")"
-URL=$(awk '/server:/ {print $2}' "$WEFT_TMP/kubeconfig")
-push() { # PATH EVENT-JSON
-  local i
-  for i in $(seq 100); do
-    in_node curl -sf -X POST --data-binary "$2" "$URL/replay/push?path=$1" >/dev/null && return 0
-    sleep 0.1
-  done
-  return 1
-}
+weft_start_replay
 
 weft_start_manager --k8s --kubeconfig "$WEFT_TMP/kubeconfig" --k8s-cilium-policies false
 for p in "x a" "z b"; do
@@ -234,7 +221,7 @@ check "UDP flow :45120 echoes" udp_from 45120
 
 echo "== deny-all ingress for namespace x arrives through the watch"
 rev=$(weftctl -o json status | jq .policy_revision)
-check "ADDED deny-all-ingress pushed" push /apis/networking.k8s.io/v1/networkpolicies \
+check "ADDED deny-all-ingress pushed" replay_push /apis/networking.k8s.io/v1/networkpolicies \
   "$(jq -nc --argjson o "$(deny_all_x)" '{type:"ADDED",object:$o}')"
 rev_moved() { [ "$(weftctl -o json status | jq .policy_revision)" -gt "$rev" ] && weftctl policy list | matches deny-all-ingress; }
 check "the policy is in force" eventually rev_moved

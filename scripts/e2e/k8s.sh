@@ -6,8 +6,7 @@
 # labels or named ports: "namespaceSelector with matchExpressions" (on a key other than the
 # namespace name) and "allow ingress access on one named port".
 source "$(dirname "$0")/../lib.sh"
-REPLAY=$WEFT_BIN/weft-k8s-replay
-[ -x "$REPLAY" ] || die "$REPLAY is missing: cargo build --release -p weft-k8s --features replay --bin weft-k8s-replay"
+weft_need_replay
 command -v curl >/dev/null || die "curl is missing: run scripts/setup"
 
 NODE=$WEFT_P
@@ -54,21 +53,9 @@ jq -n \
 
 weft_make_node
 # The manager lives in the node netns: so does its API server.
-nsenter --net="/run/netns/$WEFT_NODE" "$REPLAY" "$WEFT_TMP/replay.json" "$WEFT_TMP/kubeconfig" >>"$WEFT_TMP/replay.log" 2>&1 &
-REPLAY_PID=$!
+REPLAY_PID=
 trap 'rc=$?; kill $REPLAY_PID 2>/dev/null; (exit $rc); weft_cleanup' EXIT
-for _ in $(seq 100); do [ -s "$WEFT_TMP/kubeconfig" ] && break; sleep 0.05; done
-[ -s "$WEFT_TMP/kubeconfig" ] || die "weft-k8s-replay did not start: $(cat "$WEFT_TMP/replay.log")"
-URL=$(awk '/server:/ {print $2}' "$WEFT_TMP/kubeconfig")
-# push PATH EVENT-JSON: into the open watch of PATH (retried while the watcher reconnects).
-push() {
-  local i
-  for i in $(seq 100); do
-    in_node curl -sf -X POST --data-binary "$2" "$URL/replay/push?path=$1" >/dev/null && return 0
-    sleep 0.1
-  done
-  return 1
-}
+weft_start_replay
 
 weft_start_manager --k8s --kubeconfig "$WEFT_TMP/kubeconfig" --k8s-cilium-policies false
 # k8s_pod NS POD: CNI ADD with the kubelet's CNI_ARGS.
@@ -101,7 +88,7 @@ check_not "ops -> server:80 dropped" tcp_ok server client-c "$SRV" 80
 
 echo "== a namespace label change re-identifies its pods"
 id_before=$(weftctl -o json endpoint list | jq -r --arg c "$WEFT_P-client-c" '.[] | select(.container_id == $c) | .identity')
-check "MODIFIED namespace ops team=audit pushed" push /api/v1/namespaces \
+check "MODIFIED namespace ops team=audit pushed" replay_push /api/v1/namespaces \
   "$(jq -nc --argjson o "$(ns ops audit | jq -c '.metadata.resourceVersion="11"')" '{type:"MODIFIED",object:$o}')"
 moved() { # POD OLD-ID
   local i
@@ -116,9 +103,9 @@ check "ops (now team=audit) -> server:80 allowed" tcp_ok server client-c "$SRV" 
 
 echo "== upstream: allow ingress access on one named port (policy replaced through the watch)"
 rev=$(weftctl -o json status | jq .policy_revision)
-check "DELETED the namespace policy pushed" push /apis/networking.k8s.io/v1/networkpolicies \
+check "DELETED the namespace policy pushed" replay_push /apis/networking.k8s.io/v1/networkpolicies \
   "$(jq -nc --argjson o "$(np_ns_expr | jq -c '.metadata.resourceVersion="22"')" '{type:"DELETED",object:$o}')"
-check "ADDED the named-port policy pushed" push /apis/networking.k8s.io/v1/networkpolicies \
+check "ADDED the named-port policy pushed" replay_push /apis/networking.k8s.io/v1/networkpolicies \
   "$(jq -nc --argjson o "$(np_named_port | jq -c '.metadata.resourceVersion="23"')" '{type:"ADDED",object:$o}')"
 applied() {
   local i
@@ -139,7 +126,7 @@ trace80=$(weftctl -o json policy trace --src "$(pod_ip client-b)" --dst "$SRV" -
 check "policy trace resolves the named port like the datapath" test "$trace80" = allow
 
 echo "== the policy deleted with its object"
-check "DELETED pushed" push /apis/networking.k8s.io/v1/networkpolicies \
+check "DELETED pushed" replay_push /apis/networking.k8s.io/v1/networkpolicies \
   "$(jq -nc --argjson o "$(np_named_port | jq -c '.metadata.resourceVersion="24"')" '{type:"DELETED",object:$o}')"
 gone() { local i; for i in $(seq 100); do weftctl policy list | matches allow-serve-80 || return 0; sleep 0.05; done; return 1; }
 check "its rules are gone" gone
@@ -154,7 +141,7 @@ np_bad_selector() {
     spec:{podSelector:{matchExpressions:[{key:"app",operator:"Near",values:["server"]}]},policyTypes:["Egress"],
       egress:[{to:[{namespaceSelector:{}}],ports:[{port:"serve-80",protocol:"TCP"}]}]}}'
 }
-check "ADDED a policy with an invalid podSelector pushed" push /apis/networking.k8s.io/v1/networkpolicies \
+check "ADDED a policy with an invalid podSelector pushed" replay_push /apis/networking.k8s.io/v1/networkpolicies \
   "$(jq -nc --argjson o "$(np_bad_selector)" '{type:"ADDED",object:$o}')"
 rejected() { local i; for i in $(seq 100); do weftctl policy list | matches 'bad-selector.*unknown operator "Near"' && return 0; sleep 0.05; done; return 1; }
 check "policy list shows it rejected, saying why" rejected

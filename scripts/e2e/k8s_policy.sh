@@ -12,8 +12,7 @@
 # meanwhile (so a tool error cannot pass for a drop); and each has a positive control beside it,
 # the same client reaching another port or pod.
 source "$(dirname "$0")/../lib.sh"
-REPLAY=$WEFT_BIN/weft-k8s-replay
-[ -x "$REPLAY" ] || die "$REPLAY is missing: cargo build --release -p weft-k8s --features replay --bin weft-k8s-replay"
+weft_need_replay
 command -v curl >/dev/null || die "curl is missing: run scripts/setup"
 
 NODE=$WEFT_P
@@ -54,20 +53,9 @@ jq -n \
            ($np):[$nps],($cnp):[$cnps],($ccnp):[$ccnps]}}' >"$WEFT_TMP/replay.json"
 
 weft_make_node
-nsenter --net="/run/netns/$WEFT_NODE" "$REPLAY" "$WEFT_TMP/replay.json" "$WEFT_TMP/kubeconfig" >>"$WEFT_TMP/replay.log" 2>&1 &
-REPLAY_PID=$!
+REPLAY_PID=
 trap 'rc=$?; kill $REPLAY_PID 2>/dev/null; (exit $rc); weft_cleanup' EXIT
-for _ in $(seq 100); do [ -s "$WEFT_TMP/kubeconfig" ] && break; sleep 0.05; done
-[ -s "$WEFT_TMP/kubeconfig" ] || die "weft-k8s-replay did not start: $(cat "$WEFT_TMP/replay.log")"
-URL=$(awk '/server:/ {print $2}' "$WEFT_TMP/kubeconfig")
-push() { # PATH EVENT-JSON: into the open watch of PATH (retried while the watcher reconnects)
-  local i
-  for i in $(seq 100); do
-    in_node curl -sf -X POST --data-binary "$2" "$URL/replay/push?path=$1" >/dev/null && return 0
-    sleep 0.1
-  done
-  return 1
-}
+weft_start_replay
 RV=30
 # apply PATH TYPE OBJECT: pushes the event with a fresh resourceVersion, then waits until the
 # manager's revision moved (the object's rules are in, or out).
@@ -75,7 +63,7 @@ apply() {
   local path=$1 type=$2 obj=$3 rev i
   rev=$(weftctl -o json status | jq .policy_revision)
   RV=$((RV + 1))
-  push "$path" "$(jq -nc --arg t "$type" --arg rv "$RV" --argjson o "$obj" '{type:$t,object:($o | .metadata.resourceVersion=$rv)}')" || return 1
+  replay_push "$path" "$(jq -nc --arg t "$type" --arg rv "$RV" --argjson o "$obj" '{type:$t,object:($o | .metadata.resourceVersion=$rv)}')" || return 1
   for i in $(seq 100); do
     [ "$(weftctl -o json status | jq .policy_revision)" -gt "$rev" ] && return 0
     sleep 0.05
@@ -130,7 +118,11 @@ check "x/a -> y/c:80 (serve-80-tcp) allowed" tcp_ok c a "$C" 80
 check "x/a -> z/d:80 dropped by policy (not in y)" dropped d a "$D" 80
 check "trace: x/a -> y/b:80 allow" traced "$A" "$B" 80 allow
 check "trace: x/a -> y/b:81 deny" traced "$A" "$B" 81 deny
-fully_in_force() { ! weftctl policy list | grep -F "$1" | matches -e "not enforced" -e warning; }
+fully_in_force() { # OBJECT: listed with its rules, and no "not enforced" or warning row for it
+  local out
+  out=$(weftctl policy list) || { echo "weftctl policy list failed"; return 1; }
+  ! grep -F "$1" <<<"$out" | matches -e "not enforced" -e warning
+}
 check "the object is fully in force (no partial status)" fully_in_force "NetworkPolicy x/egress-named"
 check "DELETED x/egress-named" apply "$NP" DELETED "$NAMED"
 

@@ -40,6 +40,10 @@ if [ "$(cat "$DIR/stamp" 2>/dev/null)" != "$stamp" ]; then
   (cd "$DIR/src.new" && find . -type f) | while read -r f; do
     cmp -s "$DIR/src.new/$f" "$DIR/src/$f" 2>/dev/null || { mkdir -p "$(dirname "$DIR/src/$f")"; cp -p "$DIR/src.new/$f" "$DIR/src/$f"; }
   done
+  # And drop what the tree no longer tracks (a module moved to a folder would be found twice).
+  (cd "$DIR/src" && find . -type f) | while read -r f; do
+    [ -e "$DIR/src.new/$f" ] || rm -f "$DIR/src/$f"
+  done
   rm -rf "$DIR/src.new"
   echo "$stamp" >"$DIR/stamp"
 fi

@@ -86,8 +86,7 @@ fi
 
 # ---- one seed's world (child) ----
 source "$ROOT/scripts/lib.sh"
-REPLAY=$WEFT_BIN/weft-k8s-replay
-[ -x "$REPLAY" ] || die "$REPLAY is missing: cargo build --release -p weft-k8s --features replay --bin weft-k8s-replay"
+weft_need_replay
 command -v python3 >/dev/null || die "python3 is missing: run scripts/setup"
 ORACLE=$(bash "$ROOT/scripts/oracle/build.sh") || die "building weft-oracle failed (scripts/oracle/build.sh)"
 SEED=$WEFT_ORACLE_SEED
@@ -97,11 +96,11 @@ CASE_LIST=$WEFT_ORACLE_CASE_LIST
 NODE=$WEFT_P
 "$ORACLE" world --seed "$SEED" >"$WEFT_TMP/world0.json" || die "weft-oracle world failed"
 
-PIDS=()
+PIDS=() REPLAY_PID=
 stop_all() {
   local rc=$? p
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
-  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done
+  for p in "${PIDS[@]}" $REPLAY_PID; do kill "$p" 2>/dev/null; done
+  for p in "${PIDS[@]}" $REPLAY_PID; do wait "$p" 2>/dev/null; done
   (exit "$rc")
   weft_cleanup # reads $? as the run's status
 }
@@ -127,11 +126,7 @@ jq -c --arg node "$NODE" '
 ' "$WEFT_TMP/world0.json" >"$WEFT_TMP/replay.json" || die "writing the replay script failed"
 
 weft_make_node
-nsenter --net="/run/netns/$WEFT_NODE" "$REPLAY" "$WEFT_TMP/replay.json" "$WEFT_TMP/kubeconfig" >>"$WEFT_TMP/replay.log" 2>&1 &
-PIDS+=($!)
-for _ in $(seq 100); do [ -s "$WEFT_TMP/kubeconfig" ] && break; sleep 0.05; done
-[ -s "$WEFT_TMP/kubeconfig" ] || die "weft-k8s-replay did not start: $(cat "$WEFT_TMP/replay.log")"
-URL=$(awk '/server:/ {print $2}' "$WEFT_TMP/kubeconfig")
+weft_start_replay
 weft_start_manager --k8s --kubeconfig "$WEFT_TMP/kubeconfig" --k8s-cilium-policies false
 "$WEFT_BIN/weftctl" --socket "$WEFT_SOCK" -o json monitor >"$WEFT_TMP/events.jsonl" 2>>"$WEFT_TMP/monitor.log" &
 PIDS+=($!)
@@ -168,7 +163,7 @@ check "the 9 pods are ready with their labels from the pod watch" eventually lab
 
 nsenter --net="/run/netns/$WEFT_NODE" python3 -u "$ROOT/scripts/oracle/driver.py" \
   --world "$WEFT_TMP/world.json" --oracle "$ORACLE" --weftctl "$WEFT_BIN/weftctl" --socket "$WEFT_SOCK" \
-  --url "$URL" --prefix "$WEFT_P" --events "$WEFT_TMP/events.jsonl" --workdir "$WEFT_TMP" \
+  --url "$REPLAY_URL" --prefix "$WEFT_P" --events "$WEFT_TMP/events.jsonl" --workdir "$WEFT_TMP" \
   --replay "bash scripts/oracle/run.sh" --seed "$SEED" --cases "$CASE_LIST" $CORPUS
 rc=$?
 if [ "$rc" != 0 ] && [ -n "${WEFT_ORACLE_KEEP:-}" ]; then

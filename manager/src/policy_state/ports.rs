@@ -45,11 +45,12 @@ impl PolicyState {
         self.ports_changed(changed)
     }
 
-    /// Every remote owner of `node` is gone (its lease expired or it left).
-    pub fn remove_node_ports(&mut self, node: &str) -> Effects {
-        let changed = self
-            .ports
-            .remove_where(|o| matches!(o, PortOwner::Remote { node: n, .. } if n == node));
+    /// Node `node` publishes only the addresses `kept` now: its other remote owners are gone
+    /// (a re-list; none are kept when its lease expired or it left).
+    pub fn retain_node_ports(&mut self, node: &str, kept: impl Fn(&IpAddr) -> bool) -> Effects {
+        let changed = self.ports.remove_where(
+            |o| matches!(o, PortOwner::Remote { node: n, ip } if n == node && !kept(ip)),
+        );
         self.ports_changed(changed)
     }
 
@@ -60,7 +61,14 @@ impl PolicyState {
 
     fn ports_changed(&mut self, identities: BTreeSet<Identity>) -> Effects {
         let mut effects = Effects::default();
-        if identities.is_empty() {
+        let mut matching: Vec<(Identity, BTreeSet<PeerSelector>)> = Vec::new();
+        for id in identities {
+            let selectors = self.cache.set_named_ports(id, self.ports.union(id));
+            if !selectors.is_empty() {
+                matching.push((id, selectors));
+            }
+        }
+        if matching.is_empty() {
             return effects;
         }
         // Only selectors of egress entries with names resolve ports per destination.
@@ -72,8 +80,7 @@ impl PolicyState {
             .filter(|pr| !pr.named_ports.is_empty())
             .flat_map(|pr| pr.peers.iter())
             .collect();
-        for id in identities {
-            let selectors = self.cache.set_named_ports(id, self.ports.union(id));
+        for (id, selectors) in matching {
             let used: Vec<PeerSelector> = selectors
                 .into_iter()
                 .filter(|p| named.contains(p))

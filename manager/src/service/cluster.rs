@@ -103,20 +103,8 @@ impl Manager {
         // Named ports of addresses it no longer has go too (all of them when it left).
         let kept: std::collections::BTreeSet<std::net::IpAddr> =
             entries.keys().map(ipnet::IpNet::addr).collect();
-        let gone: Vec<PortOwner> = st
-            .pol
-            .peer_port_owners()
-            .filter_map(|(o, _, _)| match o {
-                PortOwner::Remote { node: n, ip } if n == node && !kept.contains(ip) => {
-                    Some(o.clone())
-                }
-                _ => None,
-            })
-            .collect();
-        for owner in gone {
-            let effects = st.pol.remove_peer_ports(&owner);
-            self.regenerate_users(&mut st, &effects)?;
-        }
+        let effects = st.pol.retain_node_ports(node, |ip| kept.contains(ip));
+        self.regenerate_users(&mut st, &effects)?;
         Ok(())
     }
 

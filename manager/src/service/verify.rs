@@ -59,9 +59,6 @@ impl Manager {
     }
 }
 
-/// The `endpoints`, `policy` and `policy_gen` maps: one entry per Ready endpoint, pointing at a slot
-/// that holds exactly a fresh computation of the endpoint's policy and whose last write
-/// completed; no entries of unknown endpoints, no slot nobody points at.
 impl Manager {
     /// The named ports egress rules resolve against are those of this node's ready pods as
     /// they are now. (Other nodes' arrive through the kvstore watcher, which updates its own
@@ -88,13 +85,13 @@ impl Manager {
             .filter(|ep| ep.state == EndpointState::Ready && !gone(ep))
             .map(|ep| ep.id)
             .collect();
-        let mut want: BTreeMap<PortOwner, (Identity, NamedPorts)> = st
+        let want: BTreeMap<PortOwner, (Identity, NamedPorts)> = st
             .reg
             .list()
             .filter(|ep| compared.contains(&ep.id))
             .map(|ep| (PortOwner::Local(ep.id), (ep.identity, named(ep))))
+            .filter(|(_, (_, ports))| !ports.is_empty())
             .collect();
-        want.retain(|_, (_, ports)| !ports.is_empty());
         let got: BTreeMap<PortOwner, (Identity, NamedPorts)> = st
             .pol
             .peer_port_owners()
@@ -120,6 +117,10 @@ impl Manager {
     }
 }
 
+/// The `endpoints`, `policy` and `policy_gen` maps: one entry per Ready endpoint, pointing at a slot
+/// that holds exactly a fresh computation of the endpoint's policy and whose last write
+/// completed; no entries of unknown endpoints, no slot nobody points at.
+///
 /// `named`: an endpoint's own named ports (ingress rules' names resolve against them).
 fn check_endpoints(
     st: &State,

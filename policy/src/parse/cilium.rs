@@ -335,19 +335,14 @@ fn port_rule(v: &Value, path: &str, deny: bool) -> Res<(Vec<PortProto>, Vec<Name
             None => walk::protocols("ANY", "")?,
         };
         q.finish(&[])?;
-        match port {
-            PortSpec::Number(port) => {
-                out.extend(walk::port_entries(&protos, port, end, &end_path)?);
-            }
-            PortSpec::Name(name) => {
-                named.extend(walk::named_ports(
-                    &protos,
-                    &name,
-                    end.is_some(),
-                    &port_path,
-                )?);
-            }
-        }
+        walk::add_port(
+            &protos,
+            port,
+            end,
+            (&port_path, &end_path),
+            &mut out,
+            &mut named,
+        )?;
     }
     let unsupported: &[&str] = if deny {
         &[]

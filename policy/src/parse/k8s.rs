@@ -97,17 +97,22 @@ pub fn parse_ccnp(v: &Value, prefix: &str, out: &mut Vec<Rule>) -> Result<(), Do
     parse_cilium_object(v, prefix, out, true)
 }
 
+/// The object kind of a Cilium policy.
+fn cilium_kind(clusterwide: bool) -> &'static str {
+    if clusterwide {
+        "CiliumClusterwideNetworkPolicy"
+    } else {
+        "CiliumNetworkPolicy"
+    }
+}
+
 fn parse_cilium_object(
     v: &Value,
     prefix: &str,
     out: &mut Vec<Rule>,
     clusterwide: bool,
 ) -> Result<(), DocError> {
-    let kind = if clusterwide {
-        "CiliumClusterwideNetworkPolicy"
-    } else {
-        "CiliumNetworkPolicy"
-    };
+    let kind = cilium_kind(clusterwide);
     let name_loc = |m: Option<&Meta>| {
         let id = match m {
             None => String::new(),
@@ -131,11 +136,7 @@ fn parse_cilium_specs(
     out: &mut Vec<Rule>,
     clusterwide: bool,
 ) -> Result<(), DocError> {
-    let kind = if clusterwide {
-        "CiliumClusterwideNetworkPolicy"
-    } else {
-        "CiliumNetworkPolicy"
-    };
+    let kind = cilium_kind(clusterwide);
     let fail = |e| (loc.to_owned(), e);
     let mut o = Obj::new(v, "").map_err(fail)?;
     api_version(&mut o, &["cilium.io/v2"]).map_err(fail)?;
@@ -300,19 +301,14 @@ fn np_ports(list: Option<Vec<(String, &Value)>>) -> Res<(Vec<PortProto>, Vec<Nam
             None => walk::protocols("TCP", &proto_path)?,
         };
         o.finish(&[])?;
-        match port {
-            PortSpec::Number(port) => {
-                out.extend(walk::port_entries(&protos, port, end, &end_path)?);
-            }
-            PortSpec::Name(name) => {
-                named.extend(walk::named_ports(
-                    &protos,
-                    &name,
-                    end.is_some(),
-                    &port_path,
-                )?);
-            }
-        }
+        walk::add_port(
+            &protos,
+            port,
+            end,
+            (&port_path, &end_path),
+            &mut out,
+            &mut named,
+        )?;
     }
     out.sort();
     out.dedup();

@@ -104,9 +104,7 @@ impl ParseMemo {
         last.elements = elements;
         Ok(out)
     }
-}
 
-impl ParseMemo {
     /// The warnings of the last [`Self::parse`] (e.g. CIDRs with host bits set, masked).
     pub fn take_notes(&mut self) -> Vec<Note> {
         std::mem::take(&mut self.notes)

@@ -512,7 +512,7 @@ pub fn port_spec(v: &Value, path: &str, allow_zero: bool) -> Res<PortSpec> {
 
 /// Named ports of one entry; `end` must be absent. In an ingress rule the name is the selected
 /// pod's own port; in an egress rule, the destination pod's.
-pub fn named_ports(
+fn named_ports(
     protos: &[u8],
     name: &str,
     has_end: bool,
@@ -562,13 +562,27 @@ pub fn protocols(name: &str, path: &str) -> Res<Vec<u8>> {
     }
 }
 
-/// Turns one (protocols, port, endPort) triple into port entries.
-pub fn port_entries(
+/// One `ports[]` item of either API: a number (with its `endPort`) becomes port entries in
+/// `numeric`, a name becomes named ports in `named`.
+pub fn add_port(
     protos: &[u8],
-    port: u16,
+    port: PortSpec,
     end: Option<u16>,
-    end_path: &str,
-) -> Res<Vec<PortProto>> {
+    (port_path, end_path): (&str, &str),
+    numeric: &mut Vec<PortProto>,
+    named: &mut Vec<crate::rule::NamedPort>,
+) -> Res<()> {
+    match port {
+        PortSpec::Number(port) => numeric.extend(port_entries(protos, port, end, end_path)?),
+        PortSpec::Name(name) => {
+            named.extend(named_ports(protos, &name, end.is_some(), port_path)?);
+        }
+    }
+    Ok(())
+}
+
+/// Turns one (protocols, port, endPort) triple into port entries.
+fn port_entries(protos: &[u8], port: u16, end: Option<u16>, end_path: &str) -> Res<Vec<PortProto>> {
     let (lo, hi) = match (port, end) {
         (0, Some(_)) => return Err(FieldError::new(end_path, "endPort needs a port")),
         (0, None) => (0, u16::MAX),
