@@ -14,6 +14,8 @@ WEFT_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 WEFT_BIN=${WEFT_BIN:-$WEFT_ROOT/target/release}
 WEFT_PASSED=0
 WEFT_FAILED=0
+WEFT_PLANNED=
+WEFT_SUMMARISED=
 
 # A short unique prefix: netns names show up in `ip netns`, keep them recognisable.
 WEFT_P=${WEFT_P:-wt$(printf '%04x' $((RANDOM ^ $$ & 0xffff)))}
@@ -37,6 +39,13 @@ done
 
 weft_cleanup() {
   local rc=$?
+  # A script with a plan (weft_plan) that stopped before its summary (die, a signal, an exit
+  # anywhere): say what ran and what did not, and fail. Scripts without a plan (demo, benches,
+  # the oracle's runner, which prints its own summary) keep their exit status.
+  if [ -n "$WEFT_PLANNED" ] && [ -z "$WEFT_SUMMARISED" ]; then
+    weft_summary || true
+    [ "$rc" = 0 ] && rc=1
+  fi
   weft_stop_manager
   for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep "^${WEFT_P}-" || true); do
     ip netns del "$ns" 2>/dev/null
@@ -177,14 +186,127 @@ eventually() {
   "$@"
 }
 
-# check_not DESCRIPTION COMMAND...: passes when the command fails.
-check_not() {
-  local desc=$1; shift
-  if "$@" >/dev/null 2>&1; then
-    WEFT_FAILED=$((WEFT_FAILED + 1)); echo "  FAIL $desc (unexpectedly succeeded)"
-  else
+# check_fails DESCRIPTION PATTERN COMMAND...: the command fails *and* says why: its output
+# (stdout and stderr) matches the extended regex PATTERN. A failure for another reason (a tool
+# missing, a crash, a typo in the test) is a failed check, not a pass.
+check_fails() {
+  local desc=$1 pattern=$2; shift 2
+  local _out _rc
+  _out=$("$@" 2>&1); _rc=$?
+  if [ "$_rc" != 0 ] && grep -Eq -- "$pattern" <<<"$_out"; then
     WEFT_PASSED=$((WEFT_PASSED + 1)); echo "  ok   $desc"
+  else
+    WEFT_FAILED=$((WEFT_FAILED + 1))
+    if [ "$_rc" = 0 ]; then echo "  FAIL $desc (unexpectedly succeeded)"; else echo "  FAIL $desc (exit $_rc, output does not match /$pattern/)"; fi
+    printf '%s\n' "$_out" | sed 's/^/       /' | tail -15
   fi
+}
+
+# Negative traffic checks. A connect that fails proves nothing by itself (no server, a wrong
+# address, a missing tool, a pod without a route all fail too): a flow counts as dropped by
+# policy only when
+#  (a) the server is there: it listens and accepts a connection made from its own netns to the
+#      same address and port (traffic to a pod's own address stays on its loopback, which no
+#      policy sees: the positive control beside the probe),
+#  (b) the client's connect times out (a dropped SYN), neither refused nor unreachable, and
+#  (c) the datapath counted it: the policy drop counters (`weftctl map dump metrics`, reasons
+#      policy-deny and policy-default) of the server's endpoint (ingress) or the client's
+#      (egress) grew during the probe.
+# The counters are read from every socket in WEFT_DROP_SOCKS (default: this run's manager):
+# multi-node tests list each node's, and each pod is looked up on the node that has it.
+
+# policy_drops POD DIRECTION: policy drops counted for the pod's endpoint in that direction,
+# summed over the managers of WEFT_DROP_SOCKS that have the pod.
+policy_drops() {
+  local pod=$1 dir=$2 sock id n total=0 found=
+  for sock in ${WEFT_DROP_SOCKS:-$WEFT_SOCK}; do
+    id=$("$WEFT_BIN/weftctl" --socket "$sock" -o json endpoint list 2>/dev/null |
+      jq -r --arg c "$WEFT_P-$pod" '.[] | select(.container_id == $c and .state == "ready") | .id') || continue
+    [ -n "$id" ] || continue
+    n=$("$WEFT_BIN/weftctl" --socket "$sock" -o json map dump metrics | jq --argjson id "$id" --arg d "$dir" \
+      '[.[] | select(.endpoint_id == $id and .direction == $d and (.reason == "policy-deny" or .reason == "policy-default")) | .packets] | add // 0') || return 1
+    total=$((total + n)); found=1
+  done
+  [ -n "$found" ] || { echo "no manager in '${WEFT_DROP_SOCKS:-$WEFT_SOCK}' has an endpoint for pod $pod" >&2; return 1; }
+  echo "$total"
+}
+
+# total_policy_drops: every policy drop the datapath of this run's manager counted (all
+# endpoints, both directions).
+total_policy_drops() {
+  weftctl -o json map dump metrics | jq '[.[] | select(.reason == "policy-deny" or .reason == "policy-default") | .packets] | add // 0'
+}
+
+# flow_drops SERVER CLIENT: the drops that can stop a client -> server flow (server ingress +
+# client egress).
+flow_drops() {
+  local a b
+  a=$(policy_drops "$1" ingress) && b=$(policy_drops "$2" egress) || return 1
+  echo $((a + b))
+}
+
+# tcp_dropped SERVER CLIENT DST_IP PORT: TCP client -> server is dropped by policy ((a)-(c)
+# above); otherwise prints what happened instead and fails.
+tcp_dropped() {
+  local srv=$1 cli=$2 ip=$3 port=$4 fam=-4 before after out rc spid i
+  [[ $ip == *:* ]] && fam=-6
+  before=$(flow_drops "$srv" "$cli") || { echo "cannot read the drop counters"; return 1; }
+  # Nothing may listen there yet: a listener left by an earlier check would answer the positive
+  # control for a server that did not start.
+  for i in $(seq 100); do
+    in_pod "$srv" ss -Hltn "sport = :$port" | matches . || break
+    [ "$i" = 100 ] && { echo "port $port of $srv is already in use: cannot start the probe's server"; return 1; }
+    sleep 0.05
+  done
+  # `ip netns exec` execs timeout(1): $! is the server itself (not a subshell, as with the in_pod
+  # function), so the kill below ends it.
+  ip netns exec "${WEFT_P}-$srv" timeout 20 nc "$fam" -lk "$port" >/dev/null 2>&1 &
+  spid=$!
+  for i in $(seq 100); do
+    in_pod "$srv" ss -Hltn "sport = :$port" | matches . && break
+    sleep 0.02
+  done
+  if ! in_pod "$srv" nc "$fam" -z -w 2 "$ip" "$port" >/dev/null 2>&1; then
+    kill "$spid" 2>/dev/null; wait "$spid" 2>/dev/null
+    echo "positive control failed: $srv does not accept TCP on $ip:$port from its own netns"
+    return 1
+  fi
+  out=$(in_pod "$cli" nc "$fam" -v -z -w 2 "$ip" "$port" 2>&1); rc=$?
+  kill "$spid" 2>/dev/null; wait "$spid" 2>/dev/null
+  if [ "$rc" = 0 ]; then echo "$cli -> $ip:$port connected: not dropped"; return 1; fi
+  if ! grep -q 'timed out' <<<"$out"; then
+    echo "$cli -> $ip:$port failed, but not as a dropped SYN does (no timeout): $out"
+    return 1
+  fi
+  after=$(flow_drops "$srv" "$cli") || { echo "cannot read the drop counters"; return 1; }
+  if [ "$after" -le "$before" ]; then
+    echo "$cli -> $ip:$port timed out but the datapath counted no policy drop for it (before $before, after $after): not a policy drop"
+    return 1
+  fi
+}
+
+# ping_dropped SRC DST DST_IP: ICMP echo src -> dst is dropped by policy: the destination
+# answers its own address (positive control), the source's ping gets no reply at all (not an
+# error such as "unreachable"), and the drop counters grew.
+ping_dropped() {
+  local src=$1 dst=$2 ip=$3 before after out rc
+  before=$(flow_drops "$dst" "$src") || { echo "cannot read the drop counters"; return 1; }
+  in_pod "$dst" ping -c1 -W2 -q "$ip" >/dev/null 2>&1 || { echo "positive control failed: $dst does not answer its own $ip"; return 1; }
+  out=$(in_pod "$src" ping -c1 -W2 "$ip" 2>&1); rc=$?
+  if [ "$rc" = 0 ]; then echo "$src -> $ip answered: not dropped"; return 1; fi
+  if [ "$rc" != 1 ] || ! grep -q ' 0 received' <<<"$out" || grep -qi 'unreachable\|prohibited' <<<"$out"; then
+    echo "$src -> $ip failed, but not as a dropped echo does (exit $rc): $out"
+    return 1
+  fi
+  after=$(flow_drops "$dst" "$src") || { echo "cannot read the drop counters"; return 1; }
+  [ "$after" -gt "$before" ] || { echo "no reply, but the datapath counted no policy drop (before $before, after $after)"; return 1; }
+}
+
+# check_dropped DESCRIPTION SERVER CLIENT DST_IP PORT: a check that TCP client -> server is
+# dropped by policy (tcp_dropped).
+check_dropped() {
+  local desc=$1; shift
+  check "$desc" tcp_dropped "$@"
 }
 
 ping_ok() { # SRC_NETNS_CMD... DST_IP
@@ -196,8 +318,10 @@ ping_ok() { # SRC_NETNS_CMD... DST_IP
 tcp_ok() {
   local srv=$1 cli=$2 ip=$3 port=$4 fam=-4
   [[ $ip == *:* ]] && fam=-6
-  local run_srv=(in_pod "$srv") run_cli=(in_pod "$cli")
-  [ "$srv" = node ] && run_srv=(in_node)
+  # The commands in_pod and in_node run, not the functions: backgrounded, a function is a
+  # subshell, and killing it would leave the listener behind to answer a later check.
+  local run_srv=(ip netns exec "${WEFT_P}-$srv") run_cli=(in_pod "$cli")
+  [ "$srv" = node ] && run_srv=(nsenter --net="/run/netns/$WEFT_NODE")
   [ "$cli" = node ] && run_cli=(in_node)
   "${run_srv[@]}" timeout 5 nc "$fam" -l "$port" >/dev/null 2>&1 &
   local spid=$!
@@ -223,7 +347,24 @@ node_snapshot() {
   }
 }
 
+# weft_plan N: this script runs N checks when it runs to its end. A script that stops early (a
+# `die`, a crash, a kill) would otherwise report only the checks it reached: with a plan, the
+# summary (printed by weft_summary, or by the EXIT trap when the script never got there)
+# counts each check that did not run as a failure and says how many there were, and a script
+# whose count no longer matches its plan fails too (update the plan with the checks).
+weft_plan() { WEFT_PLANNED=$1; }
+
 weft_summary() {
-  echo "$(basename "$0"): $WEFT_PASSED passed, $WEFT_FAILED failed"
-  [ "$WEFT_FAILED" = 0 ]
+  WEFT_SUMMARISED=1
+  local ran=$((WEFT_PASSED + WEFT_FAILED)) missing=0 name
+  name=$(basename "$0")
+  if [ -n "$WEFT_PLANNED" ] && [ "$ran" -lt "$WEFT_PLANNED" ]; then
+    missing=$((WEFT_PLANNED - ran))
+    echo "$name: $missing of $WEFT_PLANNED planned checks did not run"
+  elif [ -n "$WEFT_PLANNED" ] && [ "$ran" -gt "$WEFT_PLANNED" ]; then
+    echo "$name: ran $ran checks, $WEFT_PLANNED planned: the plan (weft_plan) is out of date"
+    WEFT_FAILED=$((WEFT_FAILED + 1))
+  fi
+  echo "$name: $WEFT_PASSED passed, $((WEFT_FAILED + missing)) failed"
+  [ "$WEFT_FAILED" = 0 ] && [ "$missing" = 0 ]
 }

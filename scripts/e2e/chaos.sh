@@ -7,6 +7,7 @@
 # reachable by the allowed peer and unreachable by the denied one.
 # PODS (default 304) pods at least, KILLS (default 10) kill -9 restarts at least.
 source "$(dirname "$0")/../lib.sh"
+weft_plan 11
 PODS=${PODS:-304}
 KILLS=${KILLS:-10}
 WORKERS=8
@@ -96,6 +97,7 @@ check "ipcache holds exactly the live pods' addresses" ipcache_exact
 # Reachability and enforcement on every live pod, pings in parallel.
 ips=$(weftctl -o json endpoint list | jq -r '.[] | select(.labels | any(.value == "yes")) | .ips[0].address')
 : >"$WEFT_TMP/reach"
+drops_before=$(total_policy_drops) || die "cannot read the drop counters"
 ppids=()
 for ip in $ips; do
   ( in_pod prober ping -c1 -W2 -q "$ip" >/dev/null 2>&1 && echo "ok $ip" || echo "unreachable $ip"
@@ -105,4 +107,6 @@ done
 [ ${#ppids[@]} -gt 0 ] && wait "${ppids[@]}"
 check "every live pod reachable from the allowed peer" test "$(grep -c '^ok' "$WEFT_TMP/reach")" = "$live"
 check "every live pod enforcing its policy (denied peer dropped)" test "$(grep -c '^denied' "$WEFT_TMP/reach")" = "$live"
+drops=$(( $(total_policy_drops) - drops_before ))
+check "... by policy: $drops policy drops counted for $live denied pings" test "$live" -gt 0 -a "$drops" -ge "$live"
 weft_summary

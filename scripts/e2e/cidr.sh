@@ -2,6 +2,7 @@
 # Node CIDR priority end to end: each testdata manifest gives the documented pools, and a CIDR
 # change under live endpoints refuses start with a message saying what to do.
 source "$(dirname "$0")/../lib.sh"
+weft_plan 9
 
 weft_make_node
 pools_are() { # manifest expected-json

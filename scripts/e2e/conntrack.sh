@@ -8,6 +8,7 @@
 # was the policy and not the tool. Flows established before the change keep passing (TCP, UDP).
 source "$(dirname "$0")/../lib.sh"
 weft_need_replay
+weft_plan 45
 command -v curl >/dev/null || die "curl is missing: run scripts/setup"
 command -v python3 >/dev/null || die "python3 is missing: run scripts/setup"
 
@@ -204,7 +205,7 @@ held_echo() { # N: the held connection's Nth round trip succeeded
   eventually held_ok "$1" || { cat "$WEFT_TMP/held.log" "$WEFT_TMP/held.err" 2>/dev/null; return 1; }
 }
 held_ok() { test "$(grep -c '^ok$' "$WEFT_TMP/held.log" 2>/dev/null || true)" -ge "$1"; }
-udp_from() { # SRC_PORT: a UDP datagram from b:SRC_PORT to a:81 is echoed
+udp_from() { # SRC_PORT: a UDP datagram from b:SRC_PORT to a:81 is echoed (exit 2: no answer at all)
   in_pod b python3 -c '
 import socket, sys
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(("", int(sys.argv[2]))); s.settimeout(1.5)
@@ -214,7 +215,20 @@ for _ in range(2):
         sys.exit(0 if s.recv(16) == b"udp" else 1)
     except socket.timeout:
         pass
-sys.exit(1)' "$A4" "$1"
+print(f"udp :{sys.argv[2]} -> {sys.argv[1]}:81: no answer")
+sys.exit(2)' "$A4" "$1"
+}
+# udp_dropped SRC_PORT: the datagrams from b:SRC_PORT to a:81 get no answer at all (not an
+# error: ICMP unreachable would raise ConnectionRefusedError, exit 1), and the datapath reported
+# dropping that tuple by policy at x/a's ingress. The positive control is the server answering
+# the established flow :45120 just before.
+udp_dropped() {
+  local rc=0
+  udp_from "$1" || rc=$?
+  [ "$rc" = 2 ] || { echo "udp :$1 -> a:81: client exit $rc (want 2: no answer)"; return 1; }
+  eventually jq -e -s --argjson p "$1" --arg d "$A4" \
+    'any(.[]; .src_port == $p and .dst_ip == $d and .dst_port == 81 and .proto == 17 and .direction == "ingress" and (.reason | startswith("policy")))' \
+    "$WEFT_TMP/monitor.jsonl" >/dev/null || { echo "udp :$1 -> a:81 unanswered, but no policy drop event for it: not a policy drop"; return 1; }
 }
 check "held TCP connection echoes" held_echo 1
 check "UDP flow :45120 echoes" udp_from 45120
@@ -242,6 +256,6 @@ done
 echo "== flows established before the change keep passing"
 check "the held TCP connection still echoes" held_echo 2
 check "the UDP flow :45120 still echoes" udp_from 45120
-check_not "a new UDP flow :45121 is dropped" udp_from 45121
+check "a new UDP flow :45121 is dropped by policy (no answer, its drop event)" udp_dropped 45121
 exec 7>&-
 weft_summary

@@ -10,6 +10,7 @@
 # ingress and egress bandwidth enforced by Weft (iperf3). Then cniVersion 0.4.0: run, status,
 # traffic, stop, remove. 1.1.0's STATUS and GC are covered by direct invocations (versions.sh).
 source "$(dirname "$0")/../lib.sh"
+weft_plan 43
 source "$WEFT_ROOT/scripts/containerd/lib.sh"
 command -v iperf3 >/dev/null || die "iperf3 is missing: run scripts/setup"
 
@@ -40,7 +41,7 @@ ns_tcp() {
   nsenter --net="$ns" timeout 5 nc -l "$port" >/dev/null 2>&1 &
   local spid=$!
   for i in $(seq 50); do nsenter --net="$ns" ss -Hltn "sport = :$port" | matches . && break; sleep 0.02; done
-  nsenter --net="$cns" nc -z -w 2 "$ip" "$port"; rc=$?
+  nsenter --net="$cns" nc -v -z -w 2 "$ip" "$port"; rc=$?
   kill "$spid" 2>/dev/null; wait "$spid" 2>/dev/null
   return $rc
 }
@@ -75,9 +76,22 @@ cat >"$WEFT_TMP/policy.json" <<'EOF'
   "ingress":[{"fromEndpoints":[{"matchLabels":{"role":"client"}}],"toPorts":[{"ports":[{"port":"80","protocol":"TCP"}]}]}]}]
 EOF
 weftctl policy import "$WEFT_TMP/policy.json" --wait >/dev/null || die "policy import failed"
-enforcing() { # the policy's verdicts, from the datapath
-  sb_tcp "$WEB" "$CLI" 80 || { echo "client -> web:80 dropped"; return 1; }
-  ! sb_tcp "$WEB" "$BAD" 80 || { echo "intruder -> web:80 allowed"; return 1; }
+# enforcing [--manager-down]: the policy's verdicts, from the datapath. The client reaching
+# web:80 is the positive control (the same server); the intruder's connect must time out (a
+# dropped SYN, not refused or unreachable) and the datapath's policy drop counters must grow.
+# With the manager down the counters cannot be read (the API is gone): the caller compares
+# them across the outage once it is back (they live in the pinned map).
+enforcing() {
+  local before='' out
+  sb_tcp "$WEB" "$CLI" 80 >/dev/null 2>&1 || { echo "client -> web:80 dropped"; return 1; }
+  if [ "${1:-}" != --manager-down ]; then
+    before=$(total_policy_drops) || { echo "cannot read the drop counters"; return 1; }
+  fi
+  if out=$(sb_tcp "$WEB" "$BAD" 80 2>&1); then echo "intruder -> web:80 allowed"; return 1; fi
+  grep -q 'timed out' <<<"$out" || { echo "intruder -> web:80 failed, but not as a dropped SYN does: $out"; return 1; }
+  if [ -n "$before" ]; then
+    [ "$(total_policy_drops)" -gt "$before" ] || { echo "intruder -> web:80 timed out without a policy drop counted"; return 1; }
+  fi
   sb_ping "$BAD" "$CLI" || { echo "intruder -> client (no policy) dropped"; return 1; }
 }
 check "client -> web:80 allowed, intruder -> web:80 dropped, others open" enforcing
@@ -102,9 +116,12 @@ check "PodSandboxStatus IP unchanged after restart" ip_matches "$WEB"
 check "policy still enforced after containerd restart" enforcing
 
 echo "== kill -9 weft-manager"
+drops_before_kill=$(total_policy_drops) || die "cannot read the drop counters"
 weft_kill9_manager
-check "pods reachable and enforcing while the manager is dead" enforcing
+check "pods reachable and enforcing while the manager is dead" enforcing --manager-down
 weft_start_manager "${MGR_FLAGS[@]}"
+check "  ... the intruder's SYNs then were policy drops (the pinned counters grew across the outage)" \
+  test "$(total_policy_drops)" -gt "$drops_before_kill"
 check "endpoints restored (IPs match CRI)" ip_matches "$CLI"
 check "policy enforced after manager restart" enforcing
 

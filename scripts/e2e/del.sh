@@ -2,6 +2,7 @@
 # DEL semantics: idempotent, works without a netns, never frees another container's IP, answers
 # before the veth teardown with no route left to the freed IP.
 source "$(dirname "$0")/../lib.sh"
+weft_plan 14
 
 del_empty_netns() { weft_netconf | weft_cni DEL "$1" "" eth0; }
 y_holds() { weftctl -o json ipam list | jq -e --arg c "$WEFT_P-y" --arg ip "$1" '.[0].container_id == $c and .[0].address == $ip'; }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Bad inputs: each gives the right CNI code and message, and leaves the node unchanged.
 source "$(dirname "$0")/../lib.sh"
+weft_plan 21
 
 weft_make_node
 weft_start_manager --pod-cidr 10.0.9.0/30

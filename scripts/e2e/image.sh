@@ -4,6 +4,7 @@
 # weftctl, weft-cni and nft start with the libraries the image carries, and they are the
 # binaries of this tree.
 source "$(dirname "$0")/../lib.sh"
+weft_plan 8
 source "$WEFT_ROOT/scripts/containerd/lib.sh"
 
 weft_make_node

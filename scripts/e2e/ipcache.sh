@@ -6,6 +6,7 @@
 # - a Kubernetes ipBlock matches pods by IP: {cidr: <pod CIDR>, except: [B/32]} on A admits C
 #   and drops B; the same block as a Cilium CIDR rule matches no managed pod.
 source "$(dirname "$0")/../lib.sh"
+weft_plan 13
 
 CIDR=10.0.70.0/24
 weft_make_node
@@ -16,10 +17,13 @@ done
 A=$(pod_ip a) B=$(pod_ip b) C=$(pod_ip c)
 ep_id() { weftctl -o json endpoint list | jq -r --arg c "$WEFT_P-$1" '.[] | select(.container_id == $c) | .id'; }
 
-# flow SRC DST PORT allow|deny: a real TCP connect and `policy trace` (by IP) must both say it.
+# flow SRC DST PORT allow|deny: a real TCP connect and `policy trace` (by IP) must both say it;
+# a deny must be a policy drop (tcp_dropped: server up, SYN timed out, drop counted).
 flow() {
-  local src=$1 dst=$2 port=$3 want=$4 got traced
-  if tcp_ok "$dst" "$src" "$(pod_ip "$dst")" "$port"; then got=allow; else got=deny; fi
+  local src=$1 dst=$2 port=$3 want=$4 got traced why
+  if [ "$want" = deny ]; then
+    if why=$(tcp_dropped "$dst" "$src" "$(pod_ip "$dst")" "$port"); then got=deny; else got="not a policy drop: $why"; fi
+  elif tcp_ok "$dst" "$src" "$(pod_ip "$dst")" "$port"; then got=allow; else got=deny; fi
   traced=$(weftctl -o json policy trace --src "$(pod_ip "$src")" --dst "$(pod_ip "$dst")" --dport "$port" --proto tcp | jq -r .verdict)
   [ "$got" = "$want" ] && [ "$traced" = "$want" ] || { echo "datapath: $got, trace: $traced, want: $want"; return 1; }
 }

@@ -7,6 +7,7 @@
 # namespace name) and "allow ingress access on one named port".
 source "$(dirname "$0")/../lib.sh"
 weft_need_replay
+weft_plan 29
 command -v curl >/dev/null || die "curl is missing: run scripts/setup"
 
 NODE=$WEFT_P
@@ -84,7 +85,7 @@ check "the cluster's NetworkPolicy is listed with its origin" listed allow-ns-te
 
 echo "== upstream: namespaceSelector with matchExpressions (key team, not the namespace name)"
 check "billing (team In [billing,audit]) -> server:80 allowed" tcp_ok server client-b "$SRV" 80
-check_not "ops -> server:80 dropped" tcp_ok server client-c "$SRV" 80
+check_dropped "ops -> server:80 dropped" server client-c "$SRV" 80
 
 echo "== a namespace label change re-identifies its pods"
 id_before=$(weftctl -o json endpoint list | jq -r --arg c "$WEFT_P-client-c" '.[] | select(.container_id == $c) | .identity')
@@ -119,9 +120,9 @@ check "the repository holds only the named-port policy" applied
 rev_above() { [ "$(weftctl -o json status | jq .policy_revision)" -gt "$1" ]; }
 check "the revision moved" rev_above "$rev"
 check "ops -> server:80 (serve-80) allowed" tcp_ok server client-c "$SRV" 80
-check_not "ops -> server:81 (serve-81, not allowed) dropped" tcp_ok server client-c "$SRV" 81
+check_dropped "ops -> server:81 (serve-81, not allowed) dropped" server client-c "$SRV" 81
 check "billing -> server:80 allowed" tcp_ok server client-b "$SRV" 80
-check_not "billing -> server:81 dropped" tcp_ok server client-b "$SRV" 81
+check_dropped "billing -> server:81 dropped" server client-b "$SRV" 81
 trace80=$(weftctl -o json policy trace --src "$(pod_ip client-b)" --dst "$SRV" --dport 80 --proto tcp | jq -r .verdict)
 check "policy trace resolves the named port like the datapath" test "$trace80" = allow
 

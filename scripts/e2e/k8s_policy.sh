@@ -8,11 +8,14 @@
 # NetworkPolicy and a CiliumNetworkPolicy with a rule Weft cannot express, which must still
 # isolate their pods (fail closed) and say what was left out.
 #
-# Every drop is checked twice: the connect fails, and the datapath's policy-drop counter moved
-# meanwhile (so a tool error cannot pass for a drop); and each has a positive control beside it,
-# the same client reaching another port or pod.
+# Every drop is a check_dropped (scripts/lib.sh): the server accepts the connection from its own
+# netns, the client's connect times out (neither refused nor unreachable), and the datapath's
+# policy-drop counter for that flow (server ingress or client egress) moved meanwhile, so a tool
+# error cannot pass for a drop; and each has a positive control beside it, the same client
+# reaching another port or pod.
 source "$(dirname "$0")/../lib.sh"
 weft_need_replay
+weft_plan 54
 command -v curl >/dev/null || die "curl is missing: run scripts/setup"
 
 NODE=$WEFT_P
@@ -90,17 +93,6 @@ A=$(pod_ip a) B=$(pod_ip b) C=$(pod_ip c) D=$(pod_ip d)
 
 metrics() { curl -sf --unix-socket "$WEFT_SOCK" http://weft/metrics; }
 sample() { metrics | awk -v k="$1" 'substr($0, 1, length(k) + 1) == k " " {print $NF}'; }
-policy_drops() { # packets the datapath dropped for policy, both reasons, both directions
-  metrics | awk '/^weft_drop_count_total\{/ && /reason="policy-(default|deny)"/ {s += $NF} END {print s + 0}'
-}
-# dropped SERVER CLIENT IP PORT: the connect fails and the datapath counted a policy drop.
-dropped() {
-  local before after
-  before=$(policy_drops)
-  if tcp_ok "$@"; then echo "connected"; return 1; fi
-  after=$(policy_drops)
-  [ "$after" -gt "$before" ] || { echo "no policy drop counted ($before -> $after): not the policy"; return 1; }
-}
 traced() { # SRC-IP DST-IP PORT VERDICT: weftctl policy trace says VERDICT
   local got
   got=$(weftctl -o json policy trace --src "$1" --dst "$2" --dport "$3" --proto tcp | jq -r .verdict)
@@ -113,9 +105,9 @@ NAMED=$(np x egress-named "$(jq -nc '{podSelector:{matchLabels:{app:"a"}},policy
   egress:[{to:[{namespaceSelector:{matchLabels:{"kubernetes.io/metadata.name":"y"}}}],ports:[{port:"serve-80-tcp",protocol:"TCP"}]}]}')")
 check "ADDED x/egress-named applied" apply "$NP" ADDED "$NAMED"
 check "x/a -> y/b:80 (serve-80-tcp) allowed" tcp_ok b a "$B" 80
-check "x/a -> y/b:81 dropped by policy" dropped b a "$B" 81
+check_dropped "x/a -> y/b:81 dropped by policy" b a "$B" 81
 check "x/a -> y/c:80 (serve-80-tcp) allowed" tcp_ok c a "$C" 80
-check "x/a -> z/d:80 dropped by policy (not in y)" dropped d a "$D" 80
+check_dropped "x/a -> z/d:80 dropped by policy (not in y)" d a "$D" 80
 check "trace: x/a -> y/b:80 allow" traced "$A" "$B" 80 allow
 check "trace: x/a -> y/b:81 deny" traced "$A" "$B" 81 deny
 fully_in_force() { # OBJECT: listed with its rules, and no "not enforced" or warning row for it
@@ -131,7 +123,7 @@ HOSTBITS=$(np x cidr-host-bits "$(jq -nc --arg c "$B/4" --arg e "$B/32" '{podSel
   egress:[{to:[{ipBlock:{cidr:$c,except:[$e]}}]}]}')")
 check "ADDED x/cidr-host-bits applied" apply "$NP" ADDED "$HOSTBITS"
 check "x/a -> y/c:80 (inside the masked /4) allowed" tcp_ok c a "$C" 80
-check "x/a -> y/b:80 (the except) dropped by policy" dropped b a "$B" 80
+check_dropped "x/a -> y/b:80 (the except) dropped by policy" b a "$B" 80
 check "trace: x/a -> y/b:80 deny" traced "$A" "$B" 80 deny
 check "policy list warns about the host bits" listed cidr-host-bits "has host bits set: enforced as 0.0.0.0/4"
 check "DELETED x/cidr-host-bits" apply "$NP" DELETED "$HOSTBITS"
@@ -143,11 +135,11 @@ UNRELATED=$(np z unrelated-24 "$(jq -nc '{podSelector:{matchLabels:{app:"d"}},po
   egress:[{to:[{ipBlock:{cidr:"10.0.16.0/24"}}]}]}')")
 check "ADDED x/egress-all applied" apply "$NP" ADDED "$ALL_OUT"
 check "x/a -> y/b:80 allowed (0.0.0.0/0 alone)" tcp_ok b a "$B" 80
-check "x/a -> y/b:81 dropped by policy (the policy is in force)" dropped b a "$B" 81
+check_dropped "x/a -> y/b:81 dropped by policy (the policy is in force)" b a "$B" 81
 check "trace: x/a -> y/b:80 allow" traced "$A" "$B" 80 allow
 check "ADDED z/unrelated-24 applied" apply "$NP" ADDED "$UNRELATED"
 check "x/a -> y/b:80 allowed (with the /24 elsewhere)" tcp_ok b a "$B" 80
-check "x/a -> y/b:81 still dropped by policy" dropped b a "$B" 81
+check_dropped "x/a -> y/b:81 still dropped by policy" b a "$B" 81
 check "DELETED z/unrelated-24" apply "$NP" DELETED "$UNRELATED"
 check "x/a -> y/b:80 allowed (the /24 gone again)" tcp_ok b a "$B" 80
 check "trace: x/a -> y/b:80 allow" traced "$A" "$B" 80 allow
@@ -158,7 +150,7 @@ ALL_IN=$(np y ingress-all "$(jq -nc '{podSelector:{matchLabels:{app:"b"}},
   ingress:[{from:[{ipBlock:{cidr:"0.0.0.0/0"}}],ports:[{port:80,protocol:"TCP"}]}]}')")
 check "ADDED y/ingress-all applied" apply "$NP" ADDED "$ALL_IN"
 check "x/a -> y/b:80 allowed" tcp_ok b a "$B" 80
-check "x/a -> y/b:81 dropped by policy" dropped b a "$B" 81
+check_dropped "x/a -> y/b:81 dropped by policy" b a "$B" 81
 check "trace: x/a -> y/b:80 allow" traced "$A" "$B" 80 allow
 check "DELETED y/ingress-all" apply "$NP" DELETED "$ALL_IN"
 
@@ -167,7 +159,7 @@ NOTIN=$(np x egress-not-in-y "$(jq -nc '{podSelector:{matchLabels:{app:"a"}},pol
   egress:[{to:[{namespaceSelector:{matchExpressions:[{key:"kubernetes.io/metadata.name",operator:"NotIn",values:["y"]}]}}]}]}')")
 check "ADDED x/egress-not-in-y applied" apply "$NP" ADDED "$NOTIN"
 check "x/a -> z/d:80 allowed (z is not y)" tcp_ok d a "$D" 80
-check "x/a -> y/b:80 dropped by policy" dropped b a "$B" 80
+check_dropped "x/a -> y/b:80 dropped by policy" b a "$B" 80
 check "trace: x/a -> z/d:80 allow" traced "$A" "$D" 80 allow
 check "trace: x/a -> 192.0.2.1:80 (world, no namespace) deny" traced "$A" 192.0.2.1 80 deny
 check "DELETED x/egress-not-in-y" apply "$NP" DELETED "$NOTIN"
@@ -179,7 +171,7 @@ UNEXPR=$(np y unexpressible "$(jq -nc '{podSelector:{matchLabels:{app:"c"}},poli
           {to:[{namespaceSelector:{matchLabels:{"kubernetes.io/metadata.name":"x"}}}],ports:[{port:81,protocol:"TCP"}]}]}')")
 check "ADDED y/unexpressible applied" apply "$NP" ADDED "$UNEXPR"
 check "y/c -> x/a:81 allowed (the rule that can be expressed)" tcp_ok a c "$A" 81
-check "y/c -> x/a:80 dropped by policy (the rule left out allows nothing)" dropped a c "$A" 80
+check_dropped "y/c -> x/a:80 dropped by policy (the rule left out allows nothing)" a c "$A" 80
 check "trace: y/c -> x/a:80 deny" traced "$C" "$A" 80 deny
 check "policy list names what is not enforced" listed "NetworkPolicy y/unexpressible" "not enforced"
 check "... with its field path" listed "NetworkPolicy y/unexpressible" "spec.egress[0].ports: not supported yet: a named port (serve-80-tcp)"
@@ -198,7 +190,7 @@ FQDN=$(jq -nc '{apiVersion:"cilium.io/v2",kind:"CiliumNetworkPolicy",
             {toEndpoints:[{matchLabels:{"k8s:io.kubernetes.pod.namespace":"x"}}],toPorts:[{ports:[{port:"81",protocol:"TCP"}]}]}]}}')
 check "ADDED z/fqdn applied" apply "$CNP" ADDED "$FQDN"
 check "z/d -> x/a:81 allowed" tcp_ok a d "$A" 81
-check "z/d -> x/a:80 dropped by policy" dropped a d "$A" 80
+check_dropped "z/d -> x/a:80 dropped by policy" a d "$A" 80
 check "policy list names the toFQDNs rule" listed "CiliumNetworkPolicy z/fqdn" 'spec.egress[0].toFQDNs: not supported yet'
 check "weft_k8s_policies_partially_enforced{kind=CiliumNetworkPolicy} = 1" \
   test "$(sample 'weft_k8s_policies_partially_enforced{kind="CiliumNetworkPolicy"}')" = 1

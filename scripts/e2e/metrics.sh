@@ -4,6 +4,7 @@
 # and the TCP port are scraped and the values checked against what happened. The TCP port must
 # refuse the API.
 source "$(dirname "$0")/../lib.sh"
+weft_plan 33
 command -v curl >/dev/null || die "curl is missing: run scripts/setup"
 
 N=3
@@ -17,7 +18,7 @@ done
 out=$(weftctl policy import "$WEFT_ROOT/testdata/policies/cilium-l3-rule.json" --wait) || die "import failed: $out"
 rev=$(sed -n 's/^revision \([0-9]*\).*/\1/p' <<<"$out")
 [ -n "$rev" ] || die "policy import printed no revision: $out"
-check_not "the denied flow app3 -> app1:80 is dropped" tcp_ok app1 app3 "$(pod_ip app1)" 80
+check_dropped "the denied flow app3 -> app1:80 is dropped" app1 app3 "$(pod_ip app1)" 80
 check "the allowed flow app2 -> app1:80 passes" tcp_ok app1 app2 "$(pod_ip app1)" 80
 
 curl -sf --unix-socket "$WEFT_SOCK" http://weft/metrics >"$WEFT_TMP/socket.txt" || die "scraping the socket failed"

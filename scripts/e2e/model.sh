@@ -26,6 +26,7 @@ if [ -z "${WEFT_MODEL_SEED:-}" ]; then
 fi
 
 source "$(dirname "$0")/../lib.sh"
+weft_plan 1
 
 SEED=$WEFT_MODEL_SEED
 STEPS=${WEFT_MODEL_STEPS:-100}
@@ -283,9 +284,22 @@ verify() {
   out=$(weftctl map verify 2>&1) || fail "map verify: $out"
 }
 
-# connect SRC DST_IP PORT SECONDS → allow|deny (a dropped SYN is a connect that times out)
+# connect SRC DST DST_IP PORT SECONDS → allow|deny|error(...): deny only for a connect that
+# timed out (a dropped SYN) while the datapath counted a policy drop for that flow (DST's
+# ingress or SRC's egress) and DST's listener accepts the same address and port from its own
+# netns (the positive control: every pod listens on every port of PORTS); any other failure is
+# an error, never a deny.
 connect() {
-  if in_pod "$1" timeout "$4" nc -z "$2" "$3" >/dev/null 2>&1; then echo allow; else echo deny; fi
+  local src=$1 dst=$2 ip=$3 port=$4 secs=$5 before after out rc
+  before=$(flow_drops "$dst" "$src") || { echo "error(cannot read the drop counters)"; return; }
+  out=$(in_pod "$src" timeout "$secs" nc -z "$ip" "$port" 2>&1); rc=$?
+  if [ "$rc" = 0 ]; then echo allow; return; fi
+  # timeout(1) exits 124 when it stopped nc, nc itself 1 with "timed out".
+  if [ "$rc" != 124 ] && ! grep -q 'timed out' <<<"$out"; then echo "error(exit $rc: ${out:-no output})"; return; fi
+  after=$(flow_drops "$dst" "$src") || { echo "error(cannot read the drop counters)"; return; }
+  [ "$after" -gt "$before" ] || { echo "error(timed out, no policy drop counted: not a policy drop)"; return; }
+  in_pod "$dst" nc -z -w 2 "$ip" "$port" >/dev/null 2>&1 || { echo "error(positive control: $dst does not accept $ip:$port itself)"; return; }
+  echo deny
 }
 
 sample_flow() {
@@ -300,9 +314,9 @@ sample_flow() {
   port=$PICK
   sip=$(pod_ip "$src") dip=$(pod_ip "$dst")
   traced=$(weftctl -o json policy trace --src "$sip" --dst "$dip" --dport "$port" --proto tcp | jq -r .verdict)
-  got=$(connect "$src" "$dip" "$port" 0.3)
+  got=$(connect "$src" "$dst" "$dip" "$port" 0.3)
   # A short timeout can lose a SYN on a busy machine: a disagreement is re-measured slowly.
-  [ "$got" = "$traced" ] || got=$(connect "$src" "$dip" "$port" 4)
+  [ "$got" = "$traced" ] || got=$(connect "$src" "$dst" "$dip" "$port" 4)
   [ "$got" = "$traced" ] || fail "$src ($sip) -> $dst ($dip):$port: datapath $got, policy trace $traced"
   record "flow $src -> $dst:$port $got"
 }

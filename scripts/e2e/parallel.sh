@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # 64 parallel ADDs -> 64 distinct IPs, all reachable; 64 parallel DELs -> nothing left.
 source "$(dirname "$0")/../lib.sh"
+weft_plan 9
 N=${WEFT_PARALLEL_PODS:-64}
 
 weft_make_node

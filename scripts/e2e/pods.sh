@@ -3,6 +3,7 @@
 # IPs from the podCIDR, full ping matrix, TCP pod<->pod and host<->pod; then the same over IPv6
 # with a dual-stack spec.podCIDRs Node.
 source "$(dirname "$0")/../lib.sh"
+weft_plan 42
 
 run_matrix() { # family flag ("" or -6)
   local fam=$1 a b

@@ -3,6 +3,7 @@
 # pod picked up without re-import, drop events, deletion by label, Kubernetes default deny +
 # allow, deny beats allow; and `weftctl policy trace` agrees with the datapath on every case.
 source "$(dirname "$0")/../lib.sh"
+weft_plan 27
 
 weft_make_node
 weft_start_manager --pod-cidr 10.0.14.0/24 --pod-cidr fd00:10:14::/64
@@ -11,16 +12,21 @@ for app in app1 app2 app3; do
 done
 ep_id() { weftctl -o json endpoint list | jq -r --arg c "$WEFT_P-$1" '.[] | select(.container_id == $c) | .id'; }
 
-# flow SRC DST PORT allow|deny [-6]: real TCP connect and `policy trace` must both say `want`.
+# flow SRC DST PORT allow|deny [-6]: real TCP connect and `policy trace` must both say `want`;
+# a deny must be a policy drop (tcp_dropped: server up, SYN timed out, drop counted).
 flow() {
-  local src=$1 dst=$2 port=$3 want=$4 fam=${5:-} got traced
-  if tcp_ok "$dst" "$src" "$(pod_ip $fam "$dst")" "$port"; then got=allow; else got=deny; fi
+  local src=$1 dst=$2 port=$3 want=$4 fam=${5:-} got traced why
+  if [ "$want" = deny ]; then
+    if why=$(tcp_dropped "$dst" "$src" "$(pod_ip $fam "$dst")" "$port"); then got=deny; else got="not a policy drop: $why"; fi
+  elif tcp_ok "$dst" "$src" "$(pod_ip $fam "$dst")" "$port"; then got=allow; else got=deny; fi
   traced=$(weftctl -o json policy trace --src "ep:$(ep_id "$src")" --dst "ep:$(ep_id "$dst")" --dport "$port" --proto tcp | jq -r .verdict)
   [ "$got" = "$want" ] && [ "$traced" = "$want" ] || { echo "datapath: $got, trace: $traced, want: $want"; return 1; }
 }
-icmp() { # SRC DST allow|deny
-  local got traced
-  if ping_ok in_pod "$1" "$(pod_ip "$2")"; then got=allow; else got=deny; fi
+icmp() { # SRC DST allow|deny (a deny must be a policy drop: ping_dropped)
+  local got traced why
+  if [ "$3" = deny ]; then
+    if why=$(ping_dropped "$1" "$2" "$(pod_ip "$2")"); then got=deny; else got="not a policy drop: $why"; fi
+  elif ping_ok in_pod "$1" "$(pod_ip "$2")"; then got=allow; else got=deny; fi
   traced=$(weftctl -o json policy trace --src "ep:$(ep_id "$1")" --dst "ep:$(ep_id "$2")" --proto icmp | jq -r .verdict)
   [ "$got" = "$3" ] && [ "$traced" = "$3" ] || { echo "datapath: $got, trace: $traced, want: $3"; return 1; }
 }

@@ -9,6 +9,7 @@
 source "$(dirname "$0")/../lib.sh"
 source "$(dirname "$0")/../bench/common.sh"
 ROUNDS=${ROUNDS:-6}
+weft_plan $((9 + ROUNDS))
 RULES=${RULES:-400}
 START=(--pod-cidr 10.0.17.0/24)
 command -v bpftool >/dev/null || die "bpftool is missing: run scripts/setup"

@@ -4,6 +4,7 @@
 # while the manager was down, DEL while the manager is down, and lost or corrupt state.
 # RESTARTS=N (default 3) kill -9 cycles.
 source "$(dirname "$0")/../lib.sh"
+weft_plan 38
 RESTARTS=${RESTARTS:-3}
 
 weft_make_node
@@ -24,13 +25,17 @@ maps_before=$(map_ids)
 APP1=$(pod_ip app1)
 
 echo "== kill -9 x$RESTARTS under traffic"
-in_pod app1 timeout 60 nc -lk 80 >/dev/null 2>&1 &
+# `ip netns exec` execs timeout(1), so $! is the listener itself (with the in_pod function it
+# would be a subshell, and the kill below would leave the listener running into later checks).
+ip netns exec "${WEFT_P}-app1" timeout 60 nc -lk 80 >/dev/null 2>&1 &
 LISTENER=$!
 count=$((RESTARTS * 100 + 150))
 in_pod app2 ping -i 0.02 -c "$count" -q "$APP1" >"$WEFT_TMP/ping.out" 2>&1 &
 PING=$!
 probe_log=$WEFT_TMP/probes
+drops_before=$(flow_drops app1 app3) || die "cannot read the drop counters"
 ( while kill -0 "$PING" 2>/dev/null; do
+    echo denied-probe >>"$probe_log"
     in_pod app3 nc -z -w 1 "$APP1" 80 >/dev/null 2>&1 && echo denied-passed >>"$probe_log"
     in_pod app2 nc -z -w 1 "$APP1" 80 >/dev/null 2>&1 && echo allowed-ok >>"$probe_log" || echo allowed-failed >>"$probe_log"
     sleep 0.2
@@ -43,12 +48,17 @@ for i in $(seq "$RESTARTS"); do
   weft_start_manager --pod-cidr 10.0.15.0/24 --pod-cidr fd00:10:15::/64
   sleep 0.5
 done
-wait "$PING"; wait "$PROBES"; kill "$LISTENER" 2>/dev/null
+wait "$PING"; wait "$PROBES"; kill "$LISTENER" 2>/dev/null; wait "$LISTENER" 2>/dev/null
 sent=$(grep -o '[0-9]* packets transmitted' "$WEFT_TMP/ping.out" | awk '{print $1}')
 got=$(grep -o '[0-9]* received' "$WEFT_TMP/ping.out" | awk '{print $1}')
 echo "   ping app2 -> app1 every 20 ms: $sent sent, $got received across $RESTARTS kill -9 restarts"
 check "0 lost pings of the allowed flow" test "${sent:-0}" -gt 0 -a "$sent" = "$got"
 check "the denied flow never got through" test "$(grep -c denied-passed "$probe_log")" = 0
+denied_probes=$(grep -c denied-probe "$probe_log")
+drops_after=$(flow_drops app1 app3)
+echo "   $denied_probes denied connects app3 -> app1:80; policy drops counted for them: $((drops_after - drops_before))"
+check "... because the datapath dropped each of them (a drop counted per attempt)" \
+  test "$denied_probes" -gt 0 -a "$((drops_after - drops_before))" -ge "$denied_probes"
 check "the allowed TCP flow kept working" test "$(grep -c allowed-failed "$probe_log")" = 0
 check "same endpoint ids, identities and revision" test "$(snapshot)" = "$before"
 check "same pinned maps (ids) after restarts" test "$(map_ids)" = "$maps_before"
@@ -89,11 +99,11 @@ for tamper in "rm $WEFT_BPFFS/progs/*/weft_to_pod" "mv $WEFT_BPFFS/progs/* $WEFT
 done
 check "map verify: filters and maps consistent" weftctl map verify
 check "app2 -> app1 allowed with the new programs" ping_ok in_pod app2 "$APP1"
-check_not "app3 -> app1 denied with the new programs" tcp_ok app1 app3 "$APP1" 80
+check_dropped "app3 -> app1:80 dropped with the new programs" app1 app3 "$APP1" 80
 # A filter changed behind Weft's back is reported by map verify.
 veth1=$(weftctl -o json endpoint list | jq -r '.[] | select(.state == "ready") | .host_ifname' | head -1)
 in_node tc filter del dev "$veth1" ingress pref 1 handle 1 bpf
-check_not "map verify reports a deleted filter" weftctl map verify
+check_fails "map verify reports the deleted filter" "$veth1 ingress: Weft[^ ]*s filter \\(pref [0-9]+, handle 1\\) runs program None" weftctl map verify
 # A restart that reuses the programs still checks each veth's filters and repairs that one.
 weft_kill9_manager
 weft_start_manager --pod-cidr 10.0.15.0/24 --pod-cidr fd00:10:15::/64
@@ -141,5 +151,5 @@ rm -rf "$WEFT_STATE"; mv "$WEFT_STATE.bak" "$WEFT_STATE"
 weft_start_manager --pod-cidr 10.0.15.0/24 --pod-cidr fd00:10:15::/64
 check "restored state dir: back with the same endpoints" test "$(snapshot)" = "$before"
 check "app2 -> app1 still allowed" ping_ok in_pod app2 "$APP1"
-check_not "app3 -> app1 still denied" tcp_ok app1 app3 "$APP1" 80
+check_dropped "app3 -> app1:80 still dropped" app1 app3 "$APP1" 80
 weft_summary

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # CNI spec conformance: ADD results per version, CHECK, VERSION, STATUS and GC.
 source "$(dirname "$0")/../lib.sh"
+weft_plan 13
 
 # Shape checks from the CNI spec's result schema for each version.
 SCHEMA_COMMON='
@@ -28,7 +29,7 @@ for v in 0.4.0 1.0.0 1.1.0; do
 done
 in_pod v110 ip route del default
 check_v110() { jq -c --argjson r "$(cat "$WEFT_TMP/v110.json")" '.prevResult = $r' <<<"$(weft_netconf 1.1.0)" | weft_cni CHECK "$WEFT_P-v110" "/run/netns/${WEFT_P}-v110" eth0; }
-check_not "CHECK fails once the pod's default route is gone" check_v110
+check_fails "CHECK fails once the pod's default route is gone, naming it" "no default route via" check_v110
 
 version_ok() { weft_netconf 1.1.0 | weft_cni VERSION x "" eth0 | jq -e '.supportedVersions | index("0.4.0") != null and index("1.0.0") != null and index("1.1.0") != null'; }
 check "VERSION lists 0.4.0, 1.0.0, 1.1.0" version_ok
