@@ -141,9 +141,11 @@ for p in "x a" "z b"; do
 done
 A4=$(pod_ip a) A6=$(pod_ip -6 a) B4=$(pod_ip b)
 [ -n "$A4" ] && [ -n "$A6" ] && [ -n "$B4" ] || die "pods have no addresses"
-in_pod a python3 "$WEFT_TMP/server.py" 81 "$WEFT_TMP/ended.log" >"$WEFT_TMP/server.out" 2>&1 &
+# `ip netns exec` (it execs), not the in_pod function: $! must be the server itself for the EXIT
+# trap's kill to end it (a backgrounded function is a subshell, and its server outlived the run).
+ip netns exec "${WEFT_P}-a" python3 "$WEFT_TMP/server.py" 81 "$WEFT_TMP/ended.log" >"$WEFT_TMP/server.out" 2>&1 &
 SERVER_PID=$!
-in_pod b python3 "$WEFT_TMP/server.py" 81 "$WEFT_TMP/ended-b.log" >"$WEFT_TMP/server-b.out" 2>&1 &
+ip netns exec "${WEFT_P}-b" python3 "$WEFT_TMP/server.py" 81 "$WEFT_TMP/ended-b.log" >"$WEFT_TMP/server-b.out" 2>&1 &
 SERVER_PID="$SERVER_PID $!"
 for _ in $(seq 100); do grep -q ready "$WEFT_TMP/server.out" && grep -q ready "$WEFT_TMP/server-b.out" && break; sleep 0.05; done
 "$WEFT_BIN/weftctl" --socket "$WEFT_SOCK" -o json monitor >"$WEFT_TMP/monitor.jsonl" 2>&1 &
@@ -197,7 +199,7 @@ with open(sys.argv[2], "a", buffering=1) as log:
             log.write(f"error {e}\n")
 PY
 mkfifo "$WEFT_TMP/held.in"
-in_pod b python3 "$WEFT_TMP/held.py" "$A4" "$WEFT_TMP/held.log" <"$WEFT_TMP/held.in" 2>"$WEFT_TMP/held.err" &
+ip netns exec "${WEFT_P}-b" python3 "$WEFT_TMP/held.py" "$A4" "$WEFT_TMP/held.log" <"$WEFT_TMP/held.in" 2>"$WEFT_TMP/held.err" &
 HELD_PID=$!
 exec 7>"$WEFT_TMP/held.in"
 held_echo() { # N: the held connection's Nth round trip succeeded
