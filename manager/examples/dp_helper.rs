@@ -180,7 +180,7 @@ fn main() {
             // Since the ipcache owner table (issue #13) the manager, not attach, maps an
             // endpoint's addresses to its identity: without it peers are "world".
             for ip in ips {
-                let value = weft_manager::ipcache::Value {
+                let value = weft_manager::node::ipcache::Value {
                     identity,
                     cidr_identity: 0,
                 };

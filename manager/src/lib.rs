@@ -1,34 +1,33 @@
-//! weft-manager: node CIDRs, IPAM, endpoints, identities, policy and the eBPF datapath.
+//! weft-manager: the node daemon. Every module is a folder named for what it holds
+//! (docs/ARCHITECTURE.md, "Manager modules"); arrows are the only calls allowed between them:
 //!
-//! Module map (docs/ARCHITECTURE.md, "Manager modules"): `config` flags and file; `node` CIDR selection; `ipam` pools;
-//! `store` sled; `endpoint` the registry; `hostnet` the node's netlink side effects;
-//! `service` the operations; `api` HTTP; `daemon` start-up order and serving; `datapath` eBPF.
+//! - [`daemon`] start-up in order, flags and file ([`daemon::config`]), Kubernetes mode,
+//!   installing the CNI, the start-up refusals → everything below.
+//! - [`http`] the REST API on the unix socket and its bounded accept loop → [`service`].
+//! - [`service`] the operations (ADD/DEL, policy import, regeneration, verify, cluster sync)
+//!   → `endpoint`, `node`, `policy_state`, `slots`, `datapath`, `store`, `prom`'s counters.
+//! - [`endpoint`] the registry, IPAM pools, restore at start-up, the link reaper.
+//! - [`node`] CIDR selection, the node's netlink plumbing (`hostnet`, `nodenet`), masquerade,
+//!   the ipcache's owners.
+//! - [`policy_state`] rules, identities and computed policy; [`slots`] which endpoints share
+//!   policy entries → `store`.
+//! - [`datapath`] the eBPF maps and programs, behind the `Datapath` seam with its fake.
+//! - [`cluster`] the kvstore agent (other nodes, remote endpoints), [`kvstore`] etcd and its
+//!   in-memory fake.
+//! - [`prom`] Prometheus counters and `/metrics`.
+//! - [`store`] sled; [`sys`] process-level helpers (allocator, clock, poison-proof locks, the
+//!   synchronous netlink socket).
 
-pub mod allocator;
-pub mod api;
-pub mod clock;
 pub mod cluster;
-pub mod cni_install;
-pub mod config;
 pub mod daemon;
 pub mod datapath;
 pub mod endpoint;
-pub mod guard;
-pub mod hostnet;
-pub mod ipam;
-pub mod ipcache;
-pub mod k8s;
+pub mod http;
 pub mod kvstore;
-pub mod link_reaper;
-pub mod listener;
-pub mod locks;
-pub mod masquerade;
-mod netlink_sync;
 pub mod node;
-pub mod nodenet;
 pub mod policy_state;
 pub mod prom;
-pub mod restore;
 pub mod service;
 pub mod slots;
 pub mod store;
+pub mod sys;

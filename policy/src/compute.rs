@@ -11,7 +11,9 @@
 //! becomes a deny. [`EndpointPolicy::deny_shadowing_violations`] checks this.
 
 use crate::labels::LabelSet;
-use crate::mapstate::{Direction, EndpointPolicy, Identity, PolicyEntry, Verdict, reserved};
+use crate::mapstate::{
+    Direction, EndpointPolicy, Identity, PolicyEntry, Verdict, overlap, reserved,
+};
 use crate::repository::Repository;
 use crate::rule::{NamedPorts, PeerRule, PeerSelector, PortProto, Rule};
 use crate::selectorcache::SelectorCache;
@@ -267,33 +269,6 @@ fn expand(
             }
         }
     }
-}
-
-/// The part of `allow`'s traffic that `deny` also matches, keyed at `allow`'s identity.
-/// `None` when they do not overlap or the deny does not apply to that identity.
-pub(crate) fn overlap(allow: &PolicyEntry, deny: &PolicyEntry) -> Option<PolicyEntry> {
-    if allow.direction != deny.direction
-        || (deny.identity != allow.identity && deny.identity != reserved::ANY)
-    {
-        return None;
-    }
-    let proto = match (allow.proto, deny.proto) {
-        (a, d) if a == d => a,
-        (a, 0) => a,
-        (0, d) => d,
-        _ => return None,
-    };
-    let (lo, hi) = (
-        allow.port_lo.max(deny.port_lo),
-        allow.port_hi.min(deny.port_hi),
-    );
-    (lo <= hi).then_some(PolicyEntry {
-        direction: allow.direction,
-        identity: allow.identity,
-        proto,
-        port_lo: lo,
-        port_hi: hi,
-    })
 }
 
 fn finalize(

@@ -194,7 +194,7 @@ impl EndpointPolicy {
                 if a.identity == reserved::ANY && d.identity != reserved::ANY {
                     continue;
                 }
-                if let Some(x) = crate::compute::overlap(a, d)
+                if let Some(x) = overlap(a, d)
                     && self.entries.get(&x) != Some(&Verdict::Deny)
                 {
                     out.push((*a, **d));
@@ -203,4 +203,31 @@ impl EndpointPolicy {
         }
         out
     }
+}
+
+/// The part of `allow`'s traffic that `deny` also matches, keyed at `allow`'s identity.
+/// `None` when they do not overlap or the deny does not apply to that identity.
+pub(crate) fn overlap(allow: &PolicyEntry, deny: &PolicyEntry) -> Option<PolicyEntry> {
+    if allow.direction != deny.direction
+        || (deny.identity != allow.identity && deny.identity != reserved::ANY)
+    {
+        return None;
+    }
+    let proto = match (allow.proto, deny.proto) {
+        (a, d) if a == d => a,
+        (a, 0) => a,
+        (0, d) => d,
+        _ => return None,
+    };
+    let (lo, hi) = (
+        allow.port_lo.max(deny.port_lo),
+        allow.port_hi.min(deny.port_hi),
+    );
+    (lo <= hi).then_some(PolicyEntry {
+        direction: allow.direction,
+        identity: allow.identity,
+        proto,
+        port_lo: lo,
+        port_hi: hi,
+    })
 }

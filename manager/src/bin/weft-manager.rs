@@ -1,9 +1,9 @@
 //! weft-manager: the long-running node daemon.
 
 use clap::Parser;
-use weft_manager::config::{Cli, Config, LogFormat};
+use weft_manager::daemon::config::{Cli, Config, LogFormat};
 
-/// jemalloc's options (the allocator: `weft_manager::allocator`), read at its first allocation
+/// jemalloc's options (the allocator: `weft_manager::sys::allocator`), read at its first allocation
 /// (before `main`). One arena and no per-thread
 /// caches: the manager's threads rarely allocate at once on a node's few cores, and every arena
 /// or cache would keep its own freed pages. Freed pages go back to the kernel at once (no decay).
@@ -38,11 +38,11 @@ fn main() {
     let config = Config::resolve(Cli::parse()).unwrap_or_else(|e| fail(&e));
     init_logging(config.log_format);
     if config.uninstall {
-        weft_manager::masquerade::uninstall(&weft_manager::masquerade::NftCommand)
+        weft_manager::node::masquerade::uninstall(&weft_manager::node::masquerade::NftCommand)
             .unwrap_or_else(|e| fail(&e));
         eprintln!(
             "weft-manager: masquerade table inet {} removed",
-            weft_manager::masquerade::TABLE
+            weft_manager::node::masquerade::TABLE
         );
         return;
     }
@@ -55,7 +55,7 @@ fn main() {
         // Bound first: a taken port fails before start-up changes anything.
         let metrics = match config.metrics_listen {
             Some(addr) => Some(
-                weft_manager::prom::bind(addr)
+                weft_manager::prom::server::bind(addr)
                     .await
                     .unwrap_or_else(|e| fail(&e)),
             ),
@@ -66,7 +66,7 @@ fn main() {
             .unwrap_or_else(|e| fail(&format!("cannot start: {e}")));
         let manager = started.manager;
         if let Some(l) = metrics {
-            tokio::spawn(weft_manager::prom::serve_tcp(l, manager.clone()));
+            tokio::spawn(weft_manager::prom::server::serve_tcp(l, manager.clone()));
         }
         // The conflist only once ready: in Kubernetes mode after the initial lists, while the
         // API already serves (status tells what is awaited).
@@ -78,10 +78,10 @@ fn main() {
             );
             tokio::spawn(async move {
                 if let Some(w) = started.watchers {
-                    weft_manager::k8s::become_ready(&manager, w).await;
+                    weft_manager::daemon::k8s::become_ready(&manager, w).await;
                 }
                 if let Some(i) = &install {
-                    let plugin = weft_manager::cni_install::plugin_beside_manager()
+                    let plugin = weft_manager::daemon::cni_install::plugin_beside_manager()
                         .unwrap_or_else(|e| fail(&format!("cannot find weft-cni: {e}")));
                     i.install(&plugin, &socket).unwrap_or_else(|e| fail(&e));
                 }

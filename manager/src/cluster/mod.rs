@@ -8,6 +8,7 @@
 //! after an outage; only a label set never seen before needs the store (its number is
 //! cluster-wide), and that fails fast with a retryable error while the store is down.
 
+pub mod link;
 pub mod nodeip;
 pub mod routes;
 pub mod session;
@@ -102,19 +103,19 @@ impl Cluster {
     /// The lease this node's keys live under.
     #[must_use]
     pub fn lease(&self) -> Option<LeaseId> {
-        *crate::locks::lock(&self.lease)
+        *crate::sys::locks::lock(&self.lease)
     }
 
     /// Remote nodes.
     #[must_use]
     pub fn nodes(&self) -> BTreeMap<String, NodeRecord> {
-        crate::locks::lock(&self.nodes).clone()
+        crate::sys::locks::lock(&self.nodes).clone()
     }
 
     /// Remote endpoint IPs.
     #[must_use]
     pub fn remote_ips(&self) -> BTreeMap<IpAddr, IpRecord> {
-        crate::locks::lock(&self.ips).clone()
+        crate::sys::locks::lock(&self.ips).clone()
     }
 
     /// The cluster-wide number of a label set this node does not hold yet.
@@ -127,34 +128,34 @@ impl Cluster {
     /// Asks the session to publish now (an endpoint or identity changed).
     pub fn poke(&self) {
         let (lock, cvar) = &self.wake;
-        *crate::locks::lock(lock) = true;
+        *crate::sys::locks::lock(lock) = true;
         cvar.notify_all();
     }
 
     /// Waits for a poke or `timeout`.
     fn wait(&self, timeout: Duration) {
         let (lock, cvar) = &self.wake;
-        let guard = crate::locks::lock(lock);
-        let mut woken = crate::locks::wait_timeout_while(cvar, guard, timeout, |w| !*w);
+        let guard = crate::sys::locks::lock(lock);
+        let mut woken = crate::sys::locks::wait_timeout_while(cvar, guard, timeout, |w| !*w);
         *woken = false;
     }
 
     /// Has the watcher applied a full listing since start?
     #[must_use]
     pub fn synced(&self) -> bool {
-        *crate::locks::lock(&self.synced.0)
+        *crate::sys::locks::lock(&self.synced.0)
     }
 
     fn mark_synced(&self) {
-        *crate::locks::lock(&self.synced.0) = true;
+        *crate::sys::locks::lock(&self.synced.0) = true;
         self.synced.1.notify_all();
     }
 
     /// Waits up to `timeout` for the first full listing; returns whether it came.
     #[must_use]
     pub fn wait_first_sync(&self, timeout: Duration) -> bool {
-        let guard = crate::locks::lock(&self.synced.0);
-        let done = crate::locks::wait_timeout_while(&self.synced.1, guard, timeout, |s| !*s);
+        let guard = crate::sys::locks::lock(&self.synced.0);
+        let done = crate::sys::locks::wait_timeout_while(&self.synced.1, guard, timeout, |s| !*s);
         *done
     }
 

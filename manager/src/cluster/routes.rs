@@ -10,7 +10,7 @@ use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteMessage, Ro
 use rtnetlink::RouteMessageBuilder;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use crate::hostnet::{HostNetError, nl};
+use crate::node::hostnet::{HostNetError, nl};
 
 /// Route protocol number of Weft's routes (`ip route show proto 196`).
 pub const WEFT_PROTO: u8 = 196;
@@ -32,7 +32,7 @@ impl NetlinkRoutes {
     /// Opens a netlink connection on the current runtime.
     pub fn new() -> Result<Self, HostNetError> {
         Ok(Self {
-            handle: crate::hostnet::connect()?,
+            handle: crate::node::hostnet::connect()?,
         })
     }
 
@@ -123,7 +123,7 @@ pub struct FakeRoutes {
 
 impl RouteTable for FakeRoutes {
     fn replace(&self, cidr: IpNet, gateway: IpAddr) -> BoxFuture<'_, Result<(), HostNetError>> {
-        let mut t = crate::locks::lock(&self.table);
+        let mut t = crate::sys::locks::lock(&self.table);
         if t.get(&cidr).is_none_or(|(_, ours)| *ours) {
             t.insert(cidr, (gateway, true));
         }
@@ -131,7 +131,7 @@ impl RouteTable for FakeRoutes {
     }
 
     fn remove(&self, cidr: IpNet) -> BoxFuture<'_, Result<(), HostNetError>> {
-        let mut t = crate::locks::lock(&self.table);
+        let mut t = crate::sys::locks::lock(&self.table);
         if t.get(&cidr).is_some_and(|(_, ours)| *ours) {
             t.remove(&cidr);
         }

@@ -132,7 +132,7 @@ fn run(cluster: &Cluster, local: &dyn Local) {
         } else {
             match cluster.kv.grant_lease(ttl) {
                 Ok(l) => {
-                    *crate::locks::lock(&cluster.lease) = Some(l);
+                    *crate::sys::locks::lock(&cluster.lease) = Some(l);
                     published = Published::default();
                     last_keepalive = Instant::now();
                     tracing::info!(lease = l, ttl_s = ttl, "kvstore lease granted");
@@ -151,7 +151,7 @@ fn run(cluster: &Cluster, local: &dyn Local) {
                 Ok(true) => last_keepalive = Instant::now(),
                 Ok(false) => {
                     tracing::warn!(lease, "kvstore lease expired; publishing everything again");
-                    *crate::locks::lock(&cluster.lease) = None;
+                    *crate::sys::locks::lock(&cluster.lease) = None;
                     continue;
                 }
                 Err(e) => {
@@ -167,7 +167,7 @@ fn run(cluster: &Cluster, local: &dyn Local) {
             Err(e) => {
                 tracing::debug!("kvstore publish: {e}");
                 if matches!(e, KvError::LeaseNotFound(_)) {
-                    *crate::locks::lock(&cluster.lease) = None;
+                    *crate::sys::locks::lock(&cluster.lease) = None;
                 }
                 cluster.set_connected(!e.is_unavailable());
             }

@@ -56,7 +56,7 @@ impl Cluster {
                 return Ok(());
             };
             let Some(v) = value else {
-                let old = crate::locks::lock(&self.ips).remove(&ip);
+                let old = crate::sys::locks::lock(&self.ips).remove(&ip);
                 if let Some(old) = old {
                     remote.ip_deleted(&old);
                 }
@@ -67,7 +67,7 @@ impl Cluster {
                     key: key.into(),
                     source,
                 })?;
-            let mut ips = crate::locks::lock(&self.ips);
+            let mut ips = crate::sys::locks::lock(&self.ips);
             if record.node == self.node_name() {
                 // Our own write echoed back; a record of another node we held is gone.
                 if let Some(old) = ips.remove(&ip) {
@@ -89,7 +89,7 @@ impl Cluster {
                 return Ok(());
             }
             let Some(v) = value else {
-                let old = crate::locks::lock(&self.nodes).remove(name);
+                let old = crate::sys::locks::lock(&self.nodes).remove(name);
                 if let Some(old) = old {
                     remote.node_deleted(&old);
                 }
@@ -100,7 +100,7 @@ impl Cluster {
                     key: key.into(),
                     source,
                 })?;
-            crate::locks::lock(&self.nodes).insert(name.into(), record.clone());
+            crate::sys::locks::lock(&self.nodes).insert(name.into(), record.clone());
             remote.node_put(&record);
         }
         Ok(())

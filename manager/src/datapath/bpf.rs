@@ -8,7 +8,7 @@ use super::types::{
     DatapathConfig, DropEvent, EndpointDatapath, KernelEndpoint, KernelState, MapSummary,
 };
 use super::{Datapath, attach, bpffs, dump};
-use crate::ipcache::Value as IpcacheValue;
+use crate::node::ipcache::Value as IpcacheValue;
 use aya::maps::{MapData, MapError, RingBuf};
 use aya::programs::TcAttachType;
 use std::collections::{BTreeMap, BTreeSet, HashMap};

@@ -50,7 +50,7 @@ struct State {
     /// the process ([`FakeDatapath::reopen`]) except where a member's entry has them.
     slot_flags: BTreeMap<u32, (bool, bool)>,
     generations: BTreeMap<u32, u64>,
-    ipcache: BTreeMap<ipnet::IpNet, crate::ipcache::Value>,
+    ipcache: BTreeMap<ipnet::IpNet, crate::node::ipcache::Value>,
     fail_attach: bool,
     /// Programs reused from pins (a restart with the same object).
     reused: bool,
@@ -335,7 +335,7 @@ impl Datapath for FakeDatapath {
     fn upsert_ipcache(
         &self,
         prefix: ipnet::IpNet,
-        value: crate::ipcache::Value,
+        value: crate::node::ipcache::Value,
     ) -> Result<(), DatapathError> {
         let mut s = self.state();
         s.calls
@@ -346,7 +346,7 @@ impl Datapath for FakeDatapath {
 
     fn ipcache_entries(
         &self,
-    ) -> Result<BTreeMap<ipnet::IpNet, crate::ipcache::Value>, DatapathError> {
+    ) -> Result<BTreeMap<ipnet::IpNet, crate::node::ipcache::Value>, DatapathError> {
         Ok(self.state().ipcache.clone())
     }
 

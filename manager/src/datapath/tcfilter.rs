@@ -1,7 +1,7 @@
 //! Reading the tc filters of a host veth (`RTM_GETTFILTER` dump) with the id of the BPF
 //! program each one runs, for re-adopt and `weftctl map verify`. aya only looks filters up by
 //! name, which cannot tell an old program of the same name from the current one. The dump goes
-//! through the synchronous socket of `crate::netlink_sync`: the datapath seam is synchronous
+//! through the synchronous socket of `crate::sys::netlink_sync`: the datapath seam is synchronous
 //! (rtnetlink would need a runtime under the datapath lock).
 
 use netlink_packet_route::RouteNetlinkMessage;
@@ -10,7 +10,7 @@ use netlink_packet_route::tc::{
 };
 use std::fmt;
 
-use crate::netlink_sync::RouteSocket;
+use crate::sys::netlink_sync::RouteSocket;
 
 /// clsact hook.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -143,7 +143,7 @@ fn filter_of(tc: &TcMessage) -> Option<Filter> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::netlink_sync::tests::{NLMSG_HDR, align4, message};
+    use crate::sys::netlink_sync::tests::{NLMSG_HDR, align4, message};
     use netlink_packet_core::NetlinkMessage;
 
     const RTM_NEWTFILTER: u16 = 44;
@@ -209,7 +209,7 @@ mod tests {
 
     #[test]
     fn the_request_is_a_dump_of_one_clsact_hook() {
-        let b = crate::netlink_sync::encode(
+        let b = crate::sys::netlink_sync::encode(
             request(7, Direction::Egress),
             netlink_packet_core::NLM_F_REQUEST | netlink_packet_core::NLM_F_DUMP,
             9,

@@ -114,7 +114,7 @@ pub struct KernelState {
     /// `policy_gen`, by slot.
     pub generations: std::collections::BTreeMap<u32, u64>,
     /// `ipcache`.
-    pub ipcache: std::collections::BTreeMap<ipnet::IpNet, crate::ipcache::Value>,
+    pub ipcache: std::collections::BTreeMap<ipnet::IpNet, crate::node::ipcache::Value>,
 }
 
 /// One map in `weftctl map list`.

@@ -125,14 +125,14 @@ impl EtcdKv {
         let timeout = self.timeout;
         self.rt.spawn(async move {
             let work = async {
-                let existing = crate::locks::lock(&cached).clone();
+                let existing = crate::sys::locks::lock(&cached).clone();
                 let client = if let Some(c) = existing {
                     c
                 } else {
                     let c = Client::connect(&endpoints, Some(options))
                         .await
                         .map_err(KvError::Unreachable)?;
-                    *crate::locks::lock(&cached) = Some(c.clone());
+                    *crate::sys::locks::lock(&cached) = Some(c.clone());
                     c
                 };
                 f(client).await

@@ -58,14 +58,14 @@ impl MemKv {
         if self.down.load(Ordering::SeqCst) {
             return Err(KvError::Unavailable("injected outage".into()));
         }
-        Ok(crate::locks::lock(&self.inner))
+        Ok(crate::sys::locks::lock(&self.inner))
     }
 
     /// Simulates etcd going away (`true`) and coming back; watches break on the way down.
     pub fn set_down(&self, down: bool) {
         self.down.store(down, Ordering::SeqCst);
         if down {
-            let mut inner = crate::locks::lock(&self.inner);
+            let mut inner = crate::sys::locks::lock(&self.inner);
             for (_, tx) in inner.watchers.drain(..) {
                 let _ = tx.send(Err(KvError::Unavailable("injected outage".into())));
             }
@@ -74,7 +74,7 @@ impl MemKv {
 
     /// Expires a lease now, deleting its keys.
     pub fn expire(&self, lease: LeaseId) {
-        let mut inner = crate::locks::lock(&self.inner);
+        let mut inner = crate::sys::locks::lock(&self.inner);
         inner.leases.remove(&lease);
         let doomed: Vec<String> = inner
             .keys
@@ -91,7 +91,7 @@ impl MemKv {
     /// Every key and value, for assertions.
     #[must_use]
     pub fn dump(&self) -> BTreeMap<String, String> {
-        let inner = crate::locks::lock(&self.inner);
+        let inner = crate::sys::locks::lock(&self.inner);
         inner
             .keys
             .iter()

@@ -4,7 +4,8 @@
 //! datapath.
 
 use ipnet::IpNet;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
 use weft_policy::cidr::CidrReferences;
 use weft_policy::compute::{ComputeOptions, compute_with_ports};
 use weft_policy::identity::{IdentityAllocator, IdentityError, IdentityKey, IdentityStore};
@@ -15,29 +16,27 @@ use weft_policy::rule::NamedPorts;
 use weft_policy::rule::{PeerSelector, Rule};
 use weft_policy::selectorcache::SelectorCache;
 
-use crate::store::{Store, StoreError};
+use crate::store::Store;
 
+mod error;
 mod ports;
-pub use ports::PortOwner;
+mod records;
 
-/// Where versions before per-rule records kept the whole repository (read once, migrated).
-const LEGACY_REPO_KEY: &str = "policy_repository";
+pub use error::PolicyStateError;
+use records::RuleRecords;
 
-/// Policy bookkeeping failures.
-#[derive(Debug, thiserror::Error)]
-pub enum PolicyStateError {
-    /// Identity allocation or persistence.
-    #[error(transparent)]
-    Identity(#[from] IdentityError),
-    /// Store.
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    /// A rule text that parsed before does not any more (cannot happen: parsing is pure).
-    #[error("policy rule no longer parses: {0}")]
-    Reparse(String),
-    /// In kvstore mode a new label set needs a number from the cluster, and none was given.
-    #[error("a new identity for {0} must be allocated through the kvstore")]
-    NeedsCluster(String),
+/// Whose named ports.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum PortOwner {
+    /// An endpoint of this node, by endpoint id.
+    Local(u32),
+    /// An endpoint address of another node (kvstore).
+    Remote {
+        /// The node publishing it.
+        node: String,
+        /// The address.
+        ip: IpAddr,
+    },
 }
 
 /// What an identity or repository change means for the datapath.
@@ -78,118 +77,6 @@ pub struct PolicyState {
 /// Store meta key of the remote identities (kvstore mode): a restart with etcd unreachable
 /// still selects remote pods by their labels.
 const REMOTE_IDENTITIES: &str = "remote_identities";
-
-/// Which store record holds each rule, so a change writes only the rules it adds or removes.
-/// Keyed by a 64-bit hash of the rule (identical rules may be several records); a collision
-/// between two different rules of one repository is vanishingly unlikely at these sizes.
-#[derive(Default)]
-struct RuleRecords {
-    by_hash: HashMap<u64, Vec<u64>>,
-    next: u64,
-}
-
-impl RuleRecords {
-    fn hash(rule: &Rule) -> u64 {
-        rule.content_hash()
-    }
-
-    fn add(&mut self, rule: &Rule) -> u64 {
-        let seq = self.next;
-        self.next += 1;
-        self.by_hash.entry(Self::hash(rule)).or_default().push(seq);
-        seq
-    }
-
-    /// Loads the repository, migrating the single-record format of earlier versions.
-    fn load(store: &Store) -> Result<(Self, Repository), PolicyStateError> {
-        let mut records = Self::default();
-        if let Some((revision, stored)) = store.load_rules()? {
-            let mut rules = Vec::with_capacity(stored.len());
-            for (seq, rule) in stored {
-                records
-                    .by_hash
-                    .entry(Self::hash(&rule))
-                    .or_default()
-                    .push(seq);
-                records.next = records.next.max(seq + 1);
-                rules.push(rule);
-            }
-            if store.get_meta::<Repository>(LEGACY_REPO_KEY)?.is_some() {
-                // A migration that stopped between writing the records and this removal.
-                store.remove_meta(LEGACY_REPO_KEY)?;
-            }
-            return Ok((records, Repository::restore(rules, revision)));
-        }
-        let repo: Repository = store.get_meta(LEGACY_REPO_KEY)?.unwrap_or_default();
-        let add: Vec<(u64, &Rule)> = repo.rules().iter().map(|r| (records.add(r), r)).collect();
-        store.write_rules(repo.revision(), None, &add)?;
-        store.flush()?;
-        store.remove_meta(LEGACY_REPO_KEY)?;
-        Ok((records, repo))
-    }
-
-    /// Persists a repository change (unflushed: the caller flushes the store before it answers):
-    /// its removed and added rules and the new revision. The
-    /// record map changes only once the store has the change, so a failed write (disk full)
-    /// leaves both as they were; a removed rule without a record (cannot happen unless they
-    /// diverged) makes it rewrite every rule of `repo` instead.
-    fn persist(
-        &mut self,
-        store: &Store,
-        change: &RepoChange,
-        repo: &Repository,
-    ) -> Result<(), PolicyStateError> {
-        // The records of the removed rules, found without changing `self` (not cloned either:
-        // that would cost every rule of the repository on a one-rule change).
-        let mut taken: HashMap<u64, usize> = HashMap::new();
-        let mut remove = Vec::with_capacity(change.removed.len());
-        for r in &change.removed {
-            let h = Self::hash(r);
-            let n = taken.entry(h).or_default();
-            let seq = self
-                .by_hash
-                .get(&h)
-                .and_then(|seqs| seqs.len().checked_sub(*n + 1).and_then(|i| seqs.get(i)));
-            let Some(&seq) = seq else {
-                tracing::warn!("a removed rule has no store record: rewriting every rule");
-                return self.rewrite(store, repo);
-            };
-            *n += 1;
-            remove.push((h, seq));
-        }
-        let add: Vec<(u64, u64, &Rule)> = change
-            .added
-            .iter()
-            .enumerate()
-            .map(|(i, r)| (Self::hash(r), self.next + i as u64, r))
-            .collect();
-        let seqs: Vec<u64> = remove.iter().map(|(_, seq)| *seq).collect();
-        let writes: Vec<(u64, &Rule)> = add.iter().map(|(_, seq, r)| (*seq, *r)).collect();
-        store.write_rules(repo.revision(), Some(&seqs), &writes)?;
-        for (h, _) in remove {
-            if let Some(seqs) = self.by_hash.get_mut(&h) {
-                seqs.pop();
-                if seqs.is_empty() {
-                    self.by_hash.remove(&h);
-                }
-            }
-        }
-        for (h, seq, _) in add {
-            self.by_hash.entry(h).or_default().push(seq);
-        }
-        self.next += writes.len() as u64;
-        Ok(())
-    }
-
-    /// Replaces every record with the rules of `repo`, atomically.
-    fn rewrite(&mut self, store: &Store, repo: &Repository) -> Result<(), PolicyStateError> {
-        let mut next = Self::default();
-        let add: Vec<(u64, &Rule)> = repo.rules().iter().map(|r| (next.add(r), r)).collect();
-        store.write_rules(repo.revision(), None, &add)?;
-        *self = next;
-        Ok(())
-    }
-}
 
 impl PolicyState {
     /// Restores identities and rules from `store`. `endpoint_labels` are the label sets of the
@@ -420,7 +307,7 @@ impl PolicyState {
     /// back); without a grace period, and for CIDR identities, it is freed (and forgotten on
     /// disk) at once.
     pub fn release(&mut self, id: Identity) -> Result<Effects, PolicyStateError> {
-        self.release_at(id, crate::clock::now_ms())
+        self.release_at(id, crate::sys::clock::now_ms())
     }
 
     /// [`Self::release`] at `now_ms`.
@@ -639,6 +526,7 @@ impl IdentityStore for Store {
 
 #[cfg(test)]
 mod tests {
+    use super::records::LEGACY_REPO_KEY;
     use super::*;
 
     fn labels(app: &str) -> LabelSet {

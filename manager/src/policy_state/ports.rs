@@ -9,21 +9,7 @@ use std::net::IpAddr;
 use weft_policy::mapstate::Identity;
 use weft_policy::rule::{NamedPorts, PeerSelector};
 
-use super::{Effects, PolicyState};
-
-/// Whose named ports.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum PortOwner {
-    /// An endpoint of this node, by endpoint id.
-    Local(u32),
-    /// An endpoint address of another node (kvstore).
-    Remote {
-        /// The node publishing it.
-        node: String,
-        /// The address.
-        ip: IpAddr,
-    },
-}
+use super::{Effects, PolicyState, PortOwner};
 
 impl PolicyState {
     /// `owner`, an endpoint with `identity`, has these named ports now (none: it is gone or has

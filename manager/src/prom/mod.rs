@@ -14,8 +14,6 @@ pub mod server;
 #[cfg(test)]
 mod tests;
 
-pub use server::{ListenAddrError, bind, parse_listen, serve_tcp};
-
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -24,7 +22,7 @@ use prometheus_client::registry::Registry;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use crate::service::Manager;
+use std::collections::BTreeMap;
 
 /// The Content-Type of a scrape: `OpenMetrics` 1.0 text, which Prometheus parses natively.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -175,12 +173,48 @@ impl Metrics {
     }
 }
 
-/// The whole exposition: the event families and the state read from `m` now.
+/// What a scrape reads from the manager's state, taken at once by the state's owner
+/// (`crate::service` implements [`Source`]), so that this module never reaches into the
+/// manager: it only turns a snapshot into families.
+#[derive(Debug)]
+pub struct Snapshot {
+    /// Endpoints by state (`allocated`, `ready`, `deleting`).
+    pub endpoint_states: BTreeMap<&'static str, i64>,
+    /// Identities in use by kind (`reserved`, `local`, `cidr`, `remote`).
+    pub identity_kinds: BTreeMap<&'static str, i64>,
+    /// What `/v1/status` answers now (the policy revision, the pools, the restore phases).
+    pub status: weft_api::StatusResponse,
+    /// The rows of the datapath's metrics map (empty when it could not be read).
+    pub datapath_rows: Vec<serde_json::Value>,
+    /// Kubernetes mode: cluster policy objects by kind.
+    pub k8s_policies: Option<K8sPolicies>,
+}
+
+/// Cluster policy objects by kind (Kubernetes mode).
+#[derive(Debug, Default)]
+pub struct K8sPolicies {
+    /// Objects whose current version was rejected.
+    pub rejected: BTreeMap<String, i64>,
+    /// Objects in force except rules that fail closed.
+    pub partially_enforced: BTreeMap<String, i64>,
+}
+
+/// The manager as `/metrics` and `/healthz` see it.
+pub trait Source: Send + Sync + 'static {
+    /// The event families it counts into.
+    fn metrics(&self) -> &Metrics;
+    /// Its state now.
+    fn snapshot(&self) -> Snapshot;
+    /// Whether start-up has finished.
+    fn is_ready(&self) -> bool;
+}
+
+/// The whole exposition: the event families and the state `src` has now.
 #[must_use]
-pub fn render(m: &Manager) -> String {
-    let metrics = m.prom();
+pub fn render<S: Source + ?Sized>(src: &S) -> String {
+    let metrics = src.metrics();
     let mut out = String::new();
-    let now = scrape::collect(m, metrics.watch_stats.get().map(Arc::as_ref));
+    let now = scrape::collect(&src.snapshot(), metrics.watch_stats.get().map(Arc::as_ref));
     // Writing into a String cannot fail.
     let _ = prometheus_client::encoding::text::encode_registry(&mut out, &metrics.registry);
     let _ = prometheus_client::encoding::text::encode_registry(&mut out, &now);
@@ -189,11 +223,11 @@ pub fn render(m: &Manager) -> String {
 }
 
 /// `GET /metrics`.
-pub async fn handler(
-    axum::extract::State(m): axum::extract::State<Arc<Manager>>,
+pub async fn handler<S: Source>(
+    axum::extract::State(m): axum::extract::State<Arc<S>>,
 ) -> axum::response::Response {
     use axum::response::IntoResponse;
-    let body = tokio::task::spawn_blocking(move || render(&m))
+    let body = tokio::task::spawn_blocking(move || render(m.as_ref()))
         .await
         .unwrap_or_default();
     ([(axum::http::header::CONTENT_TYPE, CONTENT_TYPE)], body).into_response()

@@ -1,5 +1,6 @@
-//! The families read from the manager's real state at each scrape, into a registry built for
-//! that scrape alone (so a series whose object is gone simply is not there next time).
+//! The families read from the manager's real state at each scrape (a [`Snapshot`] its owner
+//! takes), into a registry built for that scrape alone (so a series whose object is gone simply
+//! is not there next time).
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -8,10 +9,9 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use std::collections::BTreeMap;
 use std::sync::atomic::AtomicU64;
-use weft_api::EndpointState;
 use weft_k8s::watch::WatchStats;
 
-use crate::service::Manager;
+use super::Snapshot;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct State {
@@ -110,10 +110,25 @@ fn to_i64(n: impl TryInto<i64>) -> i64 {
 }
 
 /// Everything that is a state, as it is now.
-pub(super) fn collect(m: &Manager, watch: Option<&WatchStats>) -> Registry {
+pub(super) fn collect(now: &Snapshot, watch: Option<&WatchStats>) -> Registry {
     let mut reg = Registry::with_prefix("weft");
-    endpoints_and_identities(m, &mut reg);
-    let status = m.status();
+    gauge(
+        &mut reg,
+        "endpoint_state",
+        "Endpoints by state (allocated: CNI ADD in progress; ready: enforcing; deleting)",
+        now.endpoint_states
+            .iter()
+            .map(|(&state, &n)| (State { state }, n)),
+    );
+    gauge(
+        &mut reg,
+        "identity",
+        "Security identities in use: reserved (host, world), local (label sets of this node's endpoints and selectors), cidr, remote (known only from other nodes, kvstore mode)",
+        now.identity_kinds
+            .iter()
+            .map(|(&k, &n)| (Kind { kind: k.into() }, n)),
+    );
+    let status = &now.status;
     let revision = Gauge::<i64>::default();
     revision.set(to_i64(status.policy_revision));
     reg.register(
@@ -160,93 +175,33 @@ pub(super) fn collect(m: &Manager, watch: Option<&WatchStats>) -> Registry {
         "Duration of each phase of the last start-up (phase total: all of it)",
         restore,
     );
-    datapath(m, &mut reg);
+    datapath(&now.datapath_rows, &mut reg);
     if let Some(w) = watch {
         watchers(w, &mut reg);
     }
-    if let Some(cache) = m.k8s_cache() {
-        let mut by_kind: BTreeMap<String, i64> = ["NetworkPolicy", "CiliumNetworkPolicy"]
-            .into_iter()
-            .chain(["CiliumClusterwideNetworkPolicy"])
-            .map(|k| (k.to_owned(), 0))
-            .collect();
-        let mut partial = by_kind.clone();
-        for r in cache.rejected() {
-            let kind = r.object.split_whitespace().next().unwrap_or("unknown");
-            *by_kind.entry(kind.to_owned()).or_default() += 1;
-        }
-        for p in cache
-            .partial()
-            .iter()
-            .filter(|p| !p.not_enforced.is_empty())
-        {
-            let kind = p.object.split_whitespace().next().unwrap_or("unknown");
-            *partial.entry(kind.to_owned()).or_default() += 1;
-        }
+    if let Some(k8s) = &now.k8s_policies {
         gauge(
             &mut reg,
             "k8s_policies_rejected",
             "Cluster policy objects whose current version was rejected (weftctl policy list shows why)",
-            by_kind.into_iter().map(|(kind, n)| (Kind { kind }, n)),
+            k8s.rejected
+                .iter()
+                .map(|(kind, &n)| (Kind { kind: kind.clone() }, n)),
         );
         gauge(
             &mut reg,
             "k8s_policies_partially_enforced",
             "Cluster policy objects in force except rules Weft cannot express, which fail closed (weftctl policy list shows which)",
-            partial.into_iter().map(|(kind, n)| (Kind { kind }, n)),
+            k8s.partially_enforced
+                .iter()
+                .map(|(kind, &n)| (Kind { kind: kind.clone() }, n)),
         );
     }
     reg
 }
 
-fn endpoints_and_identities(m: &Manager, reg: &mut Registry) {
-    let st = m.state();
-    let mut states: BTreeMap<&'static str, i64> = [("allocated", 0), ("ready", 0), ("deleting", 0)]
-        .into_iter()
-        .collect();
-    for ep in st.reg.list() {
-        let s = match ep.state {
-            EndpointState::Allocated => "allocated",
-            EndpointState::Ready => "ready",
-            EndpointState::Deleting => "deleting",
-        };
-        *states.entry(s).or_default() += 1;
-    }
-    let mut kinds: BTreeMap<&'static str, i64> = [("reserved", 2), ("local", 0), ("cidr", 0)]
-        .into_iter()
-        .collect();
-    for (_, key, _) in st.pol.identities() {
-        let k = match key {
-            weft_policy::identity::IdentityKey::Labels(_) => "local",
-            weft_policy::identity::IdentityKey::Cidr(_) => "cidr",
-        };
-        *kinds.entry(k).or_default() += 1;
-    }
-    kinds.insert("remote", to_i64(st.pol.remote_only().count()));
-    drop(st);
-    gauge(
-        reg,
-        "endpoint_state",
-        "Endpoints by state (allocated: CNI ADD in progress; ready: enforcing; deleting)",
-        states.into_iter().map(|(state, n)| (State { state }, n)),
-    );
-    gauge(
-        reg,
-        "identity",
-        "Security identities in use: reserved (host, world), local (label sets of this node's endpoints and selectors), cidr, remote (known only from other nodes, kvstore mode)",
-        kinds.into_iter().map(|(k, n)| (Kind { kind: k.into() }, n)),
-    );
-}
-
-fn datapath(m: &Manager, reg: &mut Registry) {
-    let rows = match m.datapath().map_dump(weft_ebpf::map_names::METRICS) {
-        Ok(rows) => rows,
-        Err(e) => {
-            tracing::debug!("metrics scrape: datapath counters not read: {e}");
-            Vec::new()
-        }
-    };
-    let (drops, forwards) = datapath_counters(&rows);
+fn datapath(rows: &[serde_json::Value], reg: &mut Registry) {
+    let (drops, forwards) = datapath_counters(rows);
     for (name, what, map) in [
         ("drop", "dropped", &drops),
         ("forward", "let through", &forwards),

@@ -14,7 +14,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use tokio::net::TcpListener;
 
-use crate::service::Manager;
+use super::Source;
 
 /// Connections served at once; a scraper needs one.
 const MAX_CONNECTIONS: usize = 64;
@@ -60,10 +60,10 @@ pub async fn bind(addr: SocketAddr) -> Result<TcpListener, ListenAddrError> {
 }
 
 /// The routes of the metrics port: read-only.
-pub fn router(manager: Arc<Manager>) -> Router {
+pub fn router<S: Source>(manager: Arc<S>) -> Router {
     Router::new()
-        .route("/metrics", get(super::handler))
-        .route("/healthz", get(healthz))
+        .route("/metrics", get(super::handler::<S>))
+        .route("/healthz", get(healthz::<S>))
         .fallback(|| async {
             (
                 StatusCode::NOT_FOUND,
@@ -73,7 +73,9 @@ pub fn router(manager: Arc<Manager>) -> Router {
         .with_state(manager)
 }
 
-async fn healthz(axum::extract::State(m): axum::extract::State<Arc<Manager>>) -> impl IntoResponse {
+async fn healthz<S: Source>(
+    axum::extract::State(m): axum::extract::State<Arc<S>>,
+) -> impl IntoResponse {
     if m.is_ready() {
         (StatusCode::OK, "ready\n")
     } else {
@@ -82,7 +84,7 @@ async fn healthz(axum::extract::State(m): axum::extract::State<Arc<Manager>>) ->
 }
 
 /// Serves the metrics routes on `listener` until the task is dropped.
-pub async fn serve_tcp(listener: TcpListener, manager: Arc<Manager>) {
+pub async fn serve_tcp<S: Source>(listener: TcpListener, manager: Arc<S>) {
     let app = router(manager);
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     let mut refused: u64 = 0;
@@ -105,6 +107,6 @@ pub async fn serve_tcp(listener: TcpListener, manager: Arc<Manager>) {
             }
             continue;
         };
-        crate::listener::spawn_connection(stream, &app, slot, HEADER_TIMEOUT, "metrics");
+        crate::http::listener::spawn_connection(stream, &app, slot, HEADER_TIMEOUT, "metrics");
     }
 }

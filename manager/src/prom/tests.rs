@@ -12,7 +12,7 @@ use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::datapath::FakeDatapath;
-use crate::hostnet::FakeHostNet;
+use crate::node::hostnet::FakeHostNet;
 use crate::service::Manager;
 use crate::service::tests::support::{fake_manager, pod_request, ready_pod};
 
@@ -91,7 +91,7 @@ fn the_exposition_reports_what_happened() {
     assert!(r.regenerated > 0 && r2.revision > r.revision);
     assert!(m.import_policy("bad.json", "[{").is_err());
 
-    let s = parse(&super::render(&m));
+    let s = parse(&super::render(m.as_ref()));
     assert_eq!(value(&s, r#"weft_endpoint_state{state="ready"}"#), 3.0);
     assert_eq!(value(&s, r#"weft_endpoint_state{state="allocated"}"#), 1.0);
     assert_eq!(value(&s, r#"weft_endpoint_state{state="deleting"}"#), 0.0);
@@ -213,10 +213,10 @@ async fn api_requests_are_counted_by_route_template_and_the_tcp_port_only_reads(
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("api.sock");
     let listener = tokio::net::UnixListener::bind(&sock).unwrap();
-    tokio::spawn(crate::listener::serve(
+    tokio::spawn(crate::http::listener::serve(
         listener,
-        crate::api::router(m.clone()),
-        crate::listener::Limits::default(),
+        crate::http::api::router(m.clone()),
+        crate::http::listener::Limits::default(),
         std::future::pending(),
     ));
     let unix = || async { tokio::net::UnixStream::connect(&sock).await.unwrap() };
@@ -230,11 +230,11 @@ async fn api_requests_are_counted_by_route_template_and_the_tcp_port_only_reads(
     }
     assert_eq!(http(unix().await, "GET", "/v1/nope/123", "").await.0, 404);
 
-    let tcp = crate::prom::bind("127.0.0.1:0".parse().unwrap())
+    let tcp = crate::prom::server::bind("127.0.0.1:0".parse().unwrap())
         .await
         .unwrap();
     let addr = tcp.local_addr().unwrap();
-    tokio::spawn(crate::prom::serve_tcp(tcp, m.clone()));
+    tokio::spawn(crate::prom::server::serve_tcp(tcp, m.clone()));
     let tcp = || async { tokio::net::TcpStream::connect(addr).await.unwrap() };
     let (status, body) = http(tcp().await, "POST", "/v1/endpoints", &add).await;
     assert_eq!(
@@ -280,7 +280,7 @@ async fn api_requests_are_counted_by_route_template_and_the_tcp_port_only_reads(
 #[test]
 fn metrics_listen_takes_addresses_and_refuses_anything_else() {
     use clap::Parser;
-    let parse = super::parse_listen;
+    let parse = super::server::parse_listen;
     assert_eq!(parse(":9962").unwrap().to_string(), "0.0.0.0:9962");
     assert_eq!(parse("127.0.0.1:9").unwrap().to_string(), "127.0.0.1:9");
     assert_eq!(parse("[::1]:9962").unwrap().to_string(), "[::1]:9962");
@@ -299,7 +299,7 @@ fn metrics_listen_takes_addresses_and_refuses_anything_else() {
         );
     }
     let resolve = |args: &[&str]| {
-        crate::config::Config::resolve(crate::config::Cli::parse_from(
+        crate::daemon::config::Config::resolve(crate::daemon::config::Cli::parse_from(
             std::iter::once("weft-manager").chain(args.iter().copied()),
         ))
     };
@@ -325,7 +325,7 @@ fn metrics_listen_takes_addresses_and_refuses_anything_else() {
 async fn a_taken_port_is_refused_with_the_address() {
     let held = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = held.local_addr().unwrap();
-    let err = super::bind(addr).await.unwrap_err().to_string();
+    let err = super::server::bind(addr).await.unwrap_err().to_string();
     assert!(
         err.contains(&addr.to_string()) && err.contains("cannot listen"),
         "{err}"
@@ -350,7 +350,7 @@ fn the_daemonsets_config_resolves_with_metrics_on() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("manager.toml");
     std::fs::write(&file, toml).unwrap();
-    let c = crate::config::Config::resolve(crate::config::Cli::parse_from([
+    let c = crate::daemon::config::Config::resolve(crate::daemon::config::Cli::parse_from([
         "weft-manager",
         "--config",
         file.to_str().unwrap(),

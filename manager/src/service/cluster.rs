@@ -11,27 +11,15 @@ use weft_policy::mapstate::Identity;
 
 use super::{Manager, ManagerError};
 use crate::cluster::Cluster;
-use crate::cluster::routes::RouteTable;
+use crate::cluster::link::ClusterLink;
 use crate::cluster::session::{Desired, Local};
 use crate::cluster::watch::Remote;
-use crate::ipcache::Source;
 use crate::kvstore::identities::ClusterIdentityError;
 use crate::kvstore::keys::{IpRecord, NodeRecord};
 use crate::kvstore::keys::{named_port_records, named_ports_of};
+use crate::node::ipcache::Source;
 use crate::policy_state::PortOwner;
 use weft_policy::rule::NamedPorts;
-
-/// What the manager needs of the cluster agent.
-pub struct ClusterLink {
-    /// The agent.
-    pub cluster: Arc<Cluster>,
-    /// Routes to other nodes' pod CIDRs.
-    pub routes: Arc<dyn RouteTable>,
-    /// Runtime the route futures run on (the watch thread is not a runtime thread).
-    pub runtime: tokio::runtime::Handle,
-    /// The kvstore endpoints, for status.
-    pub endpoints: Vec<String>,
-}
 
 impl Manager {
     /// Joins a cluster: new label sets get their numbers from the kvstore from now on.
@@ -44,7 +32,7 @@ impl Manager {
 
     /// Keeps the masquerade rules' pod CIDRs in step with the node registry.
     #[must_use]
-    pub fn with_masquerade(mut self, m: Arc<crate::masquerade::Masquerader>) -> Self {
+    pub fn with_masquerade(mut self, m: Arc<crate::node::masquerade::Masquerader>) -> Self {
         self.masquerade = Some(m);
         self
     }
@@ -296,7 +284,7 @@ impl Remote for Manager {
                 self.mark_needs_regeneration();
             }
         }
-        let restored = crate::ipcache::RESTORED_REMOTE;
+        let restored = crate::node::ipcache::RESTORED_REMOTE;
         if let Err(e) = self.sync_remote_endpoints(restored, &BTreeMap::new()) {
             tracing::error!("dropping host entries kept over the restart: {e}");
         }

@@ -10,7 +10,7 @@ use weft_policy::rule::NamedPorts;
 use weft_policy::trace::{TracePeer, trace};
 
 use super::{Manager, ManagerError, State, datapath_view, from_api_labels, to_api_labels};
-use crate::ipcache::Source;
+use crate::node::ipcache::Source;
 use crate::policy_state::Effects;
 
 fn split_kv(s: &str) -> Result<(&str, &str), ManagerError> {

@@ -13,7 +13,7 @@ use weft_policy::rule::NamedPorts;
 
 use super::{Manager, ManagerError, State, from_api_labels, initial_ipcache};
 use crate::datapath::{KernelState, encode_policy};
-use crate::ipcache::Source;
+use crate::node::ipcache::Source;
 use crate::policy_state::PortOwner;
 
 const MAX_DETAILS: usize = 3;
@@ -257,7 +257,9 @@ fn check_ipcache(st: &State, kernel: &KernelState, deleting: &BTreeSet<u32>, r: 
 
 /// The remote nodes' entries as the ipcache owners hold them (the cluster store's view: there
 /// is no other copy to recompute them from).
-fn remote_sources(c: &crate::ipcache::Ipcache) -> BTreeMap<String, BTreeMap<ipnet::IpNet, u32>> {
+fn remote_sources(
+    c: &crate::node::ipcache::Ipcache,
+) -> BTreeMap<String, BTreeMap<ipnet::IpNet, u32>> {
     let mut out: BTreeMap<String, BTreeMap<ipnet::IpNet, u32>> = BTreeMap::new();
     for (prefix, source, identity) in c.all_owners() {
         if let Source::RemoteEndpoint(node) = source {

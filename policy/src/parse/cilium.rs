@@ -1,7 +1,8 @@
 //! Cilium's rule format (`pkg/policy/api` Rule), as `cilium policy import` and a CNP's spec
 //! take it.
 
-use super::walk::{self, CidrFlavor, FieldError, Obj, PortSpec, Res};
+use super::ports::{self, PortSpec};
+use super::walk::{self, CidrFlavor, FieldError, Obj, Res};
 use crate::labels::{Label, LabelSet, source};
 use crate::mapstate::Direction;
 use crate::rule::{
@@ -322,20 +323,20 @@ fn port_rule(v: &Value, path: &str, deny: bool) -> Res<(Vec<PortProto>, Vec<Name
         let mut q = Obj::new(pp, &p)?;
         let port_path = q.at("port");
         let port = match q.get("port") {
-            Some(v) => walk::port_spec(v, &port_path, true)?,
+            Some(v) => ports::port_spec(v, &port_path, true)?,
             None => PortSpec::Number(0),
         };
         let end_path = q.at("endPort");
         let end = match q.get("endPort") {
-            Some(v) => Some(walk::port_number(v, &end_path, false)?),
+            Some(v) => Some(ports::port_number(v, &end_path, false)?),
             None => None,
         };
         let protos = match q.str("protocol")? {
-            Some(name) => walk::protocols(name, &q.at("protocol"))?,
-            None => walk::protocols("ANY", "")?,
+            Some(name) => ports::protocols(name, &q.at("protocol"))?,
+            None => ports::protocols("ANY", "")?,
         };
         q.finish(&[])?;
-        walk::add_port(
+        ports::add_port(
             &protos,
             port,
             end,

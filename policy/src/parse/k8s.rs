@@ -1,7 +1,8 @@
 //! Kubernetes objects: `cilium.io/v2 CiliumNetworkPolicy` and `networking.k8s.io/v1
 //! NetworkPolicy`, translated as Cilium's `ParseToCiliumRule` and `ParseNetworkPolicy` do.
 
-use super::walk::{self, CidrFlavor, FieldError, Obj, PortSpec, Res};
+use super::ports::{self, PortSpec};
+use super::walk::{self, CidrFlavor, FieldError, Obj, Res};
 use super::{DocError, cilium, join_loc};
 use crate::labels::{Label, LabelSet, keys, source};
 use crate::mapstate::Direction;
@@ -281,27 +282,27 @@ fn np_ports(list: Option<Vec<(String, &Value)>>) -> Res<(Vec<PortProto>, Vec<Nam
         let mut o = Obj::new(v, &p)?;
         let port_path = o.at("port");
         let port = match o.get("port") {
-            Some(v) => walk::port_spec(v, &port_path, false)?,
+            Some(v) => ports::port_spec(v, &port_path, false)?,
             None => PortSpec::Number(0),
         };
         let end_path = o.at("endPort");
         let end = match o.get("endPort") {
-            Some(v) => Some(walk::port_number(v, &end_path, false)?),
+            Some(v) => Some(ports::port_number(v, &end_path, false)?),
             None => None,
         };
         let proto_path = o.at("protocol");
         let protos = match o.str("protocol")? {
-            Some(name @ ("TCP" | "UDP" | "SCTP")) => walk::protocols(name, &proto_path)?,
+            Some(name @ ("TCP" | "UDP" | "SCTP")) => ports::protocols(name, &proto_path)?,
             Some(other) => {
                 return Err(FieldError::new(
                     proto_path,
                     format!("unknown protocol {other:?} (expected TCP, UDP or SCTP)"),
                 ));
             }
-            None => walk::protocols("TCP", &proto_path)?,
+            None => ports::protocols("TCP", &proto_path)?,
         };
         o.finish(&[])?;
-        walk::add_port(
+        ports::add_port(
             &protos,
             port,
             end,

@@ -8,6 +8,7 @@
 mod cilium;
 mod k8s;
 pub mod memo;
+mod ports;
 mod walk;
 
 use crate::rule::Rule;

@@ -8,10 +8,11 @@ pub(crate) mod support;
 
 use super::*;
 use crate::datapath::{FakeCall, FakeDatapath};
-use crate::hostnet::FakeHostNet;
+use crate::endpoint::EndpointError;
+use crate::node::hostnet::FakeHostNet;
 use std::collections::BTreeMap;
 use support::{fake_manager, make_ready, pod_request};
-use weft_api::TraceRequest;
+use weft_api::{AllocateRequest, Attachment, TraceRequest};
 use weft_policy::mapstate::{Direction, PolicyEntry, Verdict, proto};
 
 struct World {
@@ -277,11 +278,11 @@ async fn abandoned_add_is_reaped_with_its_ip_but_a_completed_one_is_not() {
     let completed = pod(&w, "finished", "a");
     let now = abandoned.created_ms.max(completed.created_ms) + ADD_GRACE_MS + 1;
     assert_eq!(
-        crate::restore::reap_abandoned(&w.m, abandoned.created_ms + 1).await,
+        crate::endpoint::restore::reap_abandoned(&w.m, abandoned.created_ms + 1).await,
         0,
         "still within the grace period"
     );
-    assert_eq!(crate::restore::reap_abandoned(&w.m, now).await, 1);
+    assert_eq!(crate::endpoint::restore::reap_abandoned(&w.m, now).await, 1);
     assert!(w.m.find("killed-cni", "eth0").is_none());
     assert!(
         w.m.find("finished", "eth0").is_some(),
@@ -543,12 +544,12 @@ async fn orphan_host_veths_are_reaped_but_not_an_endpoints_nor_weft_host() {
         let mut links = w.net.links.lock().unwrap();
         links.insert(a.host_ifname.clone(), 9);
         links.insert(orphan.clone(), 10);
-        links.insert(crate::hostnet::HOST_DEVICE.into(), 2);
+        links.insert(crate::node::hostnet::HOST_DEVICE.into(), 2);
     }
     assert_eq!(w.m.reap_orphan_links().await.unwrap(), 1);
     w.m.settle_host_link("gone", "eth0").await;
     let links = w.net.links.lock().unwrap();
     assert!(!links.contains_key(&orphan));
     assert!(links.contains_key(&a.host_ifname));
-    assert!(links.contains_key(crate::hostnet::HOST_DEVICE));
+    assert!(links.contains_key(crate::node::hostnet::HOST_DEVICE));
 }

@@ -4,7 +4,7 @@
 
 use super::support::{fake_manager_on, ready_pod};
 use crate::datapath::FakeDatapath;
-use crate::hostnet::FakeHostNet;
+use crate::node::hostnet::FakeHostNet;
 use crate::store::Store;
 use proptest::prelude::*;
 use std::sync::Arc;

@@ -3,7 +3,7 @@
 
 use super::support::{fake_manager_on, fake_manager_with_grace, ready_pod};
 use crate::datapath::{FakeCall, FakeDatapath};
-use crate::hostnet::FakeHostNet;
+use crate::node::hostnet::FakeHostNet;
 use crate::service::*;
 use crate::store::Store;
 use std::collections::BTreeSet;
@@ -366,7 +366,7 @@ fn a_pod_replaced_within_the_grace_period_finds_its_identity_and_slot_then_both_
 
     // Past the grace period: the slot goes, the number goes, db's policy loses web.
     rt.block_on(m.delete("w2", "eth0")).unwrap();
-    let now = crate::clock::now_ms();
+    let now = crate::sys::clock::now_ms();
     dp.clear_calls();
     m.collect_idle(now).unwrap();
     assert!(dp.calls().is_empty(), "not yet: {:?}", dp.calls());

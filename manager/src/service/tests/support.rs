@@ -6,7 +6,7 @@ use weft_api::{AllocateRequest, Endpoint, Label, RegisterRequest};
 
 use crate::datapath::FakeDatapath;
 use crate::endpoint::Registry;
-use crate::hostnet::FakeHostNet;
+use crate::node::hostnet::FakeHostNet;
 use crate::policy_state::PolicyState;
 use crate::service::{Manager, from_api_labels};
 use crate::store::Store;
@@ -40,12 +40,19 @@ pub(crate) fn fake_manager_with_grace(
     )
     .expect("a valid CIDR")
     .cidrs();
-    let reg = Registry::open(store.clone(), vec![crate::ipam::Pool::new(cidr[0].cidr)])
-        .expect("registry");
+    let reg = Registry::open(
+        store.clone(),
+        vec![crate::endpoint::ipam::Pool::new(cidr[0].cidr)],
+    )
+    .expect("registry");
     let labels: Vec<_> = reg.list().map(|ep| from_api_labels(&ep.labels)).collect();
-    let (pol, _) =
-        PolicyState::restore_with_grace(store.clone(), &labels, grace_ms, crate::clock::now_ms())
-            .expect("policy state");
+    let (pol, _) = PolicyState::restore_with_grace(
+        store.clone(),
+        &labels,
+        grace_ms,
+        crate::sys::clock::now_ms(),
+    )
+    .expect("policy state");
     Manager::new("n".into(), cidr, reg, pol, net, dp)
 }
 

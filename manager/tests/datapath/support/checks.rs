@@ -65,8 +65,8 @@ pub fn open_and_attach(w: &World) -> BpfDatapath {
 }
 
 /// An ipcache value for a plain identity.
-pub fn identity(identity: u32) -> weft_manager::ipcache::Value {
-    weft_manager::ipcache::Value {
+pub fn identity(identity: u32) -> weft_manager::node::ipcache::Value {
+    weft_manager::node::ipcache::Value {
         identity,
         cidr_identity: 0,
     }
@@ -102,7 +102,7 @@ pub fn assert_endpoint_gone(w: &World, dp: &BpfDatapath, i: usize) {
             "{map} still has entries of {id}: {left:#?}"
         );
     }
-    // The endpoint's ipcache entries are the manager's (crate::ipcache), not the datapath's.
+    // The endpoint's ipcache entries are the manager's (crate::node::ipcache), not the datapath's.
 }
 
 /// The program id in `tc filter show` output.

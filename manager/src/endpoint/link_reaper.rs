@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use tokio::task::JoinHandle;
 
-use crate::hostnet::HostNet;
+use crate::node::hostnet::HostNet;
 
 type Pending = HashMap<String, (u64, JoinHandle<()>)>;
 
@@ -84,7 +84,7 @@ impl LinkReaper {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hostnet::FakeHostNet;
+    use crate::node::hostnet::FakeHostNet;
 
     #[tokio::test]
     async fn settle_waits_for_the_deletion() {

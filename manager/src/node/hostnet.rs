@@ -8,69 +8,8 @@ use netlink_packet_route::address::{AddressAttribute, AddressFlags};
 use rtnetlink::{LinkUnspec, LinkVeth, RouteMessageBuilder};
 use std::net::IpAddr;
 
-/// The device that owns the router IPs.
-pub const HOST_DEVICE: &str = "weft_host";
-/// Its veth peer. This kernel has no `dummy` driver, so Weft uses Cilium's own layout
-/// (`cilium_host` <-> `cilium_net`): a packet routed to an unassigned pod IP goes to
-/// `weft_host`, finds no neighbour behind `weft_net` and is dropped on the node.
-pub const HOST_PEER: &str = "weft_net";
-
-/// Host plumbing failures.
-#[derive(Debug, thiserror::Error)]
-pub enum HostNetError {
-    /// A netlink request failed.
-    #[error("netlink: {op}: {source}")]
-    Netlink {
-        /// What was being done.
-        op: String,
-        /// Kernel's answer.
-        source: rtnetlink::Error,
-    },
-    /// A request on the synchronous netlink socket failed (`crate::netlink_sync`).
-    #[error("netlink: {op}: {source}")]
-    Socket {
-        /// What was being done.
-        op: String,
-        /// The socket's or the kernel's error.
-        source: std::io::Error,
-    },
-    /// A route message could not be built for a pod CIDR (rtnetlink's `InvalidRouteMessage`,
-    /// which it does not export by name).
-    #[error("netlink: route {cidr}: {source}")]
-    Route {
-        /// The CIDR.
-        cidr: IpNet,
-        /// Why.
-        source: Box<dyn std::error::Error + Send + Sync>,
-    },
-    /// `weft_host` was created but is not there to be read back.
-    #[error("netlink: create {HOST_DEVICE}: device vanished after creation")]
-    Vanished,
-    /// A route for a pod CIDR exists through another device.
-    #[error(
-        "netlink: route {cidr} dev {HOST_DEVICE}: a route for {cidr} through another device exists; Weft does not replace routes it does not own: remove it or choose another pod CIDR"
-    )]
-    RouteTaken {
-        /// The pod CIDR.
-        cidr: IpNet,
-    },
-    /// The blocking thread of a link deletion died.
-    #[error("netlink: delete link {what}: {source}")]
-    Join {
-        /// The link.
-        what: String,
-        /// The thread's fate.
-        source: tokio::task::JoinError,
-    },
-    /// A sysctl could not be written.
-    #[error("cannot enable forwarding ({path}): {source}")]
-    Sysctl {
-        /// The /proc/sys path.
-        path: String,
-        /// Cause.
-        source: std::io::Error,
-    },
-}
+pub(crate) use super::hostdev::nl;
+pub use super::hostdev::{HOST_DEVICE, HOST_PEER, HostNetError};
 
 /// Side effects on the node's network namespace.
 pub trait HostNet: Send + Sync {
@@ -93,7 +32,7 @@ pub trait HostNet: Send + Sync {
     fn delete_link_index(&self, index: u32) -> BoxFuture<'_, Result<(), HostNetError>>;
     /// The node netns's addresses and main-table routes, to refuse a pod CIDR that would take
     /// over one of them.
-    fn node_view(&self) -> BoxFuture<'_, Result<crate::nodenet::NodeView, HostNetError>>;
+    fn node_view(&self) -> BoxFuture<'_, Result<crate::node::nodenet::NodeView, HostNetError>>;
     /// Sets `name` down, which makes the kernel drop every route through it; the link's ifindex,
     /// `None` when there is no such link.
     fn set_link_down<'a>(
@@ -105,11 +44,6 @@ pub trait HostNet: Send + Sync {
 /// The real implementation over rtnetlink, in the manager's network namespace.
 pub struct NetlinkHostNet {
     handle: rtnetlink::Handle,
-}
-
-pub(crate) fn nl(op: impl Into<String>) -> impl FnOnce(rtnetlink::Error) -> HostNetError {
-    let op = op.into();
-    move |source| HostNetError::Netlink { op, source }
 }
 
 fn is_errno(e: &rtnetlink::Error, errno: i32) -> bool {
@@ -173,7 +107,7 @@ impl NetlinkHostNet {
         }
         // One dump of the main table serves the existence check below and remove_stale (the
         // routes added in between are the routers', which remove_stale keeps anyway).
-        let main_table = crate::nodenet::main_routes(&self.handle).await?;
+        let main_table = crate::node::nodenet::main_routes(&self.handle).await?;
         for (router, cidr) in routers {
             let host_len = if router.is_ipv4() { 32 } else { 128 };
             let mut req = self
@@ -229,7 +163,7 @@ impl NetlinkHostNet {
 
     /// An existing route for `cidr` is accepted only when it already points at `weft_host`.
     async fn owns_route(&self, cidr: IpNet, index: u32) -> Result<(), HostNetError> {
-        let routes = crate::nodenet::main_routes(&self.handle).await?;
+        let routes = crate::node::nodenet::main_routes(&self.handle).await?;
         if routes
             .iter()
             .any(|(dest, oif, _)| *dest == cidr && *oif == Some(index))
@@ -359,7 +293,7 @@ fn delete_link_blocking(index: u32) -> std::io::Result<()> {
 
     let mut link = LinkMessage::default();
     link.header.index = index;
-    match crate::netlink_sync::RouteSocket::open()?.ack(RouteNetlinkMessage::DelLink(link)) {
+    match crate::sys::netlink_sync::RouteSocket::open()?.ack(RouteNetlinkMessage::DelLink(link)) {
         Err(e) if e.raw_os_error() == Some(libc::ENODEV) => Ok(()),
         done => done,
     }
@@ -387,8 +321,8 @@ impl HostNet for NetlinkHostNet {
         Box::pin(async move { self.delete_index(index, &format!("#{index}")).await })
     }
 
-    fn node_view(&self) -> BoxFuture<'_, Result<crate::nodenet::NodeView, HostNetError>> {
-        Box::pin(crate::nodenet::read(&self.handle))
+    fn node_view(&self) -> BoxFuture<'_, Result<crate::node::nodenet::NodeView, HostNetError>> {
+        Box::pin(crate::node::nodenet::read(&self.handle))
     }
 
     fn set_link_down<'a>(
@@ -407,7 +341,7 @@ pub struct FakeHostNet {
     /// Router IPs ensured.
     pub routers: std::sync::Mutex<Vec<(IpAddr, IpNet)>>,
     /// What `node_view` reports.
-    pub view: std::sync::Mutex<crate::nodenet::NodeView>,
+    pub view: std::sync::Mutex<crate::node::nodenet::NodeView>,
     /// Links set down.
     pub down: std::sync::Mutex<std::collections::BTreeSet<String>>,
 }
@@ -417,8 +351,8 @@ impl HostNet for FakeHostNet {
         &'a self,
         routers: &'a [(IpAddr, IpNet)],
     ) -> BoxFuture<'a, Result<(), HostNetError>> {
-        *crate::locks::lock(&self.routers) = routers.to_vec();
-        let mut links = crate::locks::lock(&self.links);
+        *crate::sys::locks::lock(&self.routers) = routers.to_vec();
+        let mut links = crate::sys::locks::lock(&self.links);
         let next = u32::try_from(links.len()).unwrap_or(u32::MAX) + 1;
         links.entry(HOST_DEVICE.into()).or_insert(next);
         Box::pin(async { Ok(()) })
@@ -427,7 +361,7 @@ impl HostNet for FakeHostNet {
     fn link_indexes(
         &self,
     ) -> BoxFuture<'_, Result<std::collections::HashMap<String, u32>, HostNetError>> {
-        let all = crate::locks::lock(&self.links)
+        let all = crate::sys::locks::lock(&self.links)
             .iter()
             .map(|(n, i)| (n.clone(), *i))
             .collect();
@@ -435,13 +369,13 @@ impl HostNet for FakeHostNet {
     }
 
     fn delete_link<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<(), HostNetError>> {
-        crate::locks::lock(&self.links).remove(name);
-        crate::locks::lock(&self.down).remove(name);
+        crate::sys::locks::lock(&self.links).remove(name);
+        crate::sys::locks::lock(&self.down).remove(name);
         Box::pin(async { Ok(()) })
     }
 
     fn delete_link_index(&self, index: u32) -> BoxFuture<'_, Result<(), HostNetError>> {
-        let mut links = crate::locks::lock(&self.links);
+        let mut links = crate::sys::locks::lock(&self.links);
         let named: Vec<String> = links
             .iter()
             .filter(|(_, i)| **i == index)
@@ -449,13 +383,13 @@ impl HostNet for FakeHostNet {
             .collect();
         for name in named {
             links.remove(&name);
-            crate::locks::lock(&self.down).remove(&name);
+            crate::sys::locks::lock(&self.down).remove(&name);
         }
         Box::pin(async { Ok(()) })
     }
 
-    fn node_view(&self) -> BoxFuture<'_, Result<crate::nodenet::NodeView, HostNetError>> {
-        let view = crate::locks::lock(&self.view).clone();
+    fn node_view(&self) -> BoxFuture<'_, Result<crate::node::nodenet::NodeView, HostNetError>> {
+        let view = crate::sys::locks::lock(&self.view).clone();
         Box::pin(async move { Ok(view) })
     }
 
@@ -463,9 +397,9 @@ impl HostNet for FakeHostNet {
         &'a self,
         name: &'a str,
     ) -> BoxFuture<'a, Result<Option<u32>, HostNetError>> {
-        let index = crate::locks::lock(&self.links).get(name).copied();
+        let index = crate::sys::locks::lock(&self.links).get(name).copied();
         if index.is_some() {
-            crate::locks::lock(&self.down).insert(name.to_owned());
+            crate::sys::locks::lock(&self.down).insert(name.to_owned());
         }
         Box::pin(async move { Ok(index) })
     }

@@ -7,7 +7,7 @@
 //! fails (an RBAC denial, an unreachable API server) is retried and reported, never a reason to
 //! exit — a restart would not fix it, and a crash loop hides the reason.
 
-use crate::config::K8sSettings;
+use crate::daemon::config::K8sSettings;
 use crate::node::{ChosenCidr, NodeManifest};
 use crate::service::{Manager, ManagerError};
 use std::sync::Arc;

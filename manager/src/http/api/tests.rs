@@ -12,7 +12,7 @@ use tokio::net::{UnixListener, UnixStream};
 use weft_api::{AllocateRequest, Label, RegisterRequest};
 
 use crate::datapath::FakeDatapath;
-use crate::hostnet::FakeHostNet;
+use crate::node::hostnet::FakeHostNet;
 use crate::service::Manager;
 
 struct World {
@@ -34,10 +34,10 @@ fn world() -> World {
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("api.sock");
     let listener = UnixListener::bind(&sock).unwrap();
-    tokio::spawn(crate::listener::serve(
+    tokio::spawn(crate::http::listener::serve(
         listener,
-        crate::api::router(m.clone()),
-        crate::listener::Limits::default(),
+        crate::http::api::router(m.clone()),
+        crate::http::listener::Limits::default(),
         std::future::pending(),
     ));
     World {

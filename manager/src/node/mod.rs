@@ -1,5 +1,15 @@
 //! Node CIDRs: which pod CIDR each family uses, chosen by the priority of docs/ARCHITECTURE.md, "Pod CIDRs"
 //! (`spec.podCIDRs` > `spec.podCIDR` > annotation > config), as Cilium's `ParseNode` does.
+//!
+//! Its children: [`hostnet`] the node's netlink plumbing behind a seam (with its fake),
+//! [`nodenet`] what the node's netns already holds, [`masquerade`] SNAT for traffic leaving the
+//! cluster, [`ipcache`] who owns each prefix of the ipcache map. Calls `sys` and `datapath` only.
+
+pub mod hostdev;
+pub mod hostnet;
+pub mod ipcache;
+pub mod masquerade;
+pub mod nodenet;
 
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};

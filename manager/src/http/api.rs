@@ -16,7 +16,7 @@ use weft_api::{
 };
 
 use crate::endpoint::EndpointError;
-use crate::ipam::IpamError;
+use crate::endpoint::ipam::IpamError;
 use crate::service::{Manager, ManagerError};
 
 type Shared = Arc<Manager>;
@@ -136,7 +136,7 @@ pub fn router(manager: Shared) -> Router {
         .route("/v1/maps/{name}", get(map_dump))
         .route("/v1/verify", get(verify))
         .route("/v1/monitor", get(monitor))
-        .route("/metrics", get(crate::prom::handler))
+        .route("/metrics", get(crate::prom::handler::<Manager>))
         .fallback(|| async {
             HttpError::new(
                 StatusCode::NOT_FOUND,
@@ -238,7 +238,7 @@ async fn allocate(State(m): State<Shared>, bytes: Bytes) -> Reply {
     }
     let req: AllocateRequest = body(&bytes)?;
     m.settle_host_link(&req.container_id, &req.ifname).await;
-    json(&crate::k8s::allocate(&m, &req).await?)
+    json(&crate::daemon::k8s::allocate(&m, &req).await?)
 }
 
 async fn get_endpoint(State(m): State<Shared>, Path(id): Path<u32>) -> Reply {
@@ -266,7 +266,10 @@ async fn delete_endpoint(State(m): State<Shared>, Query(q): Query<OwnerQuery>) -
 
 async fn gc(State(m): State<Shared>, bytes: Bytes) -> Reply {
     let req: GcRequest = body(&bytes)?;
-    json(&m.gc(&req.valid_attachments, crate::clock::now_ms()).await?)
+    json(
+        &m.gc(&req.valid_attachments, crate::sys::clock::now_ms())
+            .await?,
+    )
 }
 
 async fn ipam(State(m): State<Shared>) -> Reply {

@@ -3,12 +3,20 @@
 //! Ownership is the (container id, ifname) pair: every lookup that can free something goes
 //! through it, so a stale DEL for container X can never release what container Y holds now
 //! (Cilium #10065).
+//!
+//! Its children: [`ipam`] the address pools, [`restore`] start-up reconciliation against the
+//! node, [`link_reaper`] host veths deleted after DEL answered. Calls `store`, `node::hostnet`
+//! and `datapath` only.
+
+pub mod ipam;
+pub mod link_reaper;
+pub mod restore;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use weft_api::{AllocateRequest, Endpoint, EndpointState, IpConfig, RegisterRequest, naming};
 
-use crate::ipam::{IpamError, Pool};
+use crate::endpoint::ipam::{IpamError, Pool};
 use crate::store::{Flushing, Store, StoreError};
 
 /// Registry failures.
@@ -174,7 +182,7 @@ impl Registry {
             pod_mac: None,
             state: EndpointState::Allocated,
             policy_revision: 0,
-            created_ms: crate::clock::now_ms(),
+            created_ms: crate::sys::clock::now_ms(),
         };
         if let Err(e) = self.store.put_endpoint(&ep, Some(ep.id + 1)) {
             self.release_ips(&ep.ips);

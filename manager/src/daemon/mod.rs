@@ -1,4 +1,13 @@
 //! Start-up in the order of docs/ARCHITECTURE.md, "Restore", then serving the API until SIGTERM.
+//!
+//! Its children: [`config`] the settings, [`guard`] what is refused before anything is touched,
+//! [`k8s`] Kubernetes mode (the Node, the watchers), [`cni_install`] the DaemonSet's install of the
+//! plugin and conflist. The daemon calls every other module; nothing calls it.
+
+pub mod cni_install;
+pub mod config;
+pub mod guard;
+pub mod k8s;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -6,11 +15,11 @@ use std::time::Instant;
 use tokio::net::UnixListener;
 use weft_api::delete_queue::DeleteQueue;
 
-use crate::config::Config;
+use crate::daemon::config::Config;
 use crate::datapath::{BpfDatapath, Datapath, DatapathConfig, DatapathError};
+use crate::endpoint::ipam::Pool;
 use crate::endpoint::{EndpointError, Registry};
-use crate::hostnet::{HostNet, HostNetError, NetlinkHostNet};
-use crate::ipam::Pool;
+use crate::node::hostnet::{HostNet, HostNetError, NetlinkHostNet};
 use crate::node::{self, ChosenCidr, NodeError, NodeManifest};
 use crate::policy_state::{PolicyState, PolicyStateError};
 use crate::service::{Manager, from_api_labels};
@@ -71,10 +80,10 @@ pub enum StartError {
     },
     /// Kubernetes mode.
     #[error(transparent)]
-    K8s(#[from] crate::k8s::K8sError),
+    K8s(#[from] crate::daemon::k8s::K8sError),
     /// A start-up guard refused (untrusted dir, busy pin dir, socket path in use).
     #[error(transparent)]
-    Guard(#[from] crate::guard::GuardError),
+    Guard(#[from] crate::daemon::guard::GuardError),
     /// The delete queue's directory is not trusted.
     #[error(transparent)]
     Queue(#[from] weft_api::delete_queue::QueueError),
@@ -89,7 +98,7 @@ pub enum StartError {
     KvstoreThreads(#[source] std::io::Error),
     /// The masquerade table could not be installed.
     #[error(transparent)]
-    Masquerade(#[from] crate::masquerade::MasqueradeError),
+    Masquerade(#[from] crate::node::masquerade::MasqueradeError),
     /// Filesystem work around the socket or state dir.
     #[error("{what} {path}: {source}")]
     Io {
@@ -130,7 +139,7 @@ fn node_cidrs(
     config: &Config,
     manifest: &NodeManifest,
     store: &Store,
-    view: &crate::nodenet::NodeView,
+    view: &crate::node::nodenet::NodeView,
 ) -> Result<Vec<ChosenCidr>, StartError> {
     let selection = node::select(manifest, &config.pod_cidrs)?;
     for w in &selection.warnings {
@@ -138,7 +147,7 @@ fn node_cidrs(
     }
     let chosen = selection.cidrs();
     for c in &chosen {
-        if let Some(why) = crate::nodenet::conflict(c.cidr, view) {
+        if let Some(why) = crate::node::nodenet::conflict(c.cidr, view) {
             return Err(NodeError::Conflict(format!("{} ({}): {why}", c.cidr, c.detail)).into());
         }
     }
@@ -197,10 +206,10 @@ fn refuse_lost_state(
 /// Kvstore mode: the agent for this node (nothing connects yet; etcd may be down).
 fn cluster_link(
     config: &Config,
-    kv: &crate::config::KvstoreConfig,
+    kv: &crate::daemon::config::KvstoreConfig,
     node_name: &str,
     cidrs: &[ChosenCidr],
-) -> Result<crate::service::ClusterLink, StartError> {
+) -> Result<crate::cluster::link::ClusterLink, StartError> {
     use crate::cluster::{Cluster, ClusterConfig, nodeip, routes::NetlinkRoutes};
     use crate::kvstore::{etcd::EtcdKv, keys};
     keys::check_node_name(node_name).map_err(StartError::KvstoreNode)?;
@@ -228,7 +237,7 @@ fn cluster_link(
             gc_interval: std::time::Duration::from_secs(30),
         },
     );
-    Ok(crate::service::ClusterLink {
+    Ok(crate::cluster::link::ClusterLink {
         cluster: Arc::new(cluster),
         routes: Arc::new(NetlinkRoutes::new()?),
         runtime: tokio::runtime::Handle::current(),
@@ -241,12 +250,12 @@ fn cluster_link(
 fn masquerade(
     config: &Config,
     own_cidrs: Vec<ipnet::IpNet>,
-) -> Result<Option<Arc<crate::masquerade::Masquerader>>, StartError> {
-    use crate::masquerade::{Masquerader, NftCommand};
+) -> Result<Option<Arc<crate::node::masquerade::Masquerader>>, StartError> {
+    use crate::node::masquerade::{Masquerader, NftCommand};
     if !config.masquerade {
         // Turned off since the last run: nothing of it may stay behind. Without nft there is
         // nothing of it either.
-        if let Err(e) = crate::masquerade::uninstall(&NftCommand) {
+        if let Err(e) = crate::node::masquerade::uninstall(&NftCommand) {
             tracing::warn!("--masquerade=false: removing an earlier masquerade table: {e}");
         }
         return Ok(None);
@@ -290,12 +299,12 @@ impl Phases {
 fn guard_paths(config: &Config) -> Result<DeleteQueue, StartError> {
     // Everything the manager creates (sled files, the queue) is for root only.
     nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
-    crate::guard::secure_state_dir(&config.state_dir)?;
-    crate::guard::check_socket(&config.socket)?;
+    crate::daemon::guard::secure_state_dir(&config.state_dir)?;
+    crate::daemon::guard::check_socket(&config.socket)?;
     let queue = DeleteQueue::for_socket(&config.socket);
     queue.ensure_trusted()?;
     crate::datapath::ensure_bpffs(&config.bpffs)?;
-    crate::guard::lock_pin_dir(&config.bpffs)?;
+    crate::daemon::guard::lock_pin_dir(&config.bpffs)?;
     Ok(queue)
 }
 
@@ -341,7 +350,8 @@ async fn restore_all(
     phases: &mut Phases,
 ) -> Result<Restored, StartError> {
     let (kept, removed) =
-        crate::restore::restore_endpoints(manager, hostnet, crate::clock::now_ms()).await?;
+        crate::endpoint::restore::restore_endpoints(manager, hostnet, crate::sys::clock::now_ms())
+            .await?;
     phases.mark("validate");
     if join_cluster(manager).await? {
         phases.mark("kvstore");
@@ -353,7 +363,7 @@ async fn restore_all(
     let regenerated = manager.regenerate_all()?;
     let stale_ipcache = manager.reconcile_ipcache()?;
     phases.mark("regenerate");
-    let drained = crate::restore::drain_delete_queue(manager, queue).await;
+    let drained = crate::endpoint::restore::drain_delete_queue(manager, queue).await;
     phases.mark("delete-queue");
     let orphan_links = manager.reap_orphan_links().await?;
     Ok(Restored {
@@ -387,13 +397,13 @@ pub async fn start(config: &Config) -> Result<Started, StartError> {
 
     refuse_lost_state(config, &store, &*datapath)?;
     let k8s = match &config.k8s {
-        Some(settings) => Some(crate::k8s::connect(settings, &node_name).await?),
+        Some(settings) => Some(crate::daemon::k8s::connect(settings, &node_name).await?),
         None => None,
     };
     // Kubernetes mode: the Node as the API server returned it, over any manifest.
     let manifest = k8s
         .as_ref()
-        .map_or(manifest, |c| crate::k8s::manifest(&c.node));
+        .map_or(manifest, |c| crate::daemon::k8s::manifest(&c.node));
     let hostnet: Arc<dyn HostNet> = Arc::new(NetlinkHostNet::new()?);
     let cidrs = node_cidrs(config, &manifest, &store, &hostnet.node_view().await?)?;
     let chosen = cidrs.clone();
@@ -409,7 +419,7 @@ pub async fn start(config: &Config) -> Result<Started, StartError> {
         .collect();
     let grace_ms = u64::try_from(config.identity_grace.as_millis()).unwrap_or(u64::MAX);
     let (policy, _) =
-        PolicyState::restore_with_grace(store, &label_sets, grace_ms, crate::clock::now_ms())?;
+        PolicyState::restore_with_grace(store, &label_sets, grace_ms, crate::sys::clock::now_ms())?;
     phases.mark("ipam+identities+policy");
 
     let k8s_node = node_name.clone();
@@ -437,11 +447,11 @@ pub async fn start(config: &Config) -> Result<Started, StartError> {
     let manager = Arc::new(manager);
     let restored = restore_all(&manager, &*hostnet, &queue, &mut phases).await?;
     let watchers = match k8s {
-        Some(conn) => Some(crate::k8s::start(&manager, conn, &k8s_node, &chosen).await),
+        Some(conn) => Some(crate::daemon::k8s::start(&manager, conn, &k8s_node, &chosen).await),
         None => None,
     };
 
-    let listener = crate::guard::bind_socket(&config.socket)?;
+    let listener = crate::daemon::guard::bind_socket(&config.socket)?;
     for (name, ms) in &phases.done {
         manager.record_phase(name, *ms);
     }
@@ -480,7 +490,7 @@ pub struct Started {
     pub manager: Arc<Manager>,
     /// The API socket, bound.
     pub listener: UnixListener,
-    /// Kubernetes mode: the watchers whose initial lists [`crate::k8s::become_ready`] awaits.
+    /// Kubernetes mode: the watchers whose initial lists [`crate::daemon::k8s::become_ready`] awaits.
     pub watchers: Option<Arc<weft_k8s::watch::Watchers>>,
 }
 
@@ -490,11 +500,11 @@ pub async fn serve(
     listener: UnixListener,
     socket: &Path,
 ) -> std::io::Result<()> {
-    tokio::spawn(crate::restore::housekeeping(
+    tokio::spawn(crate::endpoint::restore::housekeeping(
         manager.clone(),
         std::time::Duration::from_secs(2),
     ));
-    let app = crate::api::router(manager);
+    let app = crate::http::api::router(manager);
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let shutdown = async move {
         tokio::select! {
@@ -503,7 +513,13 @@ pub async fn serve(
         }
         tracing::info!("signal received; stopping (datapath stays in place)");
     };
-    crate::listener::serve(listener, app, crate::listener::Limits::default(), shutdown).await?;
+    crate::http::listener::serve(
+        listener,
+        app,
+        crate::http::listener::Limits::default(),
+        shutdown,
+    )
+    .await?;
     let _ = std::fs::remove_file(socket);
     Ok(())
 }
@@ -516,7 +532,7 @@ mod tests {
     fn config(args: &[&str]) -> Config {
         let mut all = vec!["weft-manager"];
         all.extend_from_slice(args);
-        Config::resolve(crate::config::Cli::parse_from(all)).unwrap()
+        Config::resolve(crate::daemon::config::Cli::parse_from(all)).unwrap()
     }
 
     #[test]

@@ -163,20 +163,20 @@ impl Masquerader {
 
     /// A node joined or changed.
     pub fn node_put(&self, name: &str, pod_cidrs: &[IpNet]) -> Result<(), MasqueradeError> {
-        crate::locks::lock(&self.remote).insert(name.to_owned(), pod_cidrs.to_vec());
+        crate::sys::locks::lock(&self.remote).insert(name.to_owned(), pod_cidrs.to_vec());
         self.sync()
     }
 
     /// A node left.
     pub fn node_deleted(&self, name: &str) -> Result<(), MasqueradeError> {
-        crate::locks::lock(&self.remote).remove(name);
+        crate::sys::locks::lock(&self.remote).remove(name);
         self.sync()
     }
 
     /// Every destination that keeps the pod's source.
     #[must_use]
     pub fn exempt(&self) -> BTreeSet<IpNet> {
-        let remote = crate::locks::lock(&self.remote);
+        let remote = crate::sys::locks::lock(&self.remote);
         self.own
             .iter()
             .chain(&self.configured)
@@ -186,7 +186,7 @@ impl Masquerader {
     }
 
     fn sync(&self) -> Result<(), MasqueradeError> {
-        let mut applied = crate::locks::lock(&self.applied);
+        let mut applied = crate::sys::locks::lock(&self.applied);
         let want = script(&self.own, &self.exempt());
         if applied.as_deref() == Some(want.as_str()) {
             return Ok(());

@@ -17,7 +17,7 @@ use rtnetlink::RouteMessageBuilder;
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use crate::hostnet::{HOST_DEVICE, HOST_PEER, HostNetError, nl};
+use crate::node::hostdev::{HOST_DEVICE, HOST_PEER, HostNetError, nl};
 
 /// `RT_TABLE_MAIN`.
 const MAIN_TABLE: u8 = 254;

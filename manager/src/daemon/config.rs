@@ -194,7 +194,7 @@ pub struct Config {
     /// Kubernetes mode (`None`: off).
     pub k8s: Option<K8sSettings>,
     /// Install the CNI plugin and conflist once ready.
-    pub cni_install: Option<crate::cni_install::CniInstall>,
+    pub cni_install: Option<crate::daemon::cni_install::CniInstall>,
     /// Kvstore mode, if enabled.
     pub kvstore: Option<KvstoreConfig>,
     /// Underlay address given on the command line.
@@ -258,7 +258,7 @@ impl Config {
             uninstall,
             metrics_listen: s
                 .metrics_listen
-                .map(|a| crate::prom::parse_listen(&a))
+                .map(|a| crate::prom::server::parse_listen(&a))
                 .transpose()
                 .map_err(|e| ConfigError::Invalid(e.to_string()))?,
             identity_grace: std::time::Duration::from_secs(
@@ -267,7 +267,7 @@ impl Config {
         };
         match (s.install_cni_bin, s.install_cni_conf) {
             (Some(bin_dir), Some(conf_dir)) => {
-                config.cni_install = Some(crate::cni_install::CniInstall {
+                config.cni_install = Some(crate::daemon::cni_install::CniInstall {
                     bin_dir,
                     conf_dir,
                     uninstall_on_stop: s.cni_uninstall.unwrap_or(false),

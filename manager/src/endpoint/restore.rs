@@ -6,7 +6,7 @@ use std::time::Duration;
 use weft_api::delete_queue::DeleteQueue;
 use weft_api::{Endpoint, EndpointState, naming};
 
-use crate::hostnet::HostNet;
+use crate::node::hostnet::HostNet;
 use crate::service::{ADD_GRACE_MS, Manager, ManagerError};
 
 /// Why a persisted endpoint cannot be kept.
@@ -153,8 +153,8 @@ pub async fn housekeeping(manager: std::sync::Arc<Manager>, every: Duration) {
         {
             drain_delete_queue(&manager, queue).await;
         }
-        reap_abandoned(&manager, crate::clock::now_ms()).await;
-        if let Err(e) = manager.collect_idle(crate::clock::now_ms()) {
+        reap_abandoned(&manager, crate::sys::clock::now_ms()).await;
+        if let Err(e) = manager.collect_idle(crate::sys::clock::now_ms()) {
             tracing::error!("freeing idle identities failed; retrying: {e}");
         }
         manager.persist_slot_records();

@@ -1,0 +1,165 @@
+//! The `ports[]` items both policy APIs share: port numbers and names, `endPort` ranges,
+//! protocols, and named ports kept apart from numeric ones.
+
+use serde_json::Value;
+
+use super::walk::{FieldError, Res, kind};
+use crate::mapstate::proto;
+use crate::rule::PortProto;
+
+/// A port number from a string or a number; `0` is "all ports" where `allow_zero`.
+pub fn port_number(v: &Value, path: &str, allow_zero: bool) -> Res<u16> {
+    let text = match v {
+        Value::String(s) => s.clone(),
+        Value::Number(n) => n.to_string(),
+        other => {
+            return Err(FieldError::new(
+                path,
+                format!("expected a port number, got {}", kind(other)),
+            ));
+        }
+    };
+    match text.parse::<u32>() {
+        Ok(0) if allow_zero => Ok(0),
+        Ok(n @ 1..=65535) => {
+            u16::try_from(n).map_err(|_| FieldError::new(path, "port out of range"))
+        }
+        Ok(_) | Err(_) => Err(FieldError::new(
+            path,
+            format!("{text:?} is not a port number (1-65535)"),
+        )),
+    }
+}
+
+/// A port as written: a number, or a container port's name (`IANA_SVC_NAME`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PortSpec {
+    /// 0 (where allowed: all ports) or 1-65535.
+    Number(u16),
+    /// A named port.
+    Name(String),
+}
+
+/// A port number or name. Names follow Kubernetes' `IANA_SVC_NAME`: at most 15 lowercase
+/// letters, digits and inner single hyphens, with at least one letter.
+pub fn port_spec(v: &Value, path: &str, allow_zero: bool) -> Res<PortSpec> {
+    if let Value::String(s) = v
+        && s.chars().any(|c| c.is_ascii_alphabetic())
+    {
+        let ok = s.len() <= 15
+            && s.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+            && !s.starts_with('-')
+            && !s.ends_with('-')
+            && !s.contains("--");
+        if !ok {
+            return Err(FieldError::new(
+                path,
+                format!(
+                    "{s:?} is neither a port number (1-65535) nor a port name (at most 15 lowercase letters, digits and single inner hyphens)"
+                ),
+            ));
+        }
+        return Ok(PortSpec::Name(s.clone()));
+    }
+    port_number(v, path, allow_zero).map(PortSpec::Number)
+}
+
+/// Named ports of one entry; `end` must be absent. In an ingress rule the name is the selected
+/// pod's own port; in an egress rule, the destination pod's.
+fn named_ports(
+    protos: &[u8],
+    name: &str,
+    has_end: bool,
+    path: &str,
+) -> Res<Vec<crate::rule::NamedPort>> {
+    if has_end {
+        return Err(FieldError::new(
+            path,
+            format!("endPort needs a numeric port, not the name {name:?}"),
+        ));
+    }
+    let protos: Vec<u8> = protos
+        .iter()
+        .flat_map(|&p| {
+            if p == proto::ANY {
+                vec![proto::TCP, proto::UDP, proto::SCTP]
+            } else {
+                vec![p]
+            }
+        })
+        .collect();
+    Ok(protos
+        .into_iter()
+        .map(|proto| crate::rule::NamedPort {
+            proto,
+            name: name.to_owned(),
+        })
+        .collect())
+}
+
+/// Protocols a port can name. `ANY` with a port expands to TCP, UDP and SCTP because the map
+/// contract only allows protocol 0 together with all ports.
+pub fn protocols(name: &str, path: &str) -> Res<Vec<u8>> {
+    match name.to_ascii_uppercase().as_str() {
+        "TCP" => Ok(vec![proto::TCP]),
+        "UDP" => Ok(vec![proto::UDP]),
+        "SCTP" => Ok(vec![proto::SCTP]),
+        "ANY" => Ok(vec![proto::ANY]),
+        "ICMP" | "ICMPV6" => Err(FieldError::new(
+            path,
+            format!("not supported yet: protocol {name:?} in ports"),
+        )),
+        _ => Err(FieldError::new(
+            path,
+            format!("unknown protocol {name:?} (expected TCP, UDP, SCTP or ANY)"),
+        )),
+    }
+}
+
+/// One `ports[]` item of either API: a number (with its `endPort`) becomes port entries in
+/// `numeric`, a name becomes named ports in `named`.
+pub fn add_port(
+    protos: &[u8],
+    port: PortSpec,
+    end: Option<u16>,
+    (port_path, end_path): (&str, &str),
+    numeric: &mut Vec<PortProto>,
+    named: &mut Vec<crate::rule::NamedPort>,
+) -> Res<()> {
+    match port {
+        PortSpec::Number(port) => numeric.extend(port_entries(protos, port, end, end_path)?),
+        PortSpec::Name(name) => {
+            named.extend(named_ports(protos, &name, end.is_some(), port_path)?);
+        }
+    }
+    Ok(())
+}
+
+/// Turns one (protocols, port, endPort) triple into port entries.
+fn port_entries(protos: &[u8], port: u16, end: Option<u16>, end_path: &str) -> Res<Vec<PortProto>> {
+    let (lo, hi) = match (port, end) {
+        (0, Some(_)) => return Err(FieldError::new(end_path, "endPort needs a port")),
+        (0, None) => (0, u16::MAX),
+        (p, None) => (p, p),
+        (p, Some(e)) if e < p => {
+            return Err(FieldError::new(
+                end_path,
+                format!("endPort {e} is below port {p}"),
+            ));
+        }
+        (p, Some(e)) => (p, e),
+    };
+    let all = (lo, hi) == (0, u16::MAX);
+    Ok(protos
+        .iter()
+        .flat_map(|&p| {
+            if p == proto::ANY && !all {
+                vec![proto::TCP, proto::UDP, proto::SCTP]
+            } else {
+                vec![p]
+            }
+        })
+        .map(|proto| PortProto { proto, lo, hi })
+        .collect())
+}
