@@ -3,8 +3,9 @@
 #
 #   $CLUSTER_BIN     every binary by its plain name: kube-apiserver kube-controller-manager
 #                    kube-scheduler kubelet kube-proxy kubectl e2e.test agnhost etcd etcdctl
-#                    containerd containerd-shim-runc-v2 ctr runc (symlinks into the cache, made by
-#                    scripts/cluster/build for exactly the versions in scripts/cluster/versions)
+#                    containerd containerd-shim-runc-v2 ctr runc prometheus (symlinks into the
+#                    cache, made by scripts/cluster/build for exactly the versions in
+#                    scripts/cluster/versions)
 #   $CLUSTER_IMAGES  OCI image-layout tarballs made by scripts/cluster/images, one per image
 #                    (pause.tar, agnhost.tar, busybox.tar), named inside as $PAUSE_IMAGE etc.:
 #                    `ctr -n k8s.io images import FILE` for each
