@@ -1,7 +1,7 @@
 //! Start-up in the order of docs/ARCHITECTURE.md, "Restore", then serving the API until SIGTERM.
 //!
 //! Its children: [`config`] the settings, [`guard`] what is refused before anything is touched,
-//! [`k8s`] Kubernetes mode (the Node, the watchers), [`cni_install`] the DaemonSet's install of the
+//! [`k8s`] Kubernetes mode (the Node, the watchers), [`cni_install`] the `DaemonSet`'s install of the
 //! plugin and conflist. The daemon calls every other module; nothing calls it.
 
 pub mod cni_install;
