@@ -3,11 +3,11 @@
 //! identity as pods come, change and go.
 
 use super::support::{fake_manager, make_ready, pod_request};
-use crate::service::*;
 use crate::cluster::watch::Remote;
 use crate::datapath::FakeDatapath;
 use crate::hostnet::FakeHostNet;
 use crate::kvstore::keys::{IpRecord, NamedPortRecord};
+use crate::service::*;
 use std::collections::BTreeMap;
 use weft_policy::mapstate::{Direction, Identity, Verdict, proto};
 
