@@ -1,5 +1,6 @@
-//! Drives `weft_manager::datapath` from scripts (benchmarks), one operation per invocation: the
-//! attachments and pinned maps outlive each run, exactly as they outlive the manager.
+//! Drives `weft_manager::datapath` from scripts (benchmarks, and `old-build` for
+//! scripts/e2e/upgrade.sh), one operation per invocation: the attachments and pinned maps
+//! outlive each run, exactly as they outlive the manager.
 //! Run inside the netns that holds the interfaces (`nsenter --net=...`, which keeps bpffs).
 
 #![allow(
@@ -69,6 +70,97 @@ enum Cmd {
         #[arg(long, default_value_t = 50)]
         count: u32,
     },
+    /// Plays an older build that computed some slots differently, while the manager is
+    /// stopped: each `--extra SLOT:IDENTITY:PORT` adds a TCP ingress allow from IDENTITY to
+    /// SLOT in a complete write (a new generation, the slot's record updated with it and the
+    /// digest of what the slot then holds, as that build would have persisted it), and every
+    /// slot record is stamped as written by that build's compiler.
+    OldBuild {
+        /// The manager's state dir.
+        #[arg(long)]
+        state_dir: PathBuf,
+        /// `SLOT:IDENTITY:PORT`; IDENTITY must have no entry in SLOT yet.
+        #[arg(long = "extra")]
+        extra: Vec<String>,
+        /// Which part of the compiler the older build had another version of.
+        #[arg(long, value_enum)]
+        older: Older,
+    },
+}
+
+/// What the build `old-build` plays differed in.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum Older {
+    /// The policy computation (same encoding).
+    Policy,
+    /// The map encoding.
+    Encoding,
+    /// A build from before slot records said which compiler wrote them.
+    Unversioned,
+}
+
+fn old_build(dp: &BpfDatapath, state_dir: &std::path::Path, extra: &[String], older: Older) {
+    use weft_manager::slots::{Compiler, Record};
+    let store = weft_manager::store::Store::open(state_dir).expect("open the state db");
+    let (mut records, inputs) = store.load_slots::<Record>().expect("read the slot records");
+    let generations = dp.slot_generations().expect("read policy_gen");
+    let first = generations
+        .values()
+        .chain(records.values().map(|r| &r.generation))
+        .copied()
+        .max()
+        .unwrap_or(0)
+        + 1;
+    for (next, spec) in (first..).zip(extra) {
+        let parts: Vec<u32> = spec
+            .split(':')
+            .map(|p| p.parse().expect("--extra SLOT:IDENTITY:PORT, numbers"))
+            .collect();
+        let [slot, identity, port] = parts[..] else {
+            panic!("--extra {spec}: expected SLOT:IDENTITY:PORT");
+        };
+        let port = u16::try_from(port).expect("a port number");
+        let record = records
+            .get_mut(&slot)
+            .unwrap_or_else(|| panic!("slot {slot} has no record"));
+        let entry = PolicyEntry::new(Direction::Ingress, identity, proto::TCP, port, port);
+        let digest = dp
+            .apply_policy_identities(
+                slot,
+                &[identity].into(),
+                &[(entry, Verdict::Allow)].into(),
+                next,
+            )
+            .expect("write the slot");
+        record.generation = next;
+        record.digest = digest;
+        println!("slot {slot}: + allow identity {identity} tcp/{port}, generation {next}");
+    }
+    let c = Compiler::CURRENT;
+    let stamp = match older {
+        Older::Policy => Some(Compiler {
+            policy: c.policy.checked_sub(1).unwrap_or(c.policy + 1),
+            ..c
+        }),
+        Older::Encoding => Some(Compiler {
+            encoding: c.encoding.checked_sub(1).unwrap_or(c.encoding + 1),
+            ..c
+        }),
+        Older::Unversioned => None,
+    };
+    for record in records.values_mut() {
+        record.compiler = stamp;
+    }
+    let put: Vec<(u32, &Record)> = records.iter().map(|(s, r)| (*s, r)).collect();
+    store
+        .write_slots(&put, &[], inputs)
+        .expect("write the slot records");
+    store.flush().expect("flush the state db");
+    println!(
+        "{} slot records stamped {}",
+        put.len(),
+        stamp.map_or_else(|| "unversioned".to_owned(), |c| c.to_string())
+    );
 }
 
 fn endpoint(ifname: &str, endpoint_id: u32, identity: u32, ips: Vec<IpAddr>) -> EndpointDatapath {
@@ -221,5 +313,10 @@ fn main() {
             );
         }
         Cmd::AttachCost { count } => attach_cost(&dp, count),
+        Cmd::OldBuild {
+            state_dir,
+            extra,
+            older,
+        } => old_build(&dp, &state_dir, &extra, older),
     }
 }

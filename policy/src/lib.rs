@@ -11,6 +11,7 @@
 //! parsed failing closed ([`parse::parse_cluster_object`]). See `docs/POLICY.md`.
 #![warn(missing_docs)]
 pub mod cidr;
+pub mod compiler;
 pub mod compute;
 pub mod diff;
 pub mod identity;

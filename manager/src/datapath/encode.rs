@@ -16,6 +16,19 @@ use std::collections::{BTreeMap, HashMap};
 use weft_ebpf::{self as abi, PolicyKey};
 use weft_policy::mapstate::{Direction, EndpointPolicy, PolicyEntry, Verdict};
 
+/// Version of what this module makes of a computed policy: the `policy` trie entries (key
+/// layout, port blocks, deny carving, verdict values), the enforcement flag bits and the slot
+/// [`digest`]. A restarted manager trusts nothing in slots written under another version
+/// (`crate::slots::Compiler`). Bump it with any change to them, and with any change to how
+/// the datapath's C code reads the `policy` map; the test
+/// `a_change_of_the_encoding_comes_with_a_new_encoding_version` (encode/tests.rs) fails on a
+/// change of the encoding without a new line in [`POLICY_ENCODING_GOLDENS`].
+pub const POLICY_ENCODING_VERSION: u32 = 1;
+
+/// `(version, digest of the golden corpus encoded by that version)`, oldest first; the last
+/// line is [`POLICY_ENCODING_VERSION`]'s. Append a line with each bump; never edit a past one.
+pub const POLICY_ENCODING_GOLDENS: &[(u32, u64)] = &[(1, 0xe8d7_f464_341e_0eaa)];
+
 /// One LPM entry of the `policy` map: prefix length and key data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct PolicyBlock {

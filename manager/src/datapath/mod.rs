@@ -27,7 +27,8 @@ pub use seam::{Datapath, PROGRAMS_LOADED, PROGRAMS_REUSED};
 pub(crate) use bpffs::ensure as ensure_bpffs;
 pub use encode::Encoded;
 pub use encode::{
-    PolicyBlock, digest, encode_entries, encode_policy, lookup_encoded, policy_digest,
+    POLICY_ENCODING_GOLDENS, POLICY_ENCODING_VERSION, PolicyBlock, digest, encode_entries,
+    encode_policy, lookup_encoded, policy_digest,
 };
 pub use error::DatapathError;
 pub use fake::{FakeCall, FakeDatapath};

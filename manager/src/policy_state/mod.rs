@@ -147,6 +147,8 @@ impl PolicyState {
     /// A digest of everything a policy is computed from besides the endpoint's own labels and
     /// named ports: the repository revision, every identity this node allocated and every
     /// remote one, and the named ports of every identity's pods. Stable across builds (persisted by `crate::slots`): FNV-1a over JSON.
+    /// The code that computes and encodes policy is not in it: each slot record carries its
+    /// own versions of that (`crate::slots::Compiler`).
     #[must_use]
     pub fn inputs_digest(&self) -> u64 {
         let mut h = weft_api::fnv::Fnv64::new();

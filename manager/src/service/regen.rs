@@ -229,6 +229,7 @@ impl Manager {
             // An idle slot was not regenerated while nobody used it: its entries are what it
             // last held completely (`digest`). Rewritten only if the policy moved since.
             if st.slots.digest(slot) == Some(crate::datapath::policy_digest(&policy)) {
+                st.slots.computed(slot);
                 return Ok(slot);
             }
             let written = self.write_slot(st, slot, &policy);
@@ -293,6 +294,7 @@ impl Manager {
         let (table, restored) = SlotTable::restore(st.pol.store().clone(), &generations, inputs)
             .map_err(crate::policy_state::PolicyStateError::from)?;
         st.slots = table;
+        log_other_compilers(&restored);
         let ready: Vec<weft_api::Endpoint> = st
             .reg
             .list()
@@ -477,7 +479,9 @@ impl Manager {
             };
             if current.insert(slot) && !(trust && st.slots.trusted(slot)) {
                 let policy = st.pol.compute(&from_api_labels(&ep.labels), &named);
-                if st.slots.digest(slot) != Some(crate::datapath::policy_digest(&policy)) {
+                if st.slots.digest(slot) == Some(crate::datapath::policy_digest(&policy)) {
+                    st.slots.computed(slot);
+                } else {
                     self.write_slot(st, slot, &policy)?;
                     changed += st.slots.members(slot).len();
                 }
@@ -490,4 +494,31 @@ impl Manager {
         }
         Ok(changed)
     }
+}
+
+/// Says which slots another build's policy compiler wrote (an upgrade or a downgrade), and
+/// what is done with them.
+fn log_other_compilers(restored: &crate::slots::Restored) {
+    use crate::slots::Compiler;
+    if restored.other_compiler.is_empty() {
+        return;
+    }
+    let by: BTreeSet<String> = restored
+        .other_compiler
+        .values()
+        .map(|c| c.map_or_else(|| "an unversioned build".to_owned(), |c| c.to_string()))
+        .collect();
+    let read_back = restored
+        .other_compiler
+        .keys()
+        .filter(|s| restored.untrusted.contains(s))
+        .count();
+    tracing::info!(
+        slots = restored.other_compiler.len(),
+        written_by = by.into_iter().collect::<Vec<_>>().join(", "),
+        this_build = %Compiler::CURRENT,
+        read_back,
+        "policy slots written by another policy compiler: each is recomputed and rewritten \
+         where it differs (read back first where its encoding differs)"
+    );
 }

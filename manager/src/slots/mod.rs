@@ -6,8 +6,10 @@
 //! This module is the bookkeeping: which slot stands for which key, which endpoints point at it,
 //! and, per slot, the generation and digest of its last complete write. Those are persisted so
 //! that a restarted manager trusts a slot whose generation in the kernel (`policy_gen`, 0 while a
-//! write is under way) equals the recorded one, and does not read it back. docs/DATAPATH.md,
-//! "Policy slots".
+//! write is under way) equals the recorded one, and does not read it back. Each record says
+//! which policy compiler wrote it ([`Compiler`]): a slot another build computed is recomputed
+//! (and read back when that build encoded it otherwise), never kept as computed.
+//! docs/DATAPATH.md, "Policy slots" and "Restart that trusts what it wrote".
 
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -67,14 +69,48 @@ impl Enforcement {
     }
 }
 
+/// What computed and encoded a slot's contents: the versions of the policy computation
+/// ([`weft_policy::compiler::POLICY_COMPILER_VERSION`]) and of its encoding into the trie, the
+/// flag bits and the slot digest ([`crate::datapath::POLICY_ENCODING_VERSION`]). Persisted in
+/// each record: a restart trusts what another build wrote only as far as this build computes
+/// and encodes the same.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Compiler {
+    /// Version of the policy computation.
+    pub policy: u32,
+    /// Version of the map encoding and slot digest.
+    pub encoding: u32,
+}
+
+impl Compiler {
+    /// This build's.
+    pub const CURRENT: Self = Self {
+        policy: weft_policy::compiler::POLICY_COMPILER_VERSION,
+        encoding: crate::datapath::POLICY_ENCODING_VERSION,
+    };
+}
+
+impl std::fmt::Display for Compiler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "policy v{} encoding v{}", self.policy, self.encoding)
+    }
+}
+
 /// The persisted part of a slot. A record from before `enforcement` existed does not parse:
 /// its slot is read back and rewritten, as one without a record.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-struct Record {
-    key: SlotKey,
-    generation: u64,
-    digest: u64,
-    enforcement: Enforcement,
+pub struct Record {
+    /// What the slot stands for.
+    pub key: SlotKey,
+    /// Generation of its last complete write (the kernel's `policy_gen` value then).
+    pub generation: u64,
+    /// Digest of its contents then ([`crate::datapath::digest`]).
+    pub digest: u64,
+    /// Its enforcement flags then.
+    pub enforcement: Enforcement,
+    /// What computed and encoded those contents (`None`: a build from before records said).
+    #[serde(default)]
+    pub compiler: Option<Compiler>,
 }
 
 #[derive(Debug, Clone)]
@@ -88,9 +124,11 @@ struct Slot {
     enforcement: Option<Enforcement>,
     /// Generation of the last complete write (0: none yet, or one failed).
     generation: u64,
-    /// Restored from a previous run with a matching generation: its entries are what that
-    /// run wrote completely.
+    /// Restored from a previous run with a matching generation and this build's
+    /// [`Compiler`]: its entries are what this computation gave for that run's inputs.
     trusted: bool,
+    /// What computed the contents `digest` stands for (`None`: unknown).
+    compiler: Option<Compiler>,
     /// Since when (ms) a slot without members is kept for the next endpoint of its key
     /// ([`SlotTable::mark_idle`]).
     idle_since: Option<u64>,
@@ -99,13 +137,20 @@ struct Slot {
 /// What a restore found.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Restored {
-    /// Slots whose kernel generation equals their record's.
+    /// Slots whose kernel generation equals their record's, written with this build's
+    /// encoding: not read back, their record's digest taken as their contents'.
     pub trusted: BTreeSet<u32>,
-    /// Slots that may hold entries but cannot be trusted (a write did not finish, no record, or
-    /// a record of another generation): read back and diffed.
+    /// Slots that may hold entries but cannot be trusted (a write did not finish, no record, a
+    /// record of another generation, or of another or unknown encoding): read back and diffed.
     pub untrusted: BTreeSet<u32>,
-    /// The persisted inputs digest equals the current one: trusted slots need no recompute.
+    /// The persisted inputs digest equals the current one: trusted slots this build's
+    /// compiler wrote need no recompute.
     pub inputs_unchanged: bool,
+    /// Slots whose record another build's compiler wrote, with its versions (`None`: a build
+    /// from before records said): none is taken as computed. With this build's encoding each
+    /// is recomputed and compared with its record's digest; with another or an unknown one it
+    /// is read back ([`Self::untrusted`]) and rewritten where it differs.
+    pub other_compiler: BTreeMap<u32, Option<Compiler>>,
 }
 
 /// Every slot of the node.
@@ -141,6 +186,7 @@ impl SlotTable {
         inputs: u64,
     ) -> Result<(Self, Restored), StoreError> {
         let (records, persisted_inputs) = store.load_slots::<Record>()?;
+        let current = Compiler::CURRENT;
         let mut t = Self::new(store);
         let mut r = Restored {
             inputs_unchanged: persisted_inputs == Some(inputs),
@@ -155,7 +201,17 @@ impl SlotTable {
         t.next_generation = max_record.max(max_kernel) + 1;
         for (&slot, &generation) in kernel {
             let record = records.get(&slot);
-            let trusted = generation != 0 && record.is_some_and(|rec| rec.generation == generation);
+            if let Some(rec) = record.filter(|rec| rec.compiler != Some(current)) {
+                r.other_compiler.insert(slot, rec.compiler);
+            }
+            // Entries another encoding wrote are not what this one writes for the same policy,
+            // and their record's digest is another digest: nothing of theirs is kept.
+            let kept = generation != 0
+                && record.is_some_and(|rec| {
+                    rec.generation == generation
+                        && rec.compiler.is_some_and(|c| c.encoding == current.encoding)
+                });
+            let kept_record = record.filter(|_| kept);
             let key = record.map(|rec| rec.key);
             if let Some(k) = key {
                 t.by_key.entry(k).or_insert(slot);
@@ -165,14 +221,16 @@ impl SlotTable {
                 Slot {
                     key,
                     members: BTreeSet::new(),
-                    digest: record.filter(|_| trusted).map(|rec| rec.digest),
-                    enforcement: record.filter(|_| trusted).map(|rec| rec.enforcement),
-                    generation: if trusted { generation } else { 0 },
-                    trusted,
+                    digest: kept_record.map(|rec| rec.digest),
+                    enforcement: kept_record.map(|rec| rec.enforcement),
+                    generation: if kept { generation } else { 0 },
+                    // Another build's computation is recomputed, whatever the inputs.
+                    trusted: kept_record.is_some_and(|rec| rec.compiler == Some(current)),
+                    compiler: kept_record.and_then(|rec| rec.compiler),
                     idle_since: None,
                 },
             );
-            if trusted {
+            if kept {
                 r.trusted.insert(slot);
             } else {
                 r.untrusted.insert(slot);
@@ -223,6 +281,7 @@ impl SlotTable {
                 enforcement: None,
                 generation: 0,
                 trusted: false,
+                compiler: None,
                 idle_since: None,
             },
         );
@@ -345,6 +404,7 @@ impl SlotTable {
             s.trusted = false;
             if whole {
                 s.enforcement = None;
+                s.compiler = None;
             }
         }
         self.unpersisted.insert(slot);
@@ -363,7 +423,23 @@ impl SlotTable {
         if let Some(s) = self.slots.get_mut(&slot) {
             s.digest = Some(digest);
             s.generation = generation;
+            // A write of some identities leaves the others' entries as whoever computed them.
+            if enforcement.is_some() {
+                s.compiler = Some(Compiler::CURRENT);
+            }
             s.enforcement = enforcement.or(s.enforcement);
+        }
+    }
+
+    /// This build computed `slot`'s policy and found its contents equal (same digest) to what
+    /// is there: from now on its record says this build's compiler wrote it.
+    pub fn computed(&mut self, slot: u32) {
+        if let Some(s) = self.slots.get_mut(&slot)
+            && s.digest.is_some()
+            && s.compiler != Some(Compiler::CURRENT)
+        {
+            s.compiler = Some(Compiler::CURRENT);
+            self.unpersisted.insert(slot);
         }
     }
 
@@ -379,7 +455,8 @@ impl SlotTable {
         self.slots.get(&slot).and_then(|s| s.digest)
     }
 
-    /// Whether a restore trusted `slot` and nothing wrote it since.
+    /// Whether a restore trusted `slot` as this build's computation for the previous run's
+    /// inputs, and nothing wrote it since.
     #[must_use]
     pub fn trusted(&self, slot: u32) -> bool {
         self.slots.get(&slot).is_some_and(|s| s.trusted)
@@ -420,6 +497,7 @@ impl SlotTable {
                                 generation: s.generation,
                                 digest,
                                 enforcement,
+                                compiler: s.compiler,
                             },
                         ));
                     }

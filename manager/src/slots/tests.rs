@@ -134,3 +134,114 @@ fn enforcement_survives_a_restart_and_only_a_whole_write_forgets_it() {
     assert!(restored.trusted.is_empty(), "no record without flags");
     assert_eq!(r.enforcement(a), None);
 }
+
+/// The records as another build wrote them: the same records, each stamped `compiler`
+/// (`None`: a build from before records said).
+fn restamp(store: &Store, compiler: Option<Compiler>) {
+    let (records, inputs) = store.load_slots::<Record>().unwrap();
+    let records: Vec<(u32, Record)> = records
+        .into_iter()
+        .map(|(slot, rec)| (slot, Record { compiler, ..rec }))
+        .collect();
+    let refs: Vec<(u32, &Record)> = records.iter().map(|(s, r)| (*s, r)).collect();
+    store.write_slots(&refs, &[], inputs).unwrap();
+}
+
+#[test]
+fn slots_another_compiler_wrote_are_recomputed_and_another_encoding_is_read_back() {
+    let store = Store::temporary().unwrap();
+    let mut table = SlotTable::new(store.clone());
+    let (a, _) = table.ensure(key(300));
+    let (b, _) = table.ensure(key(301));
+    let mut kernel = BTreeMap::new();
+    for slot in [a, b] {
+        let generation = table.begin_write(slot, true);
+        table.written(slot, generation, 7, Some(ENFORCED));
+        kernel.insert(slot, generation);
+    }
+    table.persist(Some(42)).unwrap();
+    let (back, restored) = SlotTable::restore(store.clone(), &kernel, 42).unwrap();
+    assert!(
+        restored.other_compiler.is_empty(),
+        "this build's own records"
+    );
+    assert!(restored.inputs_unchanged && back.trusted(a) && back.trusted(b));
+
+    // Another policy computation, same encoding: the slots hold what it wrote completely (not
+    // read back, its digest kept to compare with), but neither is taken as computed here,
+    // although the inputs are unchanged.
+    let this = Compiler::CURRENT;
+    let other = Compiler {
+        policy: this.policy + 1,
+        ..this
+    };
+    restamp(&store, Some(other));
+    let (mut back, restored) = SlotTable::restore(store.clone(), &kernel, 42).unwrap();
+    assert_eq!(
+        restored.other_compiler,
+        BTreeMap::from([(a, Some(other)), (b, Some(other))])
+    );
+    assert!(restored.inputs_unchanged);
+    assert_eq!(restored.trusted, BTreeSet::from([a, b]));
+    assert!(restored.untrusted.is_empty());
+    assert!(
+        !back.trusted(a) && !back.trusted(b),
+        "recomputed whatever the inputs"
+    );
+    assert_eq!(
+        back.digest(a),
+        Some(7),
+        "compared with what the other build wrote"
+    );
+    assert_eq!(back.enforcement(a), Some(ENFORCED));
+    // a: recomputed, same contents: its record now says this build computed it.
+    // b: a write of some identities only: the rest is still the other build's.
+    assert!(!back.needs_persist());
+    back.computed(a);
+    let generation = back.begin_write(b, false);
+    back.written(b, generation, 8, None);
+    kernel.insert(b, generation);
+    assert!(back.needs_persist());
+    back.persist(Some(42)).unwrap();
+    let (back, restored) = SlotTable::restore(store.clone(), &kernel, 42).unwrap();
+    assert_eq!(restored.other_compiler, BTreeMap::from([(b, Some(other))]));
+    assert!(back.trusted(a) && !back.trusted(b));
+    assert_eq!(back.digest(b), Some(8));
+
+    // Another encoding, or a build that did not say: nothing it wrote is kept.
+    for stamp in [
+        Some(Compiler {
+            encoding: this.encoding + 1,
+            ..this
+        }),
+        None,
+    ] {
+        restamp(&store, stamp);
+        let (back, restored) = SlotTable::restore(store.clone(), &kernel, 42).unwrap();
+        assert_eq!(
+            restored.other_compiler,
+            BTreeMap::from([(a, stamp), (b, stamp)])
+        );
+        assert!(restored.trusted.is_empty(), "{stamp:?}");
+        assert_eq!(restored.untrusted, BTreeSet::from([a, b]));
+        assert_eq!((back.digest(a), back.enforcement(a)), (None, None));
+        assert!(!back.trusted(a));
+        assert_eq!(back.find(&key(300)), Some(a), "the keys are kept");
+    }
+}
+
+#[test]
+fn a_record_from_before_the_compiler_stamp_parses_as_unversioned() {
+    let store = Store::temporary().unwrap();
+    let old = serde_json::json!({
+        "key": {"identity": 300, "ports": 0},
+        "generation": 3,
+        "digest": 7,
+        "enforcement": {"ingress": true, "egress": false},
+    });
+    store.write_slots(&[(1, &old)], &[], Some(42)).unwrap();
+    let (r, restored) = SlotTable::restore(store, &BTreeMap::from([(1, 3)]), 42).unwrap();
+    assert_eq!(restored.other_compiler, BTreeMap::from([(1, None)]));
+    assert_eq!(restored.untrusted, BTreeSet::from([1]));
+    assert_eq!(r.find(&key(300)), Some(1));
+}

@@ -266,3 +266,137 @@ fn a_slot_digest_keeps_its_value_across_versions() {
     assert_eq!(digest(&encoded, 1), 0xe449_a923_1c4d_ff08);
     assert_eq!(digest(&Encoded::new(), 3), 0xed20_2287_f403_d086);
 }
+
+/// Enforcement flags (ingress, egress) and entries of one computed policy.
+type EncodingCase = (bool, bool, Vec<(PolicyEntry, Verdict)>);
+
+/// Fixed computed policies: any protocol, single ports, unaligned ranges, the whole range,
+/// ICMP types, an any-identity entry, by-IP identities, denies covering allows, both
+/// directions, every enforcement combination.
+fn encoding_corpus() -> Vec<EncodingCase> {
+    use weft_policy::mapstate::proto::{ANY, ICMP, SCTP, TCP, UDP};
+    use weft_policy::mapstate::reserved;
+    let (i, e) = (Direction::Ingress, Direction::Egress);
+    vec![
+        (false, false, vec![]),
+        (true, false, vec![]),
+        (
+            false,
+            true,
+            vec![(PolicyEntry::new(e, 0, ANY, 0, 65535), Verdict::Allow)],
+        ),
+        (
+            true,
+            true,
+            vec![
+                (PolicyEntry::new(i, 300, TCP, 80, 80), Verdict::Allow),
+                (PolicyEntry::new(i, 300, TCP, 1, 1023), Verdict::Deny),
+                (PolicyEntry::new(i, 300, TCP, 8000, 8080), Verdict::Allow),
+                (PolicyEntry::new(i, 301, UDP, 53, 53), Verdict::Allow),
+                (PolicyEntry::new(i, 301, ICMP, 8, 8), Verdict::Allow),
+                (PolicyEntry::new(i, 0, SCTP, 9000, 9000), Verdict::Allow),
+                (
+                    PolicyEntry::new(i, reserved::HOST, ANY, 0, 65535),
+                    Verdict::Allow,
+                ),
+                (
+                    PolicyEntry::new(e, reserved::WORLD, TCP, 0, 65535),
+                    Verdict::Allow,
+                ),
+                (PolicyEntry::new(e, 302, ANY, 0, 65535), Verdict::Deny),
+                (PolicyEntry::new(e, 302, TCP, 443, 443), Verdict::Allow),
+                (
+                    PolicyEntry::new(
+                        e,
+                        reserved::by_ip(reserved::FIRST_CIDR + 1),
+                        TCP,
+                        32000,
+                        32768,
+                    ),
+                    Verdict::Allow,
+                ),
+                (
+                    PolicyEntry::new(e, reserved::FIRST_CIDR + 1, UDP, 65535, 65535),
+                    Verdict::Allow,
+                ),
+            ],
+        ),
+    ]
+}
+
+/// A key's bytes as the kernel compares them (its `repr(C)` layout).
+fn kernel_key_bytes(k: &abi::PolicyKey) -> Vec<u8> {
+    use std::mem::{offset_of, size_of};
+    let mut key = vec![0u8; size_of::<abi::PolicyKey>()];
+    let mut put = |offset: usize, bytes: &[u8]| {
+        key[offset..offset + bytes.len()].copy_from_slice(bytes);
+    };
+    put(
+        offset_of!(abi::PolicyKey, policy_id),
+        &k.policy_id.to_le_bytes(),
+    );
+    put(
+        offset_of!(abi::PolicyKey, identity),
+        &k.identity.to_le_bytes(),
+    );
+    put(offset_of!(abi::PolicyKey, direction), &[k.direction]);
+    put(offset_of!(abi::PolicyKey, proto), &[k.proto]);
+    // Already in network byte order: its bytes in memory are what the kernel compares.
+    put(offset_of!(abi::PolicyKey, dport), &k.dport.to_ne_bytes());
+    key
+}
+
+/// The golden corpus of [`POLICY_ENCODING_VERSION`] ([`encoding_corpus`]), encoded and
+/// digested as the kernel sees it: the key's layout, each key's bytes, its prefix length and
+/// verdict; with the flag bits and the slot digest. A change to any of them fails this test
+/// until a line is appended to [`POLICY_ENCODING_GOLDENS`] and the version bumped.
+#[test]
+fn a_change_of_the_encoding_comes_with_a_new_encoding_version() {
+    use std::mem::{offset_of, size_of};
+    let mut h = weft_api::fnv::Fnv64::new();
+    for n in [
+        size_of::<abi::PolicyKey>(),
+        offset_of!(abi::PolicyKey, policy_id),
+        offset_of!(abi::PolicyKey, identity),
+        offset_of!(abi::PolicyKey, direction),
+        offset_of!(abi::PolicyKey, proto),
+        offset_of!(abi::PolicyKey, dport),
+    ] {
+        h.feed(&u64::try_from(n).unwrap().to_le_bytes());
+    }
+    for (ingress, egress, entries) in encoding_corpus() {
+        let p = EndpointPolicy {
+            ingress_enforced: ingress,
+            egress_enforced: egress,
+            entries: entries.into_iter().collect(),
+        };
+        for (b, v) in &encode_policy(7, &p) {
+            h.feed(&b.prefix_len.to_le_bytes());
+            h.feed(&kernel_key_bytes(&b.key));
+            h.feed(&[*v]);
+        }
+        h.feed(&enforcement_flags(&p).to_le_bytes());
+        h.feed(&policy_digest(&p).to_le_bytes());
+    }
+    let got = h.finish();
+    let (last_version, last_golden) = *POLICY_ENCODING_GOLDENS.last().unwrap();
+    assert_eq!(
+        last_version, POLICY_ENCODING_VERSION,
+        "POLICY_ENCODING_GOLDENS must end with the line of POLICY_ENCODING_VERSION"
+    );
+    for pair in POLICY_ENCODING_GOLDENS.windows(2) {
+        assert!(
+            pair[0].0 < pair[1].0 && pair[0].1 != pair[1].1,
+            "POLICY_ENCODING_GOLDENS: versions increase and each digest is new"
+        );
+    }
+    assert!(
+        got == last_golden,
+        "the policy map encoding or slot digest changed: the golden corpus digests to \
+         {got:#018x}, version {POLICY_ENCODING_VERSION} gave {last_golden:#018x}. Bump \
+         POLICY_ENCODING_VERSION to {next} and append `({next}, {got:#018x}),` to \
+         POLICY_ENCODING_GOLDENS in manager/src/datapath/encode.rs, so a restart does not \
+         trust what older builds wrote",
+        next = POLICY_ENCODING_VERSION + 1,
+    );
+}
