@@ -14,48 +14,10 @@
 # slot read back.
 # WEFT_BIN=DIR runs another build's manager, cni and weftctl (DP_HELPER: another dp_helper).
 source "$(dirname "$0")/../lib.sh"
+weft_plan 23
 DP_HELPER=${DP_HELPER:-$WEFT_BIN/examples/dp_helper}
 [ -x "$DP_HELPER" ] || die "$DP_HELPER is missing: cargo build --release -p weft-manager --example dp_helper"
 START=(--pod-cidr 10.0.27.0/24)
-
-# A negative check that can fail: TCP client -> server counts as dropped by policy only when
-# the server accepts a connection from its own netns (positive control), the client's connect
-# times out (neither refused nor unreachable), and the datapath's policy drop counters
-# (`weftctl map dump metrics`, reasons policy-deny and policy-default) of the server's ingress
-# and the client's egress grew. lib.sh's own check_dropped is used where it has one.
-if ! declare -F check_dropped >/dev/null; then
-  upgrade_flow_drops() { # SERVER CLIENT
-    local s c
-    s=$(ep_id "$1") && c=$(ep_id "$2") && [ -n "$s" ] && [ -n "$c" ] || return 1
-    weftctl -o json map dump metrics | jq --argjson s "$s" --argjson c "$c" \
-      '[.[] | select((.reason == "policy-deny" or .reason == "policy-default")
-                     and ((.endpoint_id == $s and .direction == "ingress") or (.endpoint_id == $c and .direction == "egress")))
-            | .packets] | add // 0'
-  }
-  upgrade_tcp_dropped() { # SERVER CLIENT DST_IP PORT
-    local srv=$1 cli=$2 ip=$3 port=$4 before after out rc spid i
-    before=$(upgrade_flow_drops "$srv" "$cli") || { echo "cannot read the drop counters"; return 1; }
-    in_pod "$srv" timeout 20 nc -lk "$port" >/dev/null 2>&1 &
-    spid=$!
-    for i in $(seq 100); do
-      in_pod "$srv" ss -Hltn "sport = :$port" | matches . && break
-      sleep 0.02
-    done
-    if ! in_pod "$srv" nc -z -w 2 "$ip" "$port" >/dev/null 2>&1; then
-      kill "$spid" 2>/dev/null; wait "$spid" 2>/dev/null
-      echo "positive control failed: $srv does not accept TCP on $ip:$port from its own netns"
-      return 1
-    fi
-    out=$(in_pod "$cli" nc -v -z -w 2 "$ip" "$port" 2>&1); rc=$?
-    kill "$spid" 2>/dev/null; wait "$spid" 2>/dev/null
-    [ "$rc" != 0 ] || { echo "$cli -> $ip:$port connected: not dropped"; return 1; }
-    grep -q 'timed out' <<<"$out" || { echo "$cli -> $ip:$port failed, but not as a dropped SYN does: $out"; return 1; }
-    after=$(upgrade_flow_drops "$srv" "$cli") || { echo "cannot read the drop counters"; return 1; }
-    [ "$after" -gt "$before" ] ||
-      { echo "$cli -> $ip:$port timed out but the datapath counted no policy drop (before $before, after $after)"; return 1; }
-  }
-  check_dropped() { local desc=$1; shift; check "$desc" upgrade_tcp_dropped "$@"; }
-fi
 
 ep_id() { weftctl -o json endpoint list | jq -r --arg c "$WEFT_P-$1" '.[] | select(.container_id == $c) | .id'; }
 ident() { weftctl -o json endpoint list | jq -r --arg c "$WEFT_P-$1" '.[] | select(.container_id == $c) | .identity'; }
