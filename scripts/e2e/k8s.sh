@@ -209,7 +209,7 @@ check "the policy is applied" eventually late_listed
 LATE_B=$(pod_ip late-b)
 check "before its pod: late-a -> late-b:80 allowed (late-b not selected yet)" tcp_ok late-b late-a "$LATE_B" 80
 check "late-b's pod pushed after the wait" replay_push /api/v1/pods "$(late_pod late-b 201)"
-relabelled() { local i; for i in $(seq 100); do has_label late-b k8s:app late && return 0; sleep 0.05; done; return 1; }
+relabelled() { local _; for _ in $(seq 100); do has_label late-b k8s:app late && return 0; sleep 0.05; done; return 1; }
 check "late-b relabelled: it carries its pod label" relabelled
 check "late-b has a new identity" test "$(endpoint_of late-b | jq -r .identity)" != "$id_b"
 check_dropped "after the relabel: late-a (app=late) -> late-b:80 dropped" late-b late-a "$LATE_B" 80
