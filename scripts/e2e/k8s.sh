@@ -4,10 +4,12 @@
 # pushed into its watches) and pods get real traffic. Covers the whole path watch → labels →
 # identity → policy → traffic, with the upstream network-policy e2e cases that need namespace
 # labels or named ports: "namespaceSelector with matchExpressions" (on a key other than the
-# namespace name) and "allow ingress access on one named port".
+# namespace name) and "allow ingress access on one named port". Last, a CNI ADD that comes
+# before its pod's watch event: the manager waits for the pod (5 s, POD_WAIT in
+# manager/src/daemon/k8s.rs), and a pod that comes later relabels its endpoint.
 source "$(dirname "$0")/../lib.sh"
 weft_need_replay
-weft_plan 29
+weft_plan 45
 command -v curl >/dev/null || die "curl is missing: run scripts/setup"
 
 NODE=$WEFT_P
@@ -155,4 +157,61 @@ check "NetworkPolicy events: 1 listed, 2 applied, 2 deleted" test "$(np_events l
 check "3 namespaces listed" test "$(sample 'weft_k8s_watch_events_total{resource="namespaces",type="list"}')" = 3
 check "the namespace label change counted" test "$(sample 'weft_k8s_watch_events_total{resource="namespaces",type="apply"}')" -ge 1
 check "lists counted" test "$(sample weft_k8s_watch_lists_total)" -ge 4
+
+echo "== a CNI ADD before its pod's watch event"
+# The manager waits up to 5 s for the pod (POD_WAIT): a pod that comes during the wait labels the
+# endpoint at once; one that comes later relabels it, and policy follows the new labels.
+late_pod() { # NAME resourceVersion: the ADDED event of pod NAME (namespace ops, app=late)
+  jq -nc --argjson o "$(pod ops "$1" late | jq -c --arg rv "$2" '.metadata.resourceVersion=$rv')" '{type:"ADDED",object:$o}'
+}
+late_add() { # NAME: CNI ADD of pod NAME in the background; sets LATE_PID
+  ip netns add "${WEFT_P}-$1" || die "cannot create netns ${WEFT_P}-$1"
+  WEFT_PODS+=("$1")
+  weft_netconf | weft_cni ADD "$WEFT_P-$1" "/run/netns/${WEFT_P}-$1" eth0 \
+    CNI_ARGS="IgnoreUnknown=1;K8S_POD_NAMESPACE=ops;K8S_POD_NAME=$WEFT_P-$1" >"$WEFT_TMP/add-$1.out" 2>&1 &
+  LATE_PID=$!
+}
+endpoint_of() { weftctl -o json endpoint list | jq -c --arg c "$WEFT_P-$1" '.[] | select(.container_id == $c)'; }
+wait_warned() { # NAME: the manager logged that the pod was not in the cache after the wait
+  grep "not in the watch cache" "$WEFT_TMP/manager.log" | matches -F "ops/$WEFT_P-$1"
+}
+late_add late-a
+# The ADD is waiting for the pod (the wait is 5 s; the pod comes 1 s into it).
+sleep 1
+check "late-a: the ADD is still waiting for its pod 1 s in" kill -0 "$LATE_PID"
+check "late-a's pod pushed during the wait" replay_push /api/v1/pods "$(late_pod late-a 200)"
+wait "$LATE_PID"; add_rc=$?
+check "late-a: the ADD succeeded" test "$add_rc" = 0
+# Labelled by the ADD itself: a relabel afterwards (the pod came after the wait) would log it.
+relabel_logged() { grep "endpoint labels follow the pod" "$WEFT_TMP/manager.log" | matches -F "ops/$WEFT_P-$1"; }
+labelled_by_add() { has_label "$1" k8s:app late && ! relabel_logged "$1"; }
+check "late-a's endpoint has its pod label from the ADD itself (no relabel)" labelled_by_add late-a
+not_warned() { ! wait_warned "$1"; }
+check "late-a: no 'not in the watch cache' warning" not_warned late-a
+
+late_add late-b
+wait "$LATE_PID"; add_rc=$?
+check "late-b: the ADD without its pod succeeded after the wait" test "$add_rc" = 0
+ns_only() { has_label "$1" k8s:io.kubernetes.pod.namespace ops && ! has_label "$1" k8s:app late; }
+check "late-b: namespace-only labels (its namespace, no pod label)" ns_only late-b
+check "late-b: the manager logged that the wait expired" wait_warned late-b
+id_b=$(endpoint_of late-b | jq -r .identity)
+np_late() {
+  jq -nc '{apiVersion:"networking.k8s.io/v1",kind:"NetworkPolicy",
+    metadata:{name:"allow-clients-to-late",namespace:"ops",uid:"uid-np-4",resourceVersion:"26",generation:1},
+    spec:{podSelector:{matchLabels:{app:"late"}},policyTypes:["Ingress"],
+      ingress:[{from:[{namespaceSelector:{},podSelector:{matchLabels:{app:"client"}}}],ports:[{port:80,protocol:"TCP"}]}]}}'
+}
+check "ADDED a policy selecting app=late pushed" replay_push /apis/networking.k8s.io/v1/networkpolicies \
+  "$(jq -nc --argjson o "$(np_late)" '{type:"ADDED",object:$o}')"
+late_listed() { weftctl policy list | matches allow-clients-to-late; }
+check "the policy is applied" eventually late_listed
+LATE_B=$(pod_ip late-b)
+check "before its pod: late-a -> late-b:80 allowed (late-b not selected yet)" tcp_ok late-b late-a "$LATE_B" 80
+check "late-b's pod pushed after the wait" replay_push /api/v1/pods "$(late_pod late-b 201)"
+relabelled() { local _; for _ in $(seq 100); do has_label late-b k8s:app late && return 0; sleep 0.05; done; return 1; }
+check "late-b relabelled: it carries its pod label" relabelled
+check "late-b has a new identity" test "$(endpoint_of late-b | jq -r .identity)" != "$id_b"
+check_dropped "after the relabel: late-a (app=late) -> late-b:80 dropped" late-b late-a "$LATE_B" 80
+check "after the relabel: billing (app=client) -> late-b:80 allowed" tcp_ok late-b client-b "$LATE_B" 80
 weft_summary
