@@ -149,9 +149,10 @@ fn cni_args_as_runtimes_build_them_parse_exactly_as_libcni_would() {
     let seen = seen.into_inner();
     eprintln!("CNI_ARGS cases by outcome: {seen:?}");
     // The deep path (every piece read, the pod name kept) must be a large share; each refusal
-    // reached too.
+    // reached too. The generator gives it about a fifth of the cases (393-421 of 2000 in the
+    // runs so far, a binomial spread of about 18): a tenth leaves a margin no seed reaches.
     assert!(
-        seen.get("parsed, with a pod name").copied().unwrap_or(0) >= CASES / 5,
+        seen.get("parsed, with a pod name").copied().unwrap_or(0) >= CASES / 10,
         "{seen:?}"
     );
     for why in [
