@@ -1,7 +1,7 @@
 //! Cilium's rule format (`pkg/policy/api` Rule), as `cilium policy import` and a CNP's spec
 //! take it.
 
-use super::ports::{self, PortSpec};
+use super::ports;
 use super::walk::{self, CidrFlavor, FieldError, Obj, Res};
 use crate::labels::{Label, LabelSet, source};
 use crate::mapstate::Direction;
@@ -321,29 +321,13 @@ fn port_rule(v: &Value, path: &str, deny: bool) -> Res<(Vec<PortProto>, Vec<Name
     let mut named = Vec::new();
     for (p, pp) in o.array("ports")?.unwrap_or_default() {
         let mut q = Obj::new(pp, &p)?;
-        let port_path = q.at("port");
-        let port = match q.get("port") {
-            Some(v) => ports::port_spec(v, &port_path, true)?,
-            None => PortSpec::Number(0),
-        };
-        let end_path = q.at("endPort");
-        let end = match q.get("endPort") {
-            Some(v) => Some(ports::port_number(v, &end_path, false)?),
-            None => None,
-        };
+        let fields = ports::port_fields(&mut q, true)?;
         let protos = match q.str("protocol")? {
             Some(name) => ports::protocols(name, &q.at("protocol"))?,
             None => ports::protocols("ANY", "")?,
         };
         q.finish(&[])?;
-        ports::add_port(
-            &protos,
-            port,
-            end,
-            (&port_path, &end_path),
-            &mut out,
-            &mut named,
-        )?;
+        fields.add(&protos, &mut out, &mut named)?;
     }
     let unsupported: &[&str] = if deny {
         &[]

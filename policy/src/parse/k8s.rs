@@ -1,7 +1,7 @@
 //! Kubernetes objects: `cilium.io/v2 CiliumNetworkPolicy` and `networking.k8s.io/v1
 //! NetworkPolicy`, translated as Cilium's `ParseToCiliumRule` and `ParseNetworkPolicy` do.
 
-use super::ports::{self, PortSpec};
+use super::ports;
 use super::walk::{self, CidrFlavor, FieldError, Obj, Res};
 use super::{DocError, cilium, join_loc};
 use crate::labels::{Label, LabelSet, keys, source};
@@ -280,16 +280,7 @@ fn np_ports(list: Option<Vec<(String, &Value)>>) -> Res<(Vec<PortProto>, Vec<Nam
     let mut named = Vec::new();
     for (p, v) in list.unwrap_or_default() {
         let mut o = Obj::new(v, &p)?;
-        let port_path = o.at("port");
-        let port = match o.get("port") {
-            Some(v) => ports::port_spec(v, &port_path, false)?,
-            None => PortSpec::Number(0),
-        };
-        let end_path = o.at("endPort");
-        let end = match o.get("endPort") {
-            Some(v) => Some(ports::port_number(v, &end_path, false)?),
-            None => None,
-        };
+        let fields = ports::port_fields(&mut o, false)?;
         let proto_path = o.at("protocol");
         let protos = match o.str("protocol")? {
             Some(name @ ("TCP" | "UDP" | "SCTP")) => ports::protocols(name, &proto_path)?,
@@ -302,14 +293,7 @@ fn np_ports(list: Option<Vec<(String, &Value)>>) -> Res<(Vec<PortProto>, Vec<Nam
             None => ports::protocols("TCP", &proto_path)?,
         };
         o.finish(&[])?;
-        ports::add_port(
-            &protos,
-            port,
-            end,
-            (&port_path, &end_path),
-            &mut out,
-            &mut named,
-        )?;
+        fields.add(&protos, &mut out, &mut named)?;
     }
     out.sort();
     out.dedup();

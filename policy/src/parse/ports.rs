@@ -3,12 +3,12 @@
 
 use serde_json::Value;
 
-use super::walk::{FieldError, Res, kind};
+use super::walk::{FieldError, Obj, Res, kind};
 use crate::mapstate::proto;
 use crate::rule::PortProto;
 
 /// A port number from a string or a number; `0` is "all ports" where `allow_zero`.
-pub fn port_number(v: &Value, path: &str, allow_zero: bool) -> Res<u16> {
+fn port_number(v: &Value, path: &str, allow_zero: bool) -> Res<u16> {
     let text = match v {
         Value::String(s) => s.clone(),
         Value::Number(n) => n.to_string(),
@@ -33,7 +33,7 @@ pub fn port_number(v: &Value, path: &str, allow_zero: bool) -> Res<u16> {
 
 /// A port as written: a number, or a container port's name (`IANA_SVC_NAME`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PortSpec {
+enum PortSpec {
     /// 0 (where allowed: all ports) or 1-65535.
     Number(u16),
     /// A named port.
@@ -42,7 +42,7 @@ pub enum PortSpec {
 
 /// A port number or name. Names follow Kubernetes' `IANA_SVC_NAME`: at most 15 lowercase
 /// letters, digits and inner single hyphens, with at least one letter.
-pub fn port_spec(v: &Value, path: &str, allow_zero: bool) -> Res<PortSpec> {
+fn port_spec(v: &Value, path: &str, allow_zero: bool) -> Res<PortSpec> {
     if let Value::String(s) = v
         && s.chars().any(|c| c.is_ascii_alphabetic())
     {
@@ -117,23 +117,60 @@ pub fn protocols(name: &str, path: &str) -> Res<Vec<u8>> {
     }
 }
 
-/// One `ports[]` item of either API: a number (with its `endPort`) becomes port entries in
-/// `numeric`, a name becomes named ports in `named`.
-pub fn add_port(
-    protos: &[u8],
+/// One `ports[]` item's `port` (absent: all ports) and `endPort`, with their field paths for
+/// the errors [`PortFields::add`] reports. Read before the item's protocol, so that a bad port is
+/// the error reported first.
+pub struct PortFields {
     port: PortSpec,
     end: Option<u16>,
-    (port_path, end_path): (&str, &str),
-    numeric: &mut Vec<PortProto>,
-    named: &mut Vec<crate::rule::NamedPort>,
-) -> Res<()> {
-    match port {
-        PortSpec::Number(port) => numeric.extend(port_entries(protos, port, end, end_path)?),
-        PortSpec::Name(name) => {
-            named.extend(named_ports(protos, &name, end.is_some(), port_path)?);
+    port_path: String,
+    end_path: String,
+}
+
+/// Reads `item`'s `port` and `endPort`; a `port` of `0` is allowed (all ports) where
+/// `allow_zero` (Cilium), not in a `NetworkPolicy`.
+pub fn port_fields(item: &mut Obj<'_>, allow_zero: bool) -> Res<PortFields> {
+    let port_path = item.at("port");
+    let port = match item.get("port") {
+        Some(v) => port_spec(v, &port_path, allow_zero)?,
+        None => PortSpec::Number(0),
+    };
+    let end_path = item.at("endPort");
+    let end = match item.get("endPort") {
+        Some(v) => Some(port_number(v, &end_path, false)?),
+        None => None,
+    };
+    Ok(PortFields {
+        port,
+        end,
+        port_path,
+        end_path,
+    })
+}
+
+impl PortFields {
+    /// Adds the item's entries for `protos`: a number (or range) to `numeric`, a name to `named`.
+    pub fn add(
+        self,
+        protos: &[u8],
+        numeric: &mut Vec<PortProto>,
+        named: &mut Vec<crate::rule::NamedPort>,
+    ) -> Res<()> {
+        match self.port {
+            PortSpec::Number(port) => {
+                numeric.extend(port_entries(protos, port, self.end, &self.end_path)?);
+            }
+            PortSpec::Name(name) => {
+                named.extend(named_ports(
+                    protos,
+                    &name,
+                    self.end.is_some(),
+                    &self.port_path,
+                )?);
+            }
         }
+        Ok(())
     }
-    Ok(())
 }
 
 /// Turns one (protocols, port, endPort) triple into port entries.
