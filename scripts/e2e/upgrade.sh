@@ -105,27 +105,29 @@ weft_start_manager "${START[@]}"
 check "the next restart finds every record this build's (compared or rewritten) and trusts all 3" \
   test "$(other_lines) $(field trusted) $(field inputs_unchanged)" = "$n 3 true"
 
+# untrusted_round OLDER SLOT:IDENTITY:PORT SERVER CLIENT SERVER_IP WHO WRITTEN_ERE WHAT: another
+# build (`dp_helper old-build --older OLDER`, "the WHO" in the checks) wrote SERVER's slot with one
+# more allow from CLIENT on PORT; the restart's log must match WRITTEN_ERE (WHAT), and nothing that
+# build wrote may be trusted: every slot read back, the extra allow gone.
+untrusted_round() {
+  local older=$1 extra=$2 srv=$3 cli=$4 ip=$5 who=$6 written=$7 what=$8 port=${2##*:}
+  old_build "$extra" "$older"
+  check "the $who's entry lets $cli -> $srv:$port through while the manager is down" tcp_ok "$srv" "$cli" "$ip" "$port"
+  weft_start_manager "${START[@]}"
+  echo "   $(last_other | sed 's/.*INFO //')"
+  check "the restart says 3 slots were written $what" matches -E "$written" <<<"$(last_other)"
+  check "nothing the $who wrote is trusted: all 3 slots read back" test "$(field read_back)" = 3
+  check "map verify: every slot is this build's computation" verify
+  check_dropped "$cli -> $srv:$port (allowed only by the older build) dropped" "$srv" "$cli" "$ip" "$port"
+}
+
 echo "== round 2: another encoding wrote app3's slot $S3 with one more allow (app1 tcp/9998)"
-old_build "$S3:$ID1:9998" encoding
-check "the older build's entry lets app1 -> app3:9998 through while the manager is down" tcp_ok app3 app1 "$APP3" 9998
-weft_start_manager "${START[@]}"
-echo "   $(last_other | sed 's/.*INFO //')"
-check "the restart says 3 slots were written with another encoding (v0), all read back" \
-  matches -E 'slots=3 written_by="?policy v[0-9]+ encoding v0"? .*read_back=3' <<<"$(last_other)"
-check "nothing another encoding wrote is trusted: all 3 slots read back" test "$(field read_back)" = 3
-check "map verify: every slot is this build's computation" verify
-check_dropped "app1 -> app3:9998 (allowed only by the older build) dropped" app3 app1 "$APP3" 9998
+untrusted_round encoding "$S3:$ID1:9998" app3 app1 "$APP3" "older build" \
+  'slots=3 written_by="?policy v[0-9]+ encoding v0"? .*read_back=3' "with another encoding (v0), all read back"
 
 echo "== round 3: a build from before the compiler stamp wrote app2's slot $S2 with one more allow (app1 tcp/9997)"
-old_build "$S2:$ID1:9997" unversioned
-check "the unversioned build's entry lets app1 -> app2:9997 through while the manager is down" tcp_ok app2 app1 "$APP2" 9997
-weft_start_manager "${START[@]}"
-echo "   $(last_other | sed 's/.*INFO //')"
-check "the restart says 3 slots were written by an unversioned build" \
-  matches -E 'slots=3 written_by="?an unversioned build"? ' <<<"$(last_other)"
-check "nothing an unversioned build wrote is trusted: all 3 slots read back" test "$(field read_back)" = 3
-check "map verify: every slot is this build's computation" verify
-check_dropped "app1 -> app2:9997 (allowed only by the older build) dropped" app2 app1 "$APP2" 9997
+untrusted_round unversioned "$S2:$ID1:9997" app2 app1 "$APP2" "unversioned build" \
+  'slots=3 written_by="?an unversioned build"? ' "by an unversioned build"
 
 sleep 0.5
 stop_traffic; wait "$PROBES" "$PING" "$LISTENER" 2>/dev/null
