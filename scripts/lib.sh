@@ -165,6 +165,8 @@ pod_ip() {
 # pipeline fails although the line was there (`ctr images ls` writes a line per syscall).
 # `matches` reads all of its input.
 matches() { grep "$@" >/dev/null; }
+# listening PORT NETNS_CMD...: something listens on TCP PORT in the netns the command enters.
+listening() { local port=$1; shift; "$@" ss -Hltn "sport = :$port" | matches .; }
 
 check() {
   local desc=$1; shift
@@ -254,7 +256,7 @@ tcp_dropped() {
   # Nothing may listen there yet: a listener left by an earlier check would answer the positive
   # control for a server that did not start.
   for i in $(seq 100); do
-    in_pod "$srv" ss -Hltn "sport = :$port" | matches . || break
+    listening "$port" in_pod "$srv" || break
     [ "$i" = 100 ] && { echo "port $port of $srv is already in use: cannot start the probe's server"; return 1; }
     sleep 0.05
   done
@@ -263,7 +265,7 @@ tcp_dropped() {
   ip netns exec "${WEFT_P}-$srv" timeout 20 nc "$fam" -lk "$port" >/dev/null 2>&1 &
   spid=$!
   for i in $(seq 100); do
-    in_pod "$srv" ss -Hltn "sport = :$port" | matches . && break
+    listening "$port" in_pod "$srv" && break
     sleep 0.02
   done
   if ! in_pod "$srv" nc "$fam" -z -w 2 "$ip" "$port" >/dev/null 2>&1; then
@@ -327,7 +329,7 @@ tcp_ok() {
   local spid=$!
   local i
   for i in $(seq 50); do
-    "${run_srv[@]}" ss -Hltn "sport = :$port" | matches . && break
+    listening "$port" "${run_srv[@]}" && break
     sleep 0.02
   done
   "${run_cli[@]}" nc "$fam" -z -w 2 "$ip" "$port"

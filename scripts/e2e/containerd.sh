@@ -40,7 +40,7 @@ ns_tcp() {
   local ns=$1 ip=$2 cns=$3 port=$4 rc i
   nsenter --net="$ns" timeout 5 nc -l "$port" >/dev/null 2>&1 &
   local spid=$!
-  for i in $(seq 50); do nsenter --net="$ns" ss -Hltn "sport = :$port" | matches . && break; sleep 0.02; done
+  for i in $(seq 50); do listening "$port" nsenter --net="$ns" && break; sleep 0.02; done
   nsenter --net="$cns" nc -v -z -w 2 "$ip" "$port"; rc=$?
   kill "$spid" 2>/dev/null; wait "$spid" 2>/dev/null
   return $rc
@@ -140,7 +140,7 @@ hostport_ok() {
   local ns; ns=$(pod_netns "$HP")
   nsenter --net="$ns" timeout 5 nc -l 80 >/dev/null 2>&1 &
   local spid=$! i rc
-  for i in $(seq 50); do nsenter --net="$ns" ss -Hltn "sport = :80" | matches . && break; sleep 0.02; done
+  for i in $(seq 50); do listening 80 nsenter --net="$ns" && break; sleep 0.02; done
   ip netns exec "$CLIENT" nc -z -w 2 192.0.2.1 8080; rc=$?
   kill "$spid" 2>/dev/null; wait "$spid" 2>/dev/null
   return $rc
@@ -168,7 +168,7 @@ iperf() {
   ns=$(pod_netns "$srv")
   nsenter --net="$ns" iperf3 -s -1 -p 5201 >/dev/null 2>&1 &
   pid=$!
-  for _ in $(seq 50); do nsenter --net="$ns" ss -Hltn "sport = :5201" | matches . && break; sleep 0.02; done
+  for _ in $(seq 50); do listening 5201 nsenter --net="$ns" && break; sleep 0.02; done
   out=$(in_sandbox "$cli" iperf3 -c "$(pod_sip "$srv")" -p 5201 -t 3 $rev -J 2>/dev/null)
   wait "$pid" 2>/dev/null
   jq -r '.end.sum_received.bits_per_second / 1e6 | floor' <<<"$out"

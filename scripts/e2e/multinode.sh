@@ -195,7 +195,7 @@ check "pod CIDRs of every node are exempt on A" eval 'exempt 1 10.21.0.9 && exem
 check "a pod on A reaches the outside host" ping_from a-web 10.99.0.200
 ip netns exec "$OUT_NS" timeout 5 nc -n -v -l 8080 >"$WEFT_TMP/outside.log" 2>&1 &
 OUT_PID=$!
-until_ok 5 eval 'ip netns exec "$OUT_NS" ss -Hltn "sport = :8080" | matches .'
+until_ok 5 listening 8080 ip netns exec "$OUT_NS"
 in_pod a-web sh -c 'echo hi | timeout 3 nc -N 10.99.0.200 8080' >/dev/null 2>&1
 wait "$OUT_PID" 2>/dev/null
 check "it arrives from node A's address, not the pod's" grep -q "Connection received on 10.99.0.11 " "$WEFT_TMP/outside.log"
