@@ -3,10 +3,10 @@
  * Weft's per-endpoint datapath, attached to the host side of each pod's veth:
  *   from_pod  (tc ingress of the host veth)  = packets leaving the pod  -> the pod's EGRESS policy
  *   to_pod    (tc egress of the host veth)   = packets entering the pod -> the pod's INGRESS policy
- * Order per IP packet: conntrack (own tuple, then reversed tuple; never for an ACK-less TCP SYN)
- * -> enforcement flag -> policy (exact peer identity, then identity 0; deny beats allow) ->
- * create ct entry -> metrics, and a ringbuf event on drop. docs/DATAPATH.md describes the map
- * encodings and the conntrack rules.
+ * Order per IP packet: (leaving the pod) Service translation (lb.h) -> conntrack (own tuple,
+ * then reversed tuple; never for an ACK-less TCP SYN) -> enforcement flag -> policy (exact peer
+ * identity, then identity 0; deny beats allow) -> create ct entry -> metrics, and a ringbuf
+ * event on drop. docs/DATAPATH.md describes the map encodings and the conntrack rules.
  */
 #include <linux/bpf.h>
 #include <linux/pkt_cls.h>
@@ -15,6 +15,7 @@
 
 #include "weft_maps.h"
 #include "parse.h"
+#include "lb.h"
 
 #ifndef likely
 #define likely(x) __builtin_expect(!!(x), 1)
@@ -310,7 +311,59 @@ static __always_inline void send_drop(struct __sk_buff *skb, const struct endpoi
 	bpf_ringbuf_submit(e, 0);
 }
 
-static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
+/* Drops a packet (counted, reported). */
+static __always_inline int drop(struct __sk_buff *skb, const struct endpoint_info *ep, __u8 dir,
+				__u8 reason, const struct flow *f, __u32 peer)
+{
+	count(ep->endpoint_id, dir, reason, skb->len);
+	send_drop(skb, ep, dir, reason, f, peer);
+	return TC_ACT_SHOT;
+}
+
+/* The policy verdict for a new flow: the peer's identity, then (nothing decided) the identity
+ * of the CIDR rule containing it; 0 when nothing allows or denies it. */
+static __always_inline __u8 verdict_for(const struct endpoint_info *ep, struct peer p, __u8 dir,
+					const struct flow *f)
+{
+	__u8 verdict = policy_verdict(ep->policy_id, p.identity, dir, f);
+
+	/* A pod's address inside a Kubernetes ipBlock: only when its own identity decided
+	 * nothing (a deny for it, or for any peer, still wins). */
+	if (!verdict && p.cidr_identity)
+		verdict = policy_verdict(ep->policy_id, p.cidr_identity | WEFT_IDENTITY_BY_IP, dir, f);
+	return verdict;
+}
+
+static __always_inline __u8 drop_reason(__u8 verdict)
+{
+	return verdict == WEFT_VERDICT_DENY ? WEFT_REASON_DROP_POLICY_DENY
+					    : WEFT_REASON_DROP_POLICY_DEFAULT;
+}
+
+/* A reply of a hairpin flow leaving the pod (to WEFT_LB_HAIRPIN_V4): it belongs to the flow's
+ * egress entry, and goes back into the pod from the frontend's address. 1: handled. */
+static __always_inline int hairpin_reply(struct __sk_buff *skb, const struct endpoint_info *ep,
+					 struct flow *f, __u64 now, struct lb_state *lb)
+{
+	struct ct_key k = {};
+
+	ct_fill(&k, f, ep->endpoint_id, WEFT_DIR_EGRESS, 1);
+	k.direction = WEFT_DIR_EGRESS;
+	struct ct_value *cv = bpf_map_lookup_elem(&ct, &k);
+
+	if (!cv || !(cv->flags & WEFT_CT_HAIRPIN) || !ct_alive(cv, f->proto, now))
+		return 0;
+	__u32 id = cv->rev_nat;
+
+	if (unlikely(f->tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST)))
+		ct_close(cv, f->tcp_flags, WEFT_CT_CLOSING_REPLY, now);
+	if (lb_rewrite(skb, f, 1, ep->ipv4, f->dport) < 0 || lb_reverse(skb, f, id) < 0)
+		return -1;
+	lb->hairpin = 1;
+	return 1;
+}
+
+static __always_inline int handle(struct __sk_buff *skb, __u8 dir, struct lb_state *lb)
 {
 	__u32 ifindex = skb->ifindex;
 	struct endpoint_info *ep = bpf_map_lookup_elem(&endpoints, &ifindex);
@@ -360,6 +413,21 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 		track_fragment(&f);
 
 	__u64 now = bpf_ktime_get_ns();
+
+	if (dir == WEFT_DIR_EGRESS && f.has_ports) {
+		if (unlikely(lb_is_hairpin_addr(&f))) {
+			int r = hairpin_reply(skb, ep, &f, now, lb);
+
+			if (r < 0)
+				return drop(skb, ep, dir, WEFT_REASON_DROP_INVALID, &f, 0);
+			if (r > 0) {
+				count(endpoint_id, dir, WEFT_REASON_ALLOW_REPLY, skb->len);
+				return TC_ACT_OK;
+			}
+		}
+		if (lb_translate(skb, &f, lb) < 0)
+			return drop(skb, ep, dir, WEFT_REASON_DROP_INVALID, &f, 0);
+	}
 	struct ct_key ck = {};
 	struct ct_value *cv;
 
@@ -384,6 +452,9 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 		if (cv && ct_alive(cv, f.proto, now)) {
 			if (unlikely(f.tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST)))
 				ct_close(cv, f.tcp_flags, WEFT_CT_CLOSING_REPLY, now);
+			/* A reply of a flow the pod opened to a frontend: from the frontend. */
+			if ((cv->flags & WEFT_CT_SERVICE) && lb_reverse(skb, &f, cv->rev_nat) < 0)
+				return drop(skb, ep, dir, WEFT_REASON_DROP_INVALID, &f, 0);
 			count(endpoint_id, dir, WEFT_REASON_ALLOW_REPLY, skb->len);
 			return TC_ACT_OK;
 		}
@@ -398,29 +469,32 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 
 	if (enforced) {
 		struct peer p = peer_identity(&f, dir == WEFT_DIR_INGRESS ? f.saddr : f.daddr);
-		__u32 peer = p.identity;
-		__u8 verdict = policy_verdict(ep->policy_id, peer, dir, &f);
+		__u8 verdict = verdict_for(ep, p, dir, &f);
 
-		/* A pod's address inside a Kubernetes ipBlock: only when its own identity decided
-		 * nothing (a deny for it, or for any peer, still wins). */
-		if (!verdict && p.cidr_identity)
-			verdict = policy_verdict(ep->policy_id, p.cidr_identity | WEFT_IDENTITY_BY_IP,
-						 dir, &f);
-
-		if (verdict != WEFT_VERDICT_ALLOW) {
-			reason = verdict == WEFT_VERDICT_DENY ? WEFT_REASON_DROP_POLICY_DENY
-							      : WEFT_REASON_DROP_POLICY_DEFAULT;
-			count(endpoint_id, dir, reason, skb->len);
-			send_drop(skb, ep, dir, reason, &f, peer);
-			return TC_ACT_SHOT;
-		}
+		if (verdict != WEFT_VERDICT_ALLOW)
+			return drop(skb, ep, dir, drop_reason(verdict), &f, p.identity);
 		reason = WEFT_REASON_ALLOW_POLICY;
+	}
+	/* A hairpin flow never reaches the pod's to_pod program as a new flow: its ingress
+	 * policy, for the pod itself as the peer, is judged here. */
+	if (lb->hairpin && (ep->flags & WEFT_EP_INGRESS_ENFORCED)) {
+		struct peer self = peer_identity(&f, f.daddr);
+		__u8 verdict = verdict_for(ep, self, WEFT_DIR_INGRESS, &f);
+
+		if (verdict != WEFT_VERDICT_ALLOW)
+			return drop(skb, ep, WEFT_DIR_INGRESS, drop_reason(verdict), &f, self.identity);
 	}
 
 	/* Track flows even when not enforced, so that replies of connections the pod opened pass
 	 * its (possibly enforced) other direction. */
 	if (f.has_ports || f.icmp_echo_request) {
-		struct ct_value nv = { .created_ns = now, .last_seen_ns = now, .reason = reason };
+		struct ct_value nv = {
+			.created_ns = now,
+			.last_seen_ns = now,
+			.reason = reason,
+			.flags = lb->id ? (WEFT_CT_SERVICE | (lb->hairpin ? WEFT_CT_HAIRPIN : 0)) : 0,
+			.rev_nat = lb->id,
+		};
 
 		bpf_map_update_elem(&ct, &ck, &nv, BPF_ANY);
 	}
@@ -431,13 +505,28 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 SEC("classifier")
 int weft_from_pod(struct __sk_buff *skb)
 {
-	return handle(skb, WEFT_DIR_EGRESS);
+	struct lb_state lb = {};
+	int r = handle(skb, WEFT_DIR_EGRESS, &lb);
+
+	if (r != TC_ACT_OK || !lb.hairpin)
+		return r;
+	__u32 ifindex = skb->ifindex;
+	struct endpoint_info *ep = bpf_map_lookup_elem(&endpoints, &ifindex);
+
+	return ep ? lb_hairpin_redirect(skb, ep->mac) : TC_ACT_SHOT;
 }
 
 SEC("classifier")
 int weft_to_pod(struct __sk_buff *skb)
 {
-	return handle(skb, WEFT_DIR_INGRESS);
+	struct lb_state lb = {};
+
+	/* Sent back into the pod by its from_pod program, which judged it. */
+	if (skb->mark == WEFT_MARK_HAIRPIN) {
+		skb->mark = 0;
+		return TC_ACT_OK;
+	}
+	return handle(skb, WEFT_DIR_INGRESS, &lb);
 }
 
 char LICENSE[] SEC("license") = "GPL";

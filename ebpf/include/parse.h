@@ -61,6 +61,8 @@ struct flow {
 	__u8 tcp_flags;
 	/* Part of a fragmented datagram (0 = not fragmented, 1 = first, 2 = later). */
 	__u8 frag;
+	/* Offset of the L4 header (0: none parsed). */
+	__u16 l4_off;
 	__u32 frag_id;
 	/* ICMP error about a TCP/UDP/SCTP packet: the tuple of that (inner) packet. */
 	__u8 related;
@@ -130,6 +132,7 @@ static __always_inline int parse_l4(struct __sk_buff *skb, __u32 off, struct flo
 	/* Later fragments carry no L4 header: they are matched with ports 0. */
 	if (!first_frag)
 		return PARSE_OK;
+	f->l4_off = off;
 
 	switch (f->proto) {
 	case IPPROTO_TCP: {

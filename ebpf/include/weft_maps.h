@@ -125,7 +125,10 @@ struct ct_value {
 	__u64 last_seen_ns;
 	__u8 reason;
 	__u8 flags;
-	__u8 pad[6];
+	__u8 pad[2];
+	/* A flow the datapath translated from a Service frontend (flags & WEFT_CT_SERVICE): the
+	 * frontend's id in lb_revnat, to give replies the frontend's address back. */
+	__u32 rev_nat;
 };
 
 /*
@@ -137,6 +140,10 @@ struct ct_value {
 #define WEFT_CT_CLOSING_ORIG (1u << 0)
 #define WEFT_CT_CLOSING_REPLY (1u << 1)
 #define WEFT_CT_CLOSED (WEFT_CT_CLOSING_ORIG | WEFT_CT_CLOSING_REPLY)
+/* The flow was translated from a Service frontend (rev_nat says which). */
+#define WEFT_CT_SERVICE (1u << 2)
+/* ... to the client pod itself: its source was rewritten to WEFT_LB_HAIRPIN_V4. */
+#define WEFT_CT_HAIRPIN (1u << 3)
 
 /* Idle lifetimes of ct entries (seconds); LRU eviction bounds the table anyway. */
 #define WEFT_CT_LIFETIME_TCP_S (6 * 3600)
@@ -164,6 +171,64 @@ struct frag_value {
 	__u8 has_ports;
 	__u8 pad;
 };
+
+/*
+ * Service load-balancing (docs/DATAPATH.md, "Services"). A pod's packet to a frontend (a
+ * Service's ClusterIP, port and protocol) is translated to one of the frontend's backends
+ * before conntrack and egress policy, so policy judges the pod it really reaches.
+ *
+ * lb_services: HASH, key = the frontend, value = its id and number of backends (slots
+ * 0..count-1 of lb_backends). A frontend with no backends has no entry.
+ */
+struct lb_key {
+	__u8 addr[16];
+	__be16 port;
+	__u8 proto;
+	__u8 family;
+};
+
+struct lb_service {
+	__u32 id;
+	__u32 count;
+};
+
+/* lb_backends: HASH, (frontend id, slot) -> backend. */
+struct lb_backend_key {
+	__u32 id;
+	__u32 slot;
+};
+
+/* A backend (lb_backends; proto 0), or a frontend itself (lb_revnat: HASH, id -> frontend). */
+struct lb_addr {
+	__u8 addr[16];
+	__be16 port;
+	__u8 family;
+	__u8 proto;
+};
+
+/*
+ * lb_flows: LRU_HASH. The backend each flow of a frontend was given, keyed by the flow's
+ * tuple as the client sent it, so that its later packets (and fragments) go to the same
+ * backend while it stays one of the frontend's; a TCP SYN chooses afresh.
+ */
+struct lb_flow_key {
+	__u8 saddr[16];
+	__u8 daddr[16];
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u8 family;
+	__u8 pad[2];
+};
+
+struct lb_flow {
+	struct lb_addr backend;
+	__u32 slot;
+};
+
+/* Source a pod's connection to its own Service is given (the pod cannot receive a packet from
+ * its own address): Cilium's IPV4_LOOPBACK, 169.254.42.1 (an initializer of 4 bytes). */
+#define WEFT_LB_HAIRPIN_V4 { 169, 254, 42, 1 }
 
 /* Reasons (metrics_key.reason, drop_event.reason, ct_value.reason). */
 #define WEFT_REASON_ALLOW_POLICY 1

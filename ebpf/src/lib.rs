@@ -56,9 +56,28 @@ pub mod map_names {
     pub const EVENTS: &str = "events";
     /// policy slot (`u32`) → generation (`u64`): the manager's record of finished slot writes.
     pub const POLICY_GEN: &str = "policy_gen";
+    /// [`super::LbKey`] → [`super::LbService`]: Service frontends.
+    pub const LB_SERVICES: &str = "lb_services";
+    /// [`super::LbBackendKey`] → [`super::LbAddr`]: each frontend's backends.
+    pub const LB_BACKENDS: &str = "lb_backends";
+    /// frontend id (`u32`) → [`super::LbAddr`]: the frontend's own address, for replies.
+    pub const LB_REVNAT: &str = "lb_revnat";
+    /// [`super::LbFlowKey`] → [`super::LbFlow`]: the backend each flow was given.
+    pub const LB_FLOWS: &str = "lb_flows";
     /// All of them.
-    pub const ALL: [&str; 8] = [
-        ENDPOINTS, IPCACHE, POLICY, POLICY_GEN, CT, FRAGS, METRICS, EVENTS,
+    pub const ALL: [&str; 12] = [
+        ENDPOINTS,
+        IPCACHE,
+        POLICY,
+        POLICY_GEN,
+        CT,
+        FRAGS,
+        METRICS,
+        EVENTS,
+        LB_SERVICES,
+        LB_BACKENDS,
+        LB_REVNAT,
+        LB_FLOWS,
     ];
 }
 
@@ -168,10 +187,91 @@ pub struct CtValue {
     pub last_seen_ns: u64,
     /// Why the first packet passed (`REASON_*`).
     pub reason: u8,
-    /// TCP close state: `CT_CLOSING_ORIG` / `CT_CLOSING_REPLY` (both = `CT_CLOSED`).
+    /// TCP close state: `CT_CLOSING_ORIG` / `CT_CLOSING_REPLY` (both = `CT_CLOSED`), and
+    /// `CT_SERVICE` / `CT_HAIRPIN` for a flow translated from a Service frontend.
     pub flags: u8,
     /// Padding (zero).
-    pub pad: [u8; 6],
+    pub pad: [u8; 2],
+    /// The frontend's id in `lb_revnat` (`CT_SERVICE`), else 0.
+    pub rev_nat: u32,
+}
+
+/// Key of the `lb_services` map: a Service frontend.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct LbKey {
+    /// The ClusterIP (IPv4 in the first 4 bytes, the rest zero).
+    pub addr: [u8; 16],
+    /// The Service port, network order.
+    pub port: u16,
+    /// IP protocol.
+    pub proto: u8,
+    /// `FAMILY_V4` or `FAMILY_V6`.
+    pub family: u8,
+}
+
+/// Value of the `lb_services` map.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LbService {
+    /// The frontend's id (`lb_backends`, `lb_revnat`, conntrack's `rev_nat`).
+    pub id: u32,
+    /// Backends in `lb_backends` slots `0..count` (never 0: such a frontend has no entry).
+    pub count: u32,
+}
+
+/// Key of the `lb_backends` map.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct LbBackendKey {
+    /// The frontend's id.
+    pub id: u32,
+    /// The backend's slot.
+    pub slot: u32,
+}
+
+/// A backend (`lb_backends`) or a frontend's own address (`lb_revnat`, key: its id).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct LbAddr {
+    /// Address (IPv4 in the first 4 bytes, the rest zero).
+    pub addr: [u8; 16],
+    /// Port, network order.
+    pub port: u16,
+    /// `FAMILY_V4` or `FAMILY_V6`.
+    pub family: u8,
+    /// The frontend's IP protocol (`lb_revnat`); 0 in `lb_backends`.
+    pub proto: u8,
+}
+
+/// Key of the `lb_flows` map: a flow's tuple as the client sent it.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct LbFlowKey {
+    /// Client address.
+    pub saddr: [u8; 16],
+    /// Frontend address.
+    pub daddr: [u8; 16],
+    /// Client port, network order.
+    pub sport: u16,
+    /// Frontend port, network order.
+    pub dport: u16,
+    /// IP protocol.
+    pub proto: u8,
+    /// `FAMILY_V4` or `FAMILY_V6`.
+    pub family: u8,
+    /// Padding (zero).
+    pub pad: [u8; 2],
+}
+
+/// Value of the `lb_flows` map: the backend the flow was given.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LbFlow {
+    /// The backend.
+    pub backend: LbAddr,
+    /// Its slot when it was chosen.
+    pub slot: u32,
 }
 
 /// Key of the `frags` map: one fragmented datagram.
@@ -280,8 +380,9 @@ impl DropEvent {
 #[cfg(feature = "aya")]
 mod pod {
     use super::{
-        CtKey, CtValue, EndpointInfo, FragKey, FragValue, IpcacheKey, IpcacheValue, MetricsKey,
-        MetricsValue, PolicyKey, PolicyValue,
+        CtKey, CtValue, EndpointInfo, FragKey, FragValue, IpcacheKey, IpcacheValue, LbAddr,
+        LbBackendKey, LbFlow, LbFlowKey, LbKey, LbService, MetricsKey, MetricsValue, PolicyKey,
+        PolicyValue,
     };
     // SAFETY (all): #[repr(C)], Copy, no pointers, every bit pattern valid, padding explicit.
     unsafe impl aya::Pod for EndpointInfo {}
@@ -295,6 +396,12 @@ mod pod {
     unsafe impl aya::Pod for FragValue {}
     unsafe impl aya::Pod for MetricsKey {}
     unsafe impl aya::Pod for MetricsValue {}
+    unsafe impl aya::Pod for LbKey {}
+    unsafe impl aya::Pod for LbService {}
+    unsafe impl aya::Pod for LbBackendKey {}
+    unsafe impl aya::Pod for LbAddr {}
+    unsafe impl aya::Pod for LbFlowKey {}
+    unsafe impl aya::Pod for LbFlow {}
 }
 
 #[cfg(test)]

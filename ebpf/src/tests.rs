@@ -98,8 +98,42 @@ fn rust_layout_matches_c() {
         "ct_value",
         CtValue,
         lpm_shift = 0,
-        [created_ns, last_seen_ns, reason, flags]
+        [created_ns, last_seen_ns, reason, flags, rev_nat]
     );
+    check!(
+        c,
+        seen,
+        "lb_key",
+        LbKey,
+        lpm_shift = 0,
+        [addr, port, proto, family]
+    );
+    check!(c, seen, "lb_service", LbService, lpm_shift = 0, [id, count]);
+    check!(
+        c,
+        seen,
+        "lb_backend_key",
+        LbBackendKey,
+        lpm_shift = 0,
+        [id, slot]
+    );
+    check!(
+        c,
+        seen,
+        "lb_addr",
+        LbAddr,
+        lpm_shift = 0,
+        [addr, port, family, proto]
+    );
+    check!(
+        c,
+        seen,
+        "lb_flow_key",
+        LbFlowKey,
+        lpm_shift = 0,
+        [saddr, daddr, sport, dport, proto, family]
+    );
+    check!(c, seen, "lb_flow", LbFlow, lpm_shift = 0, [backend, slot]);
     check!(
         c,
         seen,

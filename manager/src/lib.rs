@@ -12,6 +12,7 @@
 //! - [`policy_state`] rules, identities and computed policy; [`slots`] which endpoints share
 //!   policy entries → `store`.
 //! - [`datapath`] the eBPF maps and programs, behind the `Datapath` seam with its fake.
+//! - [`lb`] Service frontends and their backends → `datapath`.
 //! - [`cluster`] the kvstore agent (other nodes, remote endpoints), [`kvstore`] etcd and its
 //!   in-memory fake.
 //! - [`prom`] Prometheus counters and `/metrics`.
@@ -24,6 +25,7 @@ pub mod datapath;
 pub mod endpoint;
 pub mod http;
 pub mod kvstore;
+pub mod lb;
 pub mod node;
 pub mod policy_state;
 pub mod prom;

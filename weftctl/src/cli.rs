@@ -55,6 +55,9 @@ pub enum Command {
     /// Cluster nodes (kvstore mode).
     #[command(subcommand)]
     Node(NodeCmd),
+    /// Kubernetes Services the datapath translates (frontends and their backends).
+    #[command(subcommand)]
+    Service(ServiceCmd),
     /// eBPF maps.
     #[command(subcommand)]
     Map(MapCmd),
@@ -116,6 +119,13 @@ pub enum IdentityCmd {
 #[derive(Debug, Subcommand)]
 pub enum NodeCmd {
     /// This node and every node the kvstore knows.
+    List,
+}
+
+/// `weftctl service ...`
+#[derive(Debug, Subcommand)]
+pub enum ServiceCmd {
+    /// Every Service frontend with its id and backends.
     List,
 }
 

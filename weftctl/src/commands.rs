@@ -10,6 +10,7 @@ use weft_api::{
 
 use crate::cli::{
     Cli, Command, EndpointCmd, IdentityCmd, IpamCmd, MapCmd, NodeCmd, Output, PolicyCmd,
+    ServiceCmd,
 };
 use crate::render;
 
@@ -127,6 +128,10 @@ pub async fn run(cli: Cli) -> Result<(), CtlError> {
         Command::Node(NodeCmd::List) => {
             let v: Value = client.get("/v1/nodes").await?;
             print(cli.output, &v, render::node_table)?;
+        }
+        Command::Service(ServiceCmd::List) => {
+            let v: Value = client.get("/v1/services").await?;
+            print(cli.output, &v, render::service_table)?;
         }
         Command::Map(MapCmd::List) => {
             let v: Value = client.get("/v1/maps").await?;

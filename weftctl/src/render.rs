@@ -277,6 +277,41 @@ pub fn node_table(v: &Value) -> String {
     table::render(&["NAME", "NODE IP", "POD CIDRS", "ROUTERS"], &rows)
 }
 
+/// `service list`: one row per frontend.
+pub fn service_table(v: &Value) -> String {
+    let mut rows: Vec<Vec<String>> = Vec::new();
+    for svc in v.as_array().into_iter().flatten() {
+        for f in svc["frontends"].as_array().into_iter().flatten() {
+            let fe = &f["frontend"];
+            let backends: Vec<String> = f["backends"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|b| match b["addr"].as_str() {
+                    Some(a) if a.contains(':') => format!("[{a}]:{}", s(&b["port"])),
+                    _ => format!("{}:{}", s(&b["addr"]), s(&b["port"])),
+                })
+                .collect();
+            let addr = s(&fe["addr"]);
+            rows.push(vec![
+                s(&f["id"]),
+                s(&svc["name"]),
+                if addr.contains(':') {
+                    format!("[{addr}]:{}/{}", s(&fe["port"]), s(&fe["proto"]))
+                } else {
+                    format!("{addr}:{}/{}", s(&fe["port"]), s(&fe["proto"]))
+                },
+                if backends.is_empty() {
+                    "(none: kube-proxy's)".to_owned()
+                } else {
+                    backends.join(",")
+                },
+            ]);
+        }
+    }
+    table::render(&["ID", "SERVICE", "FRONTEND", "BACKENDS"], &rows)
+}
+
 /// `map list`.
 pub fn map_list_table(v: &Value) -> String {
     let rows: Vec<Vec<String>> = v

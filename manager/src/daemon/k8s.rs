@@ -12,6 +12,7 @@ use crate::node::{ChosenCidr, NodeManifest};
 use crate::service::{Manager, ManagerError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use weft_api::lb::{Backend, Frontend};
 use weft_api::{AllocateRequest, Endpoint};
 use weft_k8s::k8s_openapi::api::core::v1::Node;
 use weft_k8s::kube::Client;
@@ -114,6 +115,12 @@ pub async fn become_ready(manager: &Arc<Manager>, watchers: Arc<Watchers>) {
     }
     let ms = t0.elapsed().as_secs_f64() * 1000.0;
     manager.record_phase("k8s-sync", ms);
+    // Every Service is known now: frontends left from before a restart that none claimed go.
+    match manager.lb().sweep_unclaimed() {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(frontends = n, "Service frontends of deleted Services removed"),
+        Err(e) => tracing::error!("Service frontends from before the restart not removed: {e}"),
+    }
     manager.set_warnings(watchers.problems());
     manager.set_ready();
     tracing::info!(ms, "Kubernetes caches synced; weft-manager ready");
@@ -220,6 +227,34 @@ impl Sink for ManagerSink {
         keys.sort();
         keys.dedup();
         keys
+    }
+
+    fn service_apply(&self, name: &str, frontends: Vec<(Frontend, Vec<Backend>)>) {
+        let Some(m) = self.manager.upgrade() else {
+            return;
+        };
+        match m.lb().apply(name, &frontends) {
+            Ok(()) => tracing::debug!(service = name, frontends = frontends.len(), "Service"),
+            // Its frontends stay as they were (kube-proxy's when it has none): logged, and
+            // retried with the Service's next change.
+            Err(e) => tracing::error!(service = name, "Service not translated: {e}"),
+        }
+    }
+
+    fn service_delete(&self, name: &str) {
+        let Some(m) = self.manager.upgrade() else {
+            return;
+        };
+        if let Err(e) = m.lb().delete(name) {
+            tracing::error!(service = name, "Service frontends not removed: {e}");
+        }
+    }
+
+    fn service_names(&self) -> Vec<String> {
+        self.manager
+            .upgrade()
+            .map(|m| m.lb().names())
+            .unwrap_or_default()
     }
 
     fn node(&self, node: &Node) {

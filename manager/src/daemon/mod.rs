@@ -52,6 +52,9 @@ pub enum StartError {
     /// Node plumbing.
     #[error(transparent)]
     HostNet(#[from] HostNetError),
+    /// The Service maps could not be read back.
+    #[error("restoring Service frontends: {0}")]
+    Services(#[from] crate::lb::LbError),
     /// The CIDR changed under live endpoints.
     #[error(
         "the node's pod CIDR changed from {old} to {new} while {count} endpoint(s) still use addresses from {old}: delete those pods first (weftctl endpoint list), or start with the old CIDR again (--pod-cidr {old} / restore the node manifest); to discard all state instead, stop weft-manager and remove {state_dir}"
@@ -446,6 +449,12 @@ pub async fn start(config: &Config) -> Result<Started, StartError> {
     phases.mark("masquerade");
     let manager = Arc::new(manager);
     let restored = restore_all(&manager, &*hostnet, &queue, &mut phases).await?;
+    let frontends = manager.lb().restore()?;
+    if k8s.is_none() {
+        // Only Kubernetes mode has Services: frontends a Kubernetes-mode run left go.
+        manager.lb().sweep_unclaimed()?;
+    }
+    phases.mark("services");
     let watchers = match k8s {
         Some(conn) => Some(crate::daemon::k8s::start(&manager, conn, &k8s_node, &chosen).await),
         None => None,
@@ -466,6 +475,7 @@ pub async fn start(config: &Config) -> Result<Started, StartError> {
         stale_ipcache = restored.stale_ipcache,
         regenerated = restored.regenerated,
         queued_deletes = restored.drained,
+        service_frontends = frontends,
         orphan_links = restored.orphan_links,
         phases = ?phases.done,
         elapsed_ms = phases.start.elapsed().as_secs_f64() * 1000.0,

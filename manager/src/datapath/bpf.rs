@@ -76,6 +76,10 @@ impl BpfDatapath {
             ct: take(&mut opened.maps, names::CT)?,
             frags: take(&mut opened.maps, names::FRAGS)?,
             metrics: take(&mut opened.maps, names::METRICS)?,
+            lb_services: take(&mut opened.maps, names::LB_SERVICES)?,
+            lb_backends: take(&mut opened.maps, names::LB_BACKENDS)?,
+            lb_revnat: take(&mut opened.maps, names::LB_REVNAT)?,
+            lb_flows: take(&mut opened.maps, names::LB_FLOWS)?,
             ebpf: opened.ebpf,
             programs: opened.programs,
             filters: None,
@@ -276,6 +280,29 @@ impl Datapath for BpfDatapath {
             .ipcache
             .insert(&ipcache_key(prefix), value, 0)
             .map_err(DatapathError::map(names::IPCACHE))
+    }
+
+    fn lb_upsert(
+        &self,
+        id: u32,
+        frontend: &weft_api::lb::Frontend,
+        backends: &[weft_api::lb::Backend],
+        previous: usize,
+    ) -> Result<(), DatapathError> {
+        self.lock().lb_upsert(id, frontend, backends, previous)
+    }
+
+    fn lb_remove(
+        &self,
+        id: u32,
+        frontend: &weft_api::lb::Frontend,
+        previous: usize,
+    ) -> Result<(), DatapathError> {
+        self.lock().lb_remove(id, frontend, previous)
+    }
+
+    fn lb_frontends(&self) -> Result<super::LbTable, DatapathError> {
+        self.lock().lb_frontends()
     }
 
     fn remove_ipcache(&self, prefix: ipnet::IpNet) -> Result<(), DatapathError> {

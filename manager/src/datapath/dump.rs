@@ -31,7 +31,7 @@ pub(crate) fn list(maps: &Maps, pin_dir: &Path) -> Vec<MapSummary> {
                 names::CT => maps.ct.keys().count(),
                 names::FRAGS => maps.frags.keys().count(),
                 names::METRICS => maps.metrics.keys().count(),
-                _ => 0,
+                other => super::lb::count(maps, other).unwrap_or(0),
             };
             MapSummary {
                 name: name.to_owned(),
@@ -154,6 +154,8 @@ fn ct(maps: &Maps) -> Result<Vec<Value>, DatapathError> {
             "dport": u16::from_be(k.dport),
             "reason": drop_reason_name(v.reason),
             "state": close_state(v.flags),
+            "service": (v.flags & abi::CT_SERVICE != 0).then_some(v.rev_nat),
+            "hairpin": v.flags & abi::CT_HAIRPIN != 0,
             "created_ns": v.created_ns,
             "last_seen_ns": v.last_seen_ns,
         }));
@@ -207,7 +209,8 @@ pub(crate) fn dump(maps: &Maps, name: &str) -> Result<Vec<Value>, DatapathError>
         names::EVENTS => Err(DatapathError::Invalid(
             "events is a ring buffer: read it with `weftctl monitor`".into(),
         )),
-        other => Err(DatapathError::UnknownMap(other.to_owned())),
+        other => super::lb::dump(maps, other)
+            .unwrap_or_else(|| Err(DatapathError::UnknownMap(other.to_owned()))),
     }
 }
 

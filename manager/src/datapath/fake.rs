@@ -36,6 +36,10 @@ pub enum FakeCall {
     ReadoptKept(u32),
     /// `commit_programs()`.
     CommitPrograms,
+    /// `lb_upsert(id, frontend, backends)`.
+    LbUpsert(u32, weft_api::lb::Frontend, usize),
+    /// `lb_remove(id)`.
+    LbRemove(u32),
 }
 
 #[derive(Default)]
@@ -51,6 +55,7 @@ struct State {
     slot_flags: BTreeMap<u32, (bool, bool)>,
     generations: BTreeMap<u32, u64>,
     ipcache: BTreeMap<ipnet::IpNet, crate::node::ipcache::Value>,
+    lb: super::LbTable,
     fail_attach: bool,
     /// Programs reused from pins (a restart with the same object).
     reused: bool,
@@ -355,6 +360,49 @@ impl Datapath for FakeDatapath {
         s.calls.push(FakeCall::RemoveIpcache(prefix));
         s.ipcache.remove(&prefix);
         Ok(())
+    }
+
+    fn lb_upsert(
+        &self,
+        id: u32,
+        frontend: &weft_api::lb::Frontend,
+        backends: &[weft_api::lb::Backend],
+        previous: usize,
+    ) -> Result<(), DatapathError> {
+        let mut s = self.state();
+        let had = s.lb.get(&id).map_or(0, |(_, b)| b.len());
+        // The kernel would keep the slots a wrong `previous` leaves behind: refuse it here.
+        if had != previous {
+            return Err(DatapathError::Invalid(format!(
+                "lb_upsert({id}): previous {previous}, the maps hold {had}"
+            )));
+        }
+        s.calls
+            .push(FakeCall::LbUpsert(id, *frontend, backends.len()));
+        s.lb.insert(id, (*frontend, backends.to_vec()));
+        Ok(())
+    }
+
+    fn lb_remove(
+        &self,
+        id: u32,
+        _frontend: &weft_api::lb::Frontend,
+        previous: usize,
+    ) -> Result<(), DatapathError> {
+        let mut s = self.state();
+        let had = s.lb.get(&id).map_or(0, |(_, b)| b.len());
+        if had != previous {
+            return Err(DatapathError::Invalid(format!(
+                "lb_remove({id}): previous {previous}, the maps hold {had}"
+            )));
+        }
+        s.calls.push(FakeCall::LbRemove(id));
+        s.lb.remove(&id);
+        Ok(())
+    }
+
+    fn lb_frontends(&self) -> Result<super::LbTable, DatapathError> {
+        Ok(self.state().lb.clone())
     }
 
     fn kernel_state(&self) -> Result<super::KernelState, DatapathError> {

@@ -14,6 +14,7 @@ mod encode;
 mod error;
 mod events;
 mod fake;
+mod lb;
 mod progpin;
 mod seam;
 mod shadow;
@@ -32,6 +33,7 @@ pub use encode::{
 };
 pub use error::DatapathError;
 pub use fake::{FakeCall, FakeDatapath};
+pub use lb::LbTable;
 pub use types::{
     DatapathConfig, DropEvent, EndpointDatapath, KernelEndpoint, KernelState, MapSummary,
     drop_reason_name,

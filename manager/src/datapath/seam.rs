@@ -129,6 +129,30 @@ pub trait Datapath: Send + Sync {
     /// Decoded entries of one map (IPs, identities, ports, verdicts as JSON).
     fn map_dump(&self, name: &str) -> Result<Vec<serde_json::Value>, DatapathError>;
 
+    /// Writes Service frontend `id`: `backends` (in this order: their slots), the frontend for
+    /// the replies of its flows, then its entry with the new number of backends, so that a
+    /// packet never meets a slot not written yet; `previous` is how many backends the last
+    /// write gave it (slots beyond the new number go). With no backends the frontend has no
+    /// entry: its packets are left to kube-proxy.
+    fn lb_upsert(
+        &self,
+        id: u32,
+        frontend: &weft_api::lb::Frontend,
+        backends: &[weft_api::lb::Backend],
+        previous: usize,
+    ) -> Result<(), DatapathError>;
+
+    /// Removes Service frontend `id` (entry, `previous` backends, reverse entry).
+    fn lb_remove(
+        &self,
+        id: u32,
+        frontend: &weft_api::lb::Frontend,
+        previous: usize,
+    ) -> Result<(), DatapathError>;
+
+    /// Every Service frontend the maps hold, by id, with its backends (restart read-back).
+    fn lb_frontends(&self) -> Result<super::LbTable, DatapathError>;
+
     /// Drop events from now on.
     fn subscribe_events(&self) -> tokio::sync::broadcast::Receiver<DropEvent>;
 }

@@ -62,6 +62,10 @@ pub(crate) struct Maps {
     pub(crate) ct: BpfHash<MapData, abi::CtKey, abi::CtValue>,
     pub(crate) frags: BpfHash<MapData, abi::FragKey, abi::FragValue>,
     pub(crate) metrics: PerCpuHashMap<MapData, abi::MetricsKey, abi::MetricsValue>,
+    pub(crate) lb_services: BpfHash<MapData, abi::LbKey, abi::LbService>,
+    pub(crate) lb_backends: BpfHash<MapData, abi::LbBackendKey, abi::LbAddr>,
+    pub(crate) lb_revnat: BpfHash<MapData, u32, abi::LbAddr>,
+    pub(crate) lb_flows: BpfHash<MapData, abi::LbFlowKey, abi::LbFlow>,
     /// What the policy map holds per slot, for the slots whose entries were read back or
     /// written by this process (the diff base of the next write), packed.
     pub(crate) installed: HashMap<u32, Shadow>,

@@ -26,6 +26,12 @@ pub struct DatapathConfig {
     pub metrics_max: u32,
     /// `events` ring buffer bytes (power of two, multiple of the page size).
     pub events_bytes: u32,
+    /// `lb_services` and `lb_revnat` max entries (Service frontends).
+    pub lb_frontends_max: u32,
+    /// `lb_backends` max entries (all frontends' backends together).
+    pub lb_backends_max: u32,
+    /// `lb_flows` max entries (LRU: flows to frontends).
+    pub lb_flows_max: u32,
     /// Capacity of the drop event broadcast channel.
     pub event_channel: usize,
 }
@@ -34,7 +40,7 @@ impl DatapathConfig {
     /// `max_entries` of every map (bytes for the `events` ring), by map name: what the loader
     /// sets when it creates a map, and what the program pins' digest covers.
     #[must_use]
-    pub fn map_sizes(&self) -> [(&'static str, u32); 8] {
+    pub fn map_sizes(&self) -> [(&'static str, u32); 12] {
         use abi::map_names as names;
         [
             (names::ENDPOINTS, self.endpoints_max),
@@ -45,6 +51,10 @@ impl DatapathConfig {
             (names::FRAGS, self.frags_max),
             (names::METRICS, self.metrics_max),
             (names::EVENTS, self.events_bytes),
+            (names::LB_SERVICES, self.lb_frontends_max),
+            (names::LB_BACKENDS, self.lb_backends_max),
+            (names::LB_REVNAT, self.lb_frontends_max),
+            (names::LB_FLOWS, self.lb_flows_max),
         ]
     }
 }
@@ -60,6 +70,9 @@ impl Default for DatapathConfig {
             frags_max: 8192,
             metrics_max: 256 * 1024,
             events_bytes: 256 * 1024,
+            lb_frontends_max: 65_536,
+            lb_backends_max: 256 * 1024,
+            lb_flows_max: 256 * 1024,
             event_channel: 4096,
         }
     }

@@ -131,6 +131,7 @@ pub fn router(manager: Shared) -> Router {
         .route("/v1/policy/trace", post(trace))
         .route("/v1/identities", get(identities))
         .route("/v1/nodes", get(nodes))
+        .route("/v1/services", get(services))
         .route("/v1/kvstore", get(kvstore))
         .route("/v1/maps", get(maps))
         .route("/v1/maps/{name}", get(map_dump))
@@ -315,6 +316,10 @@ async fn identities(State(m): State<Shared>) -> Reply {
 
 async fn nodes(State(m): State<Shared>) -> Reply {
     json(&m.nodes())
+}
+
+async fn services(State(m): State<Shared>) -> Reply {
+    json(&m.lb().list())
 }
 
 async fn kvstore(State(m): State<Shared>) -> Reply {

@@ -84,6 +84,8 @@ pub struct Manager {
     prom: Arc<crate::prom::Metrics>,
     /// Rule texts parsed before: a re-imported file parses only its changed rules.
     parse_memo: Mutex<weft_policy::parse::memo::ParseMemo>,
+    /// Service frontends and their backends (Kubernetes mode fills it).
+    lb: crate::lb::Services,
 }
 
 /// The datapath's view of a registered endpoint (`None` before registration).
@@ -140,6 +142,9 @@ pub(crate) fn initial_ipcache(reg: &Registry, pol: &PolicyState) -> Ipcache {
 
 pub(crate) use trim::release_freed_memory;
 
+/// Frontend ids the Service maps have room for (`DatapathConfig::lb_frontends_max`).
+const LB_FRONTENDS_MAX: u32 = 65_536;
+
 impl Manager {
     /// Assembles a manager over restored state.
     pub fn new(
@@ -162,6 +167,7 @@ impl Manager {
             }),
             reaper: LinkReaper::new(Arc::clone(&hostnet)),
             hostnet,
+            lb: crate::lb::Services::new(Arc::clone(&datapath), LB_FRONTENDS_MAX),
             datapath,
             ready: AtomicBool::new(false),
             warnings: Mutex::new(Vec::new()),
@@ -175,6 +181,11 @@ impl Manager {
             prom: Arc::default(),
             parse_memo: Mutex::default(),
         }
+    }
+
+    /// Service frontends and their backends.
+    pub fn lb(&self) -> &crate::lb::Services {
+        &self.lb
     }
 
     /// The Prometheus metrics handle.
