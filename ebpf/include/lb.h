@@ -70,7 +70,15 @@ struct lb_state {
 	__u8 hairpin;
 };
 
-static const __u8 lb_hairpin_v4[4] = WEFT_LB_HAIRPIN_V4;
+/* WEFT_LB_HAIRPIN_V4 written by stores: an initializer would land in .rodata, and the object has
+ * no global data for the loader to create. */
+static __always_inline void lb_hairpin_addr(__u8 *a)
+{
+	__u32 v4 = bpf_htonl(WEFT_LB_HAIRPIN_V4);
+
+	__builtin_memset(a, 0, 16);
+	__builtin_memcpy(a, &v4, 4);
+}
 
 static __always_inline int l4_csum_off(const struct flow *f)
 {
@@ -182,7 +190,10 @@ static __always_inline int lb_translate(struct __sk_buff *skb, struct flow *f, s
 		return 0;
 	if (lb_rewrite(skb, f, 1, be.addr, be.port) < 0)
 		return -1;
-	if (hairpin && lb_rewrite(skb, f, 0, lb_hairpin_v4, f->sport) < 0)
+	__u8 hairpin_src[16];
+
+	lb_hairpin_addr(hairpin_src);
+	if (hairpin && lb_rewrite(skb, f, 0, hairpin_src, f->sport) < 0)
 		return -1;
 	lb->id = id;
 	lb->hairpin = hairpin;
@@ -202,7 +213,10 @@ static __always_inline int lb_reverse(struct __sk_buff *skb, struct flow *f, __u
 
 static __always_inline int lb_is_hairpin_addr(const struct flow *f)
 {
-	return f->family == WEFT_FAMILY_V4 && __builtin_memcmp(f->daddr, lb_hairpin_v4, 4) == 0;
+	__u8 h[16];
+
+	lb_hairpin_addr(h);
+	return f->family == WEFT_FAMILY_V4 && __builtin_memcmp(f->daddr, h, 4) == 0;
 }
 
 /* Sends a hairpin packet back into its pod: out of the host veth it came in by, the pod's MAC

@@ -227,8 +227,8 @@ struct lb_flow {
 };
 
 /* Source a pod's connection to its own Service is given (the pod cannot receive a packet from
- * its own address): Cilium's IPV4_LOOPBACK, 169.254.42.1 (an initializer of 4 bytes). */
-#define WEFT_LB_HAIRPIN_V4 { 169, 254, 42, 1 }
+ * its own address): Cilium's IPV4_LOOPBACK, 169.254.42.1 (host order). */
+#define WEFT_LB_HAIRPIN_V4 0xa9fe2a01u
 
 /* Reasons (metrics_key.reason, drop_event.reason, ct_value.reason). */
 #define WEFT_REASON_ALLOW_POLICY 1

@@ -219,6 +219,14 @@ fn object_is_a_bpf_elf_with_both_programs() {
             "{needle} missing from the object"
         );
     }
+    // No global data: the loader would create unpinned .rodata/.data/.bss maps that the
+    // program pins cannot be matched against (a constant initializer lands in .rodata).
+    for section in [".rodata", ".data", ".bss"] {
+        assert!(
+            !obj.windows(section.len()).any(|w| w == section.as_bytes()),
+            "the object has a {section} section: write the constant with stores instead"
+        );
+    }
 }
 
 #[test]

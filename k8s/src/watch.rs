@@ -32,6 +32,16 @@ pub trait Sink: Send + Sync + 'static {
     fn policy_keys(&self) -> Vec<PolicyKey>;
     /// This node changed.
     fn node(&self, node: &Node);
+    /// Service `namespace/name` has these frontends with their ready backends now.
+    fn service_apply(
+        &self,
+        name: &str,
+        frontends: Vec<(weft_api::lb::Frontend, Vec<weft_api::lb::Backend>)>,
+    );
+    /// Service `namespace/name` is gone (or has no frontends any more).
+    fn service_delete(&self, name: &str);
+    /// The Services the manager has (also from before a restart).
+    fn service_names(&self) -> Vec<String>;
 }
 
 /// Watch events and errors per resource, for `/metrics` and tests.
