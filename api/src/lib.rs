@@ -10,6 +10,7 @@ pub mod cluster;
 pub mod delete_queue;
 pub mod error;
 pub mod fnv;
+pub mod lb;
 pub mod mac;
 pub mod naming;
 pub mod policy;
