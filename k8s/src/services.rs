@@ -198,7 +198,8 @@ pub fn frontends(svc: &Service, slices: &[&EndpointSlice], node: &str) -> Fronte
 }
 
 /// `namespace/name` of an object.
-fn key(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> Option<String> {
+#[must_use]
+pub fn key(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> Option<String> {
     Some(format!(
         "{}/{}",
         meta.namespace.as_deref()?,
