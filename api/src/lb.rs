@@ -1,4 +1,4 @@
-//! Service load-balancing: the frontends (a Service's ClusterIP, port and protocol) the
+//! Service load-balancing: the frontends (a Service's `ClusterIP`, port and protocol) the
 //! datapath translates to one of their backends before policy, and what `GET /v1/services`
 //! reports.
 
@@ -29,10 +29,10 @@ impl LbProto {
     }
 }
 
-/// What a client addresses: a Service's ClusterIP, port and protocol.
+/// What a client addresses: a Service's `ClusterIP`, port and protocol.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct Frontend {
-    /// The ClusterIP.
+    /// The `ClusterIP`.
     pub addr: IpAddr,
     /// The Service port.
     pub port: u16,

@@ -1,7 +1,8 @@
 //! weft-k8s: Weft's Kubernetes mode. `labels`, `policy` and `node` translate API objects into
 //! Weft's state (pure, unit-tested on `kubectl get -o json` output in testdata/k8s/); `cache`
 //! holds what the watchers learnt; `watch` runs kube-runtime watchers into a [`watch::Sink`]
-//! the manager implements; `client` builds the kube client.
+//! the manager implements; `services` translates Services and `EndpointSlices` into the
+//! datapath's frontends and backends; `client` builds the kube client.
 
 pub mod cache;
 pub mod client;
@@ -10,6 +11,7 @@ pub mod node;
 pub mod policy;
 #[cfg(feature = "replay")]
 pub mod replay;
+pub mod services;
 pub mod watch;
 
 pub use k8s_openapi;

@@ -1,13 +1,16 @@
 //! The watchers: this Node, the pods on this node (field selector `spec.nodeName`), every
-//! Namespace, and the three policy kinds (the Cilium ones as dynamic objects, so their CRDs
-//! need no generated types). kube-runtime's watcher resumes a dropped watch from the last
-//! resourceVersion (bookmarks keep it fresh) and re-lists when the server answers 410 Gone;
-//! after a re-list, objects that were not listed again are treated as deleted.
+//! Namespace, the three policy kinds (the Cilium ones as dynamic objects, so their CRDs need no
+//! generated types), and every Service and `EndpointSlice` (`services`: their translation).
+//! kube-runtime's watcher resumes a dropped watch from the last resourceVersion (bookmarks keep
+//! it fresh) and re-lists when the server answers 410 Gone; after a re-list, objects that were
+//! not listed again are treated as deleted.
 
 use crate::cache::{ClusterCache, PolicyStatus};
 use crate::policy::{PolicyKey, PolicyKind, translate};
+use crate::services::ServiceTable;
 use futures::{Stream, StreamExt};
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -17,6 +20,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Debug;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use weft_api::lb::{Backend, Frontend};
 use weft_policy::labels::LabelSet;
 use weft_policy::rule::Rule;
 
@@ -32,15 +36,13 @@ pub trait Sink: Send + Sync + 'static {
     fn policy_keys(&self) -> Vec<PolicyKey>;
     /// This node changed.
     fn node(&self, node: &Node);
-    /// Service `namespace/name` has these frontends with their ready backends now.
-    fn service_apply(
-        &self,
-        name: &str,
-        frontends: Vec<(weft_api::lb::Frontend, Vec<weft_api::lb::Backend>)>,
-    );
-    /// Service `namespace/name` is gone (or has no frontends any more).
+    /// Service `name` (`namespace/name`) has these frontends now, each with its backends
+    /// (none: the datapath leaves that frontend to kube-proxy). Called only when they differ
+    /// from the last ones delivered, never with no frontends (that is [`Self::service_delete`]).
+    fn service_apply(&self, name: &str, frontends: Vec<(Frontend, Vec<Backend>)>);
+    /// Service `name` has no frontends any more: deleted, or headless, `ExternalName`...
     fn service_delete(&self, name: &str);
-    /// The Services the manager has (also from before a restart).
+    /// Names of the Services the datapath has (also those from before a restart).
     fn service_names(&self) -> Vec<String>;
 }
 
@@ -85,7 +87,11 @@ pub struct Watchers {
     synced_changed: tokio::sync::Notify,
     /// Per resource: its last error while it has not recovered, or that its CRD is missing.
     health: std::sync::Mutex<BTreeMap<&'static str, Health>>,
+    /// Services and `EndpointSlices` (two watchers write it).
+    services: std::sync::Mutex<ServiceTable>,
 }
+
+mod services;
 
 /// A resource's trouble, for [`Watchers::problems`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -430,6 +436,7 @@ impl Watchers {
             synced: std::sync::Mutex::default(),
             synced_changed: tokio::sync::Notify::new(),
             health: std::sync::Mutex::default(),
+            services: std::sync::Mutex::default(),
         })
     }
 
@@ -554,6 +561,22 @@ impl Watchers {
                     kind: PolicyKind::NetworkPolicy,
                     applied: BTreeMap::new(),
                 },
+                None,
+            ),
+            self.started(
+                stream(
+                    Api::<Service>::all(c.clone()),
+                    cfg().labels(&services::service_selector()),
+                ),
+                services::Services,
+                None,
+            ),
+            self.started(
+                stream(
+                    Api::<EndpointSlice>::all(c.clone()),
+                    cfg().labels(&services::slice_selector()),
+                ),
+                services::Slices,
                 None,
             ),
         ];

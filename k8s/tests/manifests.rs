@@ -201,3 +201,36 @@ fn cluster_role_grants_only_reads_and_the_node_patch() {
         }
     }
 }
+
+#[test]
+fn cluster_role_lets_every_watcher_list_and_watch() {
+    let (_, _, v) = documents()
+        .into_iter()
+        .find(|(_, k, _)| k == "ClusterRole")
+        .unwrap();
+    let role: ClusterRole = strict(v).unwrap();
+    let grants = |group: &str, resource: &str, verb: &str| {
+        role.rules.iter().flatten().any(|r| {
+            r.api_groups.iter().flatten().any(|g| g == group)
+                && r.resources.iter().flatten().any(|x| x == resource)
+                && r.verbs.iter().any(|v| v == verb)
+        })
+    };
+    for (group, resource) in [
+        ("", "nodes"),
+        ("", "pods"),
+        ("", "namespaces"),
+        ("", "services"),
+        ("networking.k8s.io", "networkpolicies"),
+        ("discovery.k8s.io", "endpointslices"),
+        ("cilium.io", "ciliumnetworkpolicies"),
+        ("cilium.io", "ciliumclusterwidenetworkpolicies"),
+    ] {
+        for verb in ["list", "watch"] {
+            assert!(
+                grants(group, resource, verb),
+                "{verb} {resource} in group {group:?} is not granted"
+            );
+        }
+    }
+}

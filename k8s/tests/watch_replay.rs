@@ -1,7 +1,8 @@
 //! The watch layer against a local server replaying recorded API server responses: the real
 //! kube client and kube-runtime watchers, with a dropped watch (resumed from the bookmark's
 //! resourceVersion, no re-list), a 410 Gone (re-list, and what vanished is dropped), namespace
-//! label changes reaching pods, and policy objects applied, rejected and deleted.
+//! label changes reaching pods, policy objects applied, rejected and deleted, and Services with
+//! their `EndpointSlices` translated into frontends and backends.
 
 #![allow(
     clippy::unwrap_used,
@@ -13,9 +14,11 @@
 
 use serde_json::Value;
 use std::collections::BTreeSet;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use weft_api::lb::{Backend, Frontend};
 use weft_k8s::k8s_openapi::api::core::v1::Node;
 use weft_k8s::policy::PolicyKey;
 use weft_k8s::replay::{Replay, WatchEnd, event, gone, list};
@@ -37,6 +40,7 @@ fn json(name: &str) -> Value {
 struct Recorder {
     events: Mutex<Vec<String>>,
     keys: Mutex<BTreeSet<PolicyKey>>,
+    services: Mutex<BTreeSet<String>>,
 }
 
 impl Recorder {
@@ -70,6 +74,32 @@ impl Sink for Recorder {
             "node {}",
             node.metadata.name.clone().unwrap_or_default()
         ));
+    }
+    fn service_apply(&self, name: &str, frontends: Vec<(Frontend, Vec<Backend>)>) {
+        self.services.lock().unwrap().insert(name.to_owned());
+        let f: Vec<String> = frontends
+            .iter()
+            .map(|(f, b)| {
+                let b: Vec<String> = b
+                    .iter()
+                    .map(|b| SocketAddr::new(b.addr, b.port).to_string())
+                    .collect();
+                format!(
+                    "{:?} {} -> {}",
+                    f.proto,
+                    SocketAddr::new(f.addr, f.port),
+                    b.join(",")
+                )
+            })
+            .collect();
+        self.push(format!("service {name}: {}", f.join("; ")));
+    }
+    fn service_delete(&self, name: &str) {
+        self.services.lock().unwrap().remove(name);
+        self.push(format!("service delete {name}"));
+    }
+    fn service_names(&self) -> Vec<String> {
+        self.services.lock().unwrap().iter().cloned().collect()
     }
 }
 
@@ -140,6 +170,11 @@ fn script() -> Replay {
             vec![event("DELETED", np_ok)],
             WatchEnd::Hang,
         )
+        .list(SERVICES, list("v1", "Service", "40", Vec::new()))
+        .list(
+            SLICES,
+            list("discovery.k8s.io/v1", "EndpointSlice", "41", Vec::new()),
+        )
         .list(
             "/apis/cilium.io/v2/ciliumnetworkpolicies",
             list(
@@ -159,6 +194,9 @@ fn script() -> Replay {
             ),
         )
 }
+
+const SERVICES: &str = "/api/v1/services";
+const SLICES: &str = "/apis/discovery.k8s.io/v1/endpointslices";
 
 fn param<'a>(line: &'a str, key: &str) -> Option<&'a str> {
     let q = line.split_once('?')?.1;
@@ -313,5 +351,170 @@ async fn watchers_resume_relist_and_deliver() {
             .unwrap_or(0)
             >= 1,
         "the 410 is counted: {counts:?}"
+    );
+}
+
+/// testdata/k8s/services.json's items of `kind`.
+fn items(kind: &str) -> Vec<Value> {
+    json("services.json")["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|i| i["kind"] == kind)
+        .cloned()
+        .collect()
+}
+
+/// Starts the watchers (without the Cilium kinds) against `replay`, delivering to `rec`.
+async fn watch(
+    replay: &Replay,
+    rec: Arc<Recorder>,
+) -> (Arc<Watchers>, Vec<tokio::task::JoinHandle<()>>) {
+    let url = replay.serve().await.unwrap();
+    let dir = std::env::temp_dir().join(format!("weft-k8s-replay-svc-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let kubeconfig = dir.join("kubeconfig");
+    std::fs::write(&kubeconfig, Replay::kubeconfig(&url)).unwrap();
+    let client = weft_k8s::client::client(Some(&kubeconfig)).await.unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    let w = Watchers::new(client, "worker-1", rec);
+    let tasks = w.spawn(false);
+    (w, tasks)
+}
+
+/// Pushes `event` into the open watch of `path`, waiting for the watcher to open it.
+async fn push(replay: &Replay, path: &str, event: &Value) {
+    eventually(
+        &format!("a watch of {path} open"),
+        || replay.push(path, event.clone()) > 0,
+        || format!("{:#?}", replay.log()),
+    )
+    .await;
+}
+
+/// Services of other proxies, and slices of headless Services and of no Service, are not
+/// listed (kube-proxy's selectors).
+fn check_service_selectors(log: &[String]) {
+    let selector = |path: &str| {
+        log.iter()
+            .find(|l| l.starts_with(&format!("GET {path}?")))
+            .and_then(|l| param(l, "labelSelector"))
+            .map(str::to_owned)
+    };
+    assert_eq!(
+        selector(SERVICES).as_deref(),
+        Some("%21service.kubernetes.io%2Fservice-proxy-name"),
+        "{log:#?}"
+    );
+    assert_eq!(
+        selector(SLICES).as_deref(),
+        Some(
+            "kubernetes.io%2Fservice-name%2C%21service.kubernetes.io%2Fheadless%2C%21service.kubernetes.io%2Fservice-proxy-name"
+        ),
+        "{log:#?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn services_and_slices_deliver_frontends_and_their_changes() {
+    let slices = items("EndpointSlice");
+    let services = items("Service");
+    let replay = Replay::default()
+        .list(
+            "/api/v1/nodes",
+            list("v1", "Node", "5", vec![json("node.json")]),
+        )
+        .list("/api/v1/pods", list("v1", "Pod", "100", Vec::new()))
+        .list(
+            "/api/v1/namespaces",
+            list("v1", "Namespace", "10", Vec::new()),
+        )
+        .list(
+            "/apis/networking.k8s.io/v1/networkpolicies",
+            list("networking.k8s.io/v1", "NetworkPolicy", "20", Vec::new()),
+        )
+        .list(SERVICES, list("v1", "Service", "4100", services.clone()))
+        .list(
+            SLICES,
+            list(
+                "discovery.k8s.io/v1",
+                "EndpointSlice",
+                "4200",
+                slices.clone(),
+            ),
+        );
+    // The manager had prod/web and prod/stale before a restart.
+    let rec = Arc::new(Recorder::default());
+    rec.services
+        .lock()
+        .unwrap()
+        .extend(["prod/web".to_owned(), "prod/stale".to_owned()]);
+    let (w, _tasks) = watch(&replay, rec.clone()).await;
+    w.wait_synced(Duration::from_secs(30)).await.unwrap();
+
+    let web = "service prod/web: Tcp 10.96.0.10:80 -> 10.0.16.5:8080,10.0.17.8:8080,10.0.17.9:8080; \
+               Tcp 10.96.0.10:9090 -> 10.0.16.5:9102,10.0.17.8:9102,10.0.17.9:9102";
+    let services_of = |ev: Vec<String>| -> Vec<String> {
+        ev.into_iter()
+            .filter(|e| e.starts_with("service "))
+            .collect()
+    };
+    // Both lists first, then every Service at once: none delivered without its slices.
+    assert_eq!(
+        services_of(rec.events()),
+        [
+            "service prod/api: Tcp 10.96.0.11:80 -> 10.0.16.20:8080",
+            "service prod/cache: Tcp 10.96.0.12:6379 -> 10.0.16.50:6379",
+            "service prod/dns: Udp 10.96.0.53:53 -> 10.0.16.40:5353; Tcp 10.96.0.53:53 -> 10.0.16.40:5353; \
+             Udp [fd00:10:96::35]:53 -> [fd00:10:16::28]:5353; Tcp [fd00:10:96::35]:53 -> [fd00:10:16::28]:5353",
+            "service prod/shop: Tcp 10.96.0.13:443 -> 10.0.17.60:8443",
+            web,
+            "service delete prod/stale",
+        ]
+    );
+    check_service_selectors(&replay.log());
+
+    // 10.0.16.6 becomes ready: prod/web gets it, and nothing else is delivered.
+    let before = services_of(rec.events()).len();
+    let mut web_slice = slices
+        .iter()
+        .find(|s| s["metadata"]["name"] == "web-7xk2p")
+        .unwrap()
+        .clone();
+    web_slice["metadata"]["resourceVersion"] = "4201".into();
+    web_slice["endpoints"][2]["conditions"] =
+        serde_json::json!({"ready": true, "serving": true, "terminating": false});
+    push(&replay, SLICES, &event("MODIFIED", web_slice)).await;
+    let state = || format!("events: {:#?}", rec.events());
+    eventually(
+        "the slice change delivered",
+        || services_of(rec.events()).len() > before,
+        state,
+    )
+    .await;
+    assert_eq!(
+        services_of(rec.events())[before..],
+        [
+            "service prod/web: Tcp 10.96.0.10:80 -> 10.0.16.5:8080,10.0.16.6:8080,10.0.17.8:8080,10.0.17.9:8080; \
+             Tcp 10.96.0.10:9090 -> 10.0.16.5:9102,10.0.16.6:9102,10.0.17.8:9102,10.0.17.9:9102"
+        ]
+    );
+
+    // A deleted Service is deleted.
+    let api = services
+        .iter()
+        .find(|s| s["metadata"]["name"] == "api")
+        .unwrap()
+        .clone();
+    push(&replay, SERVICES, &event("DELETED", api)).await;
+    eventually(
+        "the Service deletion delivered",
+        || rec.events().last().map(String::as_str) == Some("service delete prod/api"),
+        state,
+    )
+    .await;
+    assert_eq!(
+        rec.service_names(),
+        ["prod/cache", "prod/dns", "prod/shop", "prod/web"]
     );
 }

@@ -121,10 +121,13 @@ jq -n \
   --argjson pods "$(list v1 Pod "$(pod x a)" "$(pod z b)")" \
   --argjson nss "$(list v1 Namespace "$(ns x)" "$(ns z)")" \
   --argjson nps '{"apiVersion":"networking.k8s.io/v1","kind":"NetworkPolicyList","metadata":{"resourceVersion":"100"},"items":[]}' \
+  --argjson svcs '{"apiVersion":"v1","kind":"ServiceList","metadata":{"resourceVersion":"100"},"items":[]}' \
+  --argjson slices '{"apiVersion":"discovery.k8s.io/v1","kind":"EndpointSliceList","metadata":{"resourceVersion":"100"},"items":[]}' \
   --arg nodepath "/api/v1/nodes/$NODE" \
   '{objects:{($nodepath):$node},
     lists:{"/api/v1/nodes":[$nodes],"/api/v1/pods":[$pods],"/api/v1/namespaces":[$nss],
-           "/apis/networking.k8s.io/v1/networkpolicies":[$nps]}}' >"$WEFT_TMP/replay.json"
+           "/apis/networking.k8s.io/v1/networkpolicies":[$nps],
+           "/api/v1/services":[$svcs],"/apis/discovery.k8s.io/v1/endpointslices":[$slices]}}' >"$WEFT_TMP/replay.json"
 
 weft_make_node
 REPLAY_PID= SERVER_PID= MON= HELD_PID=

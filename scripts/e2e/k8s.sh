@@ -40,6 +40,14 @@ list() { # API_VERSION KIND ITEM...
   local av=$1 kind=$2; shift 2
   printf '%s\n' "$@" | jq -sc --arg av "$av" --arg k "${kind}List" '{apiVersion:$av,kind:$k,metadata:{resourceVersion:"100"},items:.}'
 }
+# Service srv/web: its EndpointSlice needs the server pod's IP, which IPAM gives at the CNI ADD
+# (after this script is written): none is listed, so the frontend has no backends.
+svc_web() {
+  jq -nc '{apiVersion:"v1",kind:"Service",metadata:{name:"web",namespace:"srv",uid:"uid-svc-web",resourceVersion:"30"},
+    spec:{type:"ClusterIP",clusterIP:"10.96.0.10",clusterIPs:["10.96.0.10"],ipFamilies:["IPv4"],ipFamilyPolicy:"SingleStack",
+      selector:{app:"server"},ports:[{name:"http",port:80,protocol:"TCP",targetPort:8080}],
+      sessionAffinity:"None",internalTrafficPolicy:"Cluster"},status:{loadBalancer:{}}}'
+}
 SERVER_PORTS='[{"name":"serve-80","containerPort":80,"protocol":"TCP"},{"name":"serve-81","containerPort":81,"protocol":"TCP"}]'
 node_obj=$(jq -nc --arg n "$NODE" '{apiVersion:"v1",kind:"Node",metadata:{name:$n,uid:"uid-node",resourceVersion:"5"},
   spec:{podCIDR:"10.0.16.0/24",podCIDRs:["10.0.16.0/24"]}}')
@@ -49,10 +57,13 @@ jq -n \
   --argjson pods "$(list v1 Pod "$(pod srv server server "$SERVER_PORTS")" "$(pod billing client-b client)" "$(pod ops client-c client)")" \
   --argjson nss "$(list v1 Namespace "$(ns srv platform)" "$(ns billing billing)" "$(ns ops ops)")" \
   --argjson nps "$(list networking.k8s.io/v1 NetworkPolicy "$(np_ns_expr)")" \
+  --argjson svcs "$(list v1 Service "$(svc_web)")" \
+  --argjson slices "$(list discovery.k8s.io/v1 EndpointSlice)" \
   --arg nodepath "/api/v1/nodes/$NODE" \
   '{objects:{($nodepath):$node},
     lists:{"/api/v1/nodes":[$nodes],"/api/v1/pods":[$pods],"/api/v1/namespaces":[$nss],
-           "/apis/networking.k8s.io/v1/networkpolicies":[$nps]}}' >"$WEFT_TMP/replay.json"
+           "/apis/networking.k8s.io/v1/networkpolicies":[$nps],
+           "/api/v1/services":[$svcs],"/apis/discovery.k8s.io/v1/endpointslices":[$slices]}}' >"$WEFT_TMP/replay.json"
 
 weft_make_node
 # The manager lives in the node netns: so does its API server.

@@ -50,10 +50,13 @@ jq -n \
   --argjson nps "$(empty networking.k8s.io/v1 NetworkPolicy)" \
   --argjson cnps "$(empty cilium.io/v2 CiliumNetworkPolicy)" \
   --argjson ccnps "$(empty cilium.io/v2 CiliumClusterwideNetworkPolicy)" \
+  --argjson svcs "$(empty v1 Service)" \
+  --argjson slices "$(empty discovery.k8s.io/v1 EndpointSlice)" \
   --arg nodepath "/api/v1/nodes/$NODE" --arg np "$NP" --arg cnp "$CNP" --arg ccnp "$CCNP" \
   '{objects:{($nodepath):$node},
     lists:{"/api/v1/nodes":[$nodes],"/api/v1/pods":[$pods],"/api/v1/namespaces":[$nss],
-           ($np):[$nps],($cnp):[$cnps],($ccnp):[$ccnps]}}' >"$WEFT_TMP/replay.json"
+           ($np):[$nps],($cnp):[$cnps],($ccnp):[$ccnps],
+           "/api/v1/services":[$svcs],"/apis/discovery.k8s.io/v1/endpointslices":[$slices]}}' >"$WEFT_TMP/replay.json"
 
 weft_make_node
 REPLAY_PID=

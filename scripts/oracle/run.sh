@@ -122,7 +122,9 @@ jq -c --arg node "$NODE" '
           spec: {nodeName: $node, serviceAccountName: "default",
             containers: [{name: "c", image: "agnhost", ports: [.ports[] | {name, containerPort: .port, protocol}]}]},
           status: {phase: "Pending"}}])],
-       "/apis/networking.k8s.io/v1/networkpolicies": [list("networking.k8s.io/v1"; "NetworkPolicy"; [])]}}
+       "/apis/networking.k8s.io/v1/networkpolicies": [list("networking.k8s.io/v1"; "NetworkPolicy"; [])],
+       "/api/v1/services": [list("v1"; "Service"; [])],
+       "/apis/discovery.k8s.io/v1/endpointslices": [list("discovery.k8s.io/v1"; "EndpointSlice"; [])]}}
 ' "$WEFT_TMP/world0.json" >"$WEFT_TMP/replay.json" || die "writing the replay script failed"
 
 weft_make_node
