@@ -70,11 +70,11 @@ svc() {
 # slice NS SERVICE TARGET-PORT PROTO IP...: one ready endpoint per IP.
 slice() {
   local ns=$1 name=$2 port=$3 proto=$4; shift 4
-  printf '%s\n' "$@" | jq -sc --arg ns "$ns" --arg n "$name" --argjson port "$port" --arg proto "$proto" \
+  jq -nc --arg ns "$ns" --arg n "$name" --argjson port "$port" --arg proto "$proto" \
     '{apiVersion:"discovery.k8s.io/v1",kind:"EndpointSlice",
       metadata:{name:($n+"-abcde"),namespace:$ns,uid:("uid-eps-"+$n),labels:{"kubernetes.io/service-name":$n}},
       addressType:"IPv4",ports:[{name:"p",port:$port,protocol:$proto}],
-      endpoints:[.[] | {addresses:[.],conditions:{ready:true}}]}'
+      endpoints:[$ARGS.positional[] | {addresses:[.],conditions:{ready:true}}]}' --args "$@"
 }
 np() { # NS NAME SPEC-JSON
   jq -nc --arg ns "$1" --arg n "$2" --argjson spec "$3" \
