@@ -53,7 +53,8 @@ connect() {
   local ns=$1 pod=$2 ip=$3 port=$4 proto=${5:-tcp} out
   if out=$(kc -n "$ns" exec "$pod" -- /agnhost connect "$ip:$port" --timeout=2s --protocol="$proto" 2>&1); then
     echo ok
-  elif grep -qx TIMEOUT <<<"$out"; then
+  elif grep -qx TIMEOUT <<<"$out" || grep -qE '^TIMEOUT: read udp .*i/o timeout$' <<<"$out"; then
+    # TCP: the SYN went unanswered; UDP: the datagram's answer never came.
     echo TIMEOUT
   elif grep -qx REFUSED <<<"$out"; then
     echo REFUSED

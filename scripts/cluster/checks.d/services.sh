@@ -58,7 +58,7 @@ spec:
   policyTypes: [Egress]
   egress:
   - to:
-    - ipBlock: {cidr: $WEB_IP/24, except: $1}
+    - ipBlock: {cidr: ${WEB_IP%.*}.0/24, except: $1}
 EOT
 }
 np_ipblock '[]'
