@@ -200,7 +200,7 @@ pub struct CtValue {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct LbKey {
-    /// The ClusterIP (IPv4 in the first 4 bytes, the rest zero).
+    /// The `ClusterIP` (IPv4 in the first 4 bytes, the rest zero).
     pub addr: [u8; 16],
     /// The Service port, network order.
     pub port: u16,

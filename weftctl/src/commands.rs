@@ -9,8 +9,7 @@ use weft_api::{
 };
 
 use crate::cli::{
-    Cli, Command, EndpointCmd, IdentityCmd, IpamCmd, MapCmd, NodeCmd, Output, PolicyCmd,
-    ServiceCmd,
+    Cli, Command, EndpointCmd, IdentityCmd, IpamCmd, MapCmd, NodeCmd, Output, PolicyCmd, ServiceCmd,
 };
 use crate::render;
 

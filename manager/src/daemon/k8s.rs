@@ -118,7 +118,10 @@ pub async fn become_ready(manager: &Arc<Manager>, watchers: Arc<Watchers>) {
     // Every Service is known now: frontends left from before a restart that none claimed go.
     match manager.lb().sweep_unclaimed() {
         Ok(0) => {}
-        Ok(n) => tracing::info!(frontends = n, "Service frontends of deleted Services removed"),
+        Ok(n) => tracing::info!(
+            frontends = n,
+            "Service frontends of deleted Services removed"
+        ),
         Err(e) => tracing::error!("Service frontends from before the restart not removed: {e}"),
     }
     manager.set_warnings(watchers.problems());

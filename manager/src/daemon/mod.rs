@@ -380,6 +380,16 @@ async fn restore_all(
     })
 }
 
+/// The Service frontends the pinned maps hold (a restart), with their ids. Outside Kubernetes
+/// mode nothing claims them: frontends a Kubernetes-mode run left go at once.
+fn restore_services(manager: &Manager, k8s: bool) -> Result<usize, StartError> {
+    let n = manager.lb().restore()?;
+    if !k8s {
+        manager.lb().sweep_unclaimed()?;
+    }
+    Ok(n)
+}
+
 /// Everything before serving, in the order of docs/ARCHITECTURE.md, "Restore": returns the manager
 /// and its socket; ready, except in Kubernetes mode, where it turns ready once its watchers have
 /// synced.
@@ -449,11 +459,7 @@ pub async fn start(config: &Config) -> Result<Started, StartError> {
     phases.mark("masquerade");
     let manager = Arc::new(manager);
     let restored = restore_all(&manager, &*hostnet, &queue, &mut phases).await?;
-    let frontends = manager.lb().restore()?;
-    if k8s.is_none() {
-        // Only Kubernetes mode has Services: frontends a Kubernetes-mode run left go.
-        manager.lb().sweep_unclaimed()?;
-    }
+    let frontends = restore_services(&manager, k8s.is_some())?;
     phases.mark("services");
     let watchers = match k8s {
         Some(conn) => Some(crate::daemon::k8s::start(&manager, conn, &k8s_node, &chosen).await),

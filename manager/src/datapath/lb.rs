@@ -152,13 +152,20 @@ impl Maps {
         for item in &self.lb_backends {
             let (k, v) = item.map_err(DatapathError::map(names::LB_BACKENDS))?;
             if counts.get(&k.id).is_some_and(|&c| k.slot < c) {
-                slots.entry(k.id).or_default().insert(k.slot, backend_of(&v));
+                slots
+                    .entry(k.id)
+                    .or_default()
+                    .insert(k.slot, backend_of(&v));
             }
         }
         Ok(fronts
             .into_iter()
             .map(|(id, f)| {
-                let backends = slots.remove(&id).unwrap_or_default().into_values().collect();
+                let backends = slots
+                    .remove(&id)
+                    .unwrap_or_default()
+                    .into_values()
+                    .collect();
                 (id, (f, backends))
             })
             .collect())

@@ -1,6 +1,6 @@
-//! Service load-balancing: the frontends (a Service's ClusterIP, port and protocol) the
+//! Service load-balancing: the frontends (a Service's `ClusterIP`, port and protocol) the
 //! datapath translates to one of their backends before policy, by Service. Kubernetes mode
-//! fills it from the Service and EndpointSlice watches (`weft_k8s::services`); every change
+//! fills it from the Service and `EndpointSlice` watches (`weft_k8s::services`); every change
 //! goes to the datapath's maps at once, frontend by frontend (docs/DATAPATH.md, "Services").
 //!
 //! Each frontend keeps its id (the reverse-translation index in conntrack) as long as it
@@ -106,7 +106,10 @@ impl Services {
         let new: BTreeSet<Frontend> = frontends.iter().map(|(f, _)| *f).collect();
         let old = g.services.get(name).cloned().unwrap_or_default();
         for f in old.iter().filter(|f| !new.contains(f)) {
-            if g.frontends.get(f).is_some_and(|e| e.owner.as_deref() == Some(name)) {
+            if g.frontends
+                .get(f)
+                .is_some_and(|e| e.owner.as_deref() == Some(name))
+            {
                 self.remove(&mut g, f)?;
             }
         }

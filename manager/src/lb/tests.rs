@@ -65,7 +65,9 @@ fn a_restart_keeps_frontend_ids_and_sweeps_what_no_service_claims() {
     let first = Services::new(dp.clone(), 16);
     let web = fe("10.96.0.10", 80);
     let gone = fe("10.96.0.11", 80);
-    first.apply("x/a", &[(web, vec![be("10.0.0.5", 8080)])]).unwrap();
+    first
+        .apply("x/a", &[(web, vec![be("10.0.0.5", 8080)])])
+        .unwrap();
     first
         .apply("x/b", &[(gone, vec![be("10.0.0.7", 8080)])])
         .unwrap();
@@ -81,7 +83,10 @@ fn a_restart_keeps_frontend_ids_and_sweeps_what_no_service_claims() {
     let api = fe("10.96.0.12", 443);
     lb.apply(
         "x/a",
-        &[(web, vec![be("10.0.0.5", 8080)]), (api, vec![be("10.0.0.5", 8443)])],
+        &[
+            (web, vec![be("10.0.0.5", 8080)]),
+            (api, vec![be("10.0.0.5", 8443)]),
+        ],
     )
     .unwrap();
     let ids: BTreeMap<Frontend, u32> = lb
@@ -104,8 +109,10 @@ fn a_frontend_moved_to_another_service_stays_when_the_first_goes() {
     let dp = Arc::new(FakeDatapath::default());
     let lb = Services::new(dp.clone(), 16);
     let web = fe("10.96.0.10", 80);
-    lb.apply("x/a", &[(web, vec![be("10.0.0.5", 8080)])]).unwrap();
-    lb.apply("x/b", &[(web, vec![be("10.0.0.6", 8080)])]).unwrap();
+    lb.apply("x/a", &[(web, vec![be("10.0.0.5", 8080)])])
+        .unwrap();
+    lb.apply("x/b", &[(web, vec![be("10.0.0.6", 8080)])])
+        .unwrap();
     lb.delete("x/a").unwrap();
     let table = dp.lb_frontends().unwrap();
     assert_eq!(table[&1].1, vec![be("10.0.0.6", 8080)]);

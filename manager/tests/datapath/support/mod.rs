@@ -171,6 +171,9 @@ impl World {
             frags_max: 256,
             metrics_max: 1024,
             events_bytes: 64 * 1024,
+            lb_frontends_max: 256,
+            lb_backends_max: 1024,
+            lb_flows_max: 1024,
             event_channel: 1024,
         }
     }
