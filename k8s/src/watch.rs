@@ -36,9 +36,8 @@ pub trait Sink: Send + Sync + 'static {
     fn policy_keys(&self) -> Vec<PolicyKey>;
     /// This node changed.
     fn node(&self, node: &Node);
-    /// Service `name` (`namespace/name`) has these frontends now, each with its backends
-    /// (none: the datapath leaves that frontend to kube-proxy). Called only when they differ
-    /// from the last ones delivered, never with no frontends (that is [`Self::service_delete`]).
+    /// Service `name` (`namespace/name`) has these frontends now, each with its backends (none:
+    /// left to kube-proxy); only when changed, never empty (that is [`Self::service_delete`]).
     fn service_apply(&self, name: &str, frontends: Vec<(Frontend, Vec<Backend>)>);
     /// Service `name` has no frontends any more: deleted, or headless, `ExternalName`...
     fn service_delete(&self, name: &str);

@@ -4,15 +4,12 @@
 
 use super::error::DatapathError;
 use super::state::{Maps, ignore_missing};
-use super::types::addr_from;
+use super::types::{LbTable, addr_from};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use weft_api::lb::{Backend, Frontend, LbProto};
 use weft_ebpf::{self as abi, map_names as names};
-
-/// A frontend and its backends as the kernel has them, by frontend id.
-pub type LbTable = BTreeMap<u32, (Frontend, Vec<Backend>)>;
 
 fn family_addr(addr: IpAddr) -> (u8, [u8; 16]) {
     let mut raw = [0u8; 16];

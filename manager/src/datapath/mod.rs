@@ -33,9 +33,8 @@ pub use encode::{
 };
 pub use error::DatapathError;
 pub use fake::{FakeCall, FakeDatapath};
-pub use lb::LbTable;
 pub use types::{
-    DatapathConfig, DropEvent, EndpointDatapath, KernelEndpoint, KernelState, MapSummary,
+    DatapathConfig, DropEvent, EndpointDatapath, KernelEndpoint, KernelState, LbTable, MapSummary,
     drop_reason_name,
 };
 

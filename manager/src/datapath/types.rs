@@ -6,6 +6,10 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 use weft_ebpf as abi;
 
+/// Service frontends and their backends as the kernel has them, by frontend id.
+pub type LbTable =
+    std::collections::BTreeMap<u32, (weft_api::lb::Frontend, Vec<weft_api::lb::Backend>)>;
+
 /// Where the maps live and how big they are. Sizes apply when a map is created; an existing
 /// pinned map keeps the size it was created with.
 #[derive(Debug, Clone, PartialEq, Eq)]
