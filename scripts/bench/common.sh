@@ -131,3 +131,49 @@ result() {
         a[int((NR+1)/2)]/s, a[p10]/s, a[p90]/s, NR
     }'
 }
+
+# probe_change SERVER CLIENT SERVER_IP PORT COMMAND...: times COMMAND, which must make the policy
+# let UDP CLIENT -> SERVER:PORT through, to the first packet whose verdict changed
+# (scripts/bench/verdict_probe.py: the client sends a datagram carrying its send time every
+# PROBE_US µs, default 200; the server reports the first it receives). Before COMMAND the flow
+# must be counted as policy drops on SERVER's ingress (a drop, not a broken prober), or the
+# script dies. Sets PROBE_DELAY (µs from COMMAND's start to that packet's send time) and
+# PROBE_CMD (µs until COMMAND returned); returns 1 with PROBE_ERROR when nothing arrives within
+# 10 s, and dies when COMMAND fails.
+probe_change() {
+  local srv=$1 cli=$2 ip=$3 port=$4 rp sp d0 d1 t0 t1 first out
+  shift 4
+  local probe=$WEFT_ROOT/scripts/bench/verdict_probe.py
+  ip netns exec "${WEFT_P}-$srv" python3 "$probe" recv "$port" 10 >"$WEFT_TMP/recv.out" 2>&1 &
+  rp=$!
+  for _ in $(seq 100); do grep -q ready "$WEFT_TMP/recv.out" && break; sleep 0.05; done
+  grep -q ready "$WEFT_TMP/recv.out" || die "the receiver in $srv did not start: $(cat "$WEFT_TMP/recv.out")"
+  d0=$(policy_drops "$srv" ingress) || die "cannot read $srv's drop counters"
+  ip netns exec "${WEFT_P}-$cli" python3 "$probe" send "$ip" "$port" "${PROBE_US:-200}" >"$WEFT_TMP/send.out" 2>&1 &
+  sp=$!
+  for _ in $(seq 100); do grep -q sending "$WEFT_TMP/send.out" && break; sleep 0.05; done
+  # The flow is dropped by policy (the server's ingress drop counter grows), not lost to a tool error.
+  for _ in $(seq 50); do
+    sleep 0.1
+    d1=$(policy_drops "$srv" ingress) || die "cannot read $srv's drop counters"
+    [ "$d1" -gt "$d0" ] && break
+  done
+  if ! kill -0 "$rp" 2>/dev/null || [ "$d1" -le "$d0" ]; then
+    kill "$sp" "$rp" 2>/dev/null; wait "$sp" "$rp" 2>/dev/null
+    die "$cli -> $srv udp/$port is not denied by policy before the change (receiver: $(cat "$WEFT_TMP/recv.out"); sender: $(cat "$WEFT_TMP/send.out"); $srv ingress policy drops $d0 -> $d1)"
+  fi
+  # The clock read in place: `$(now_us)` would put a subshell's fork and exit in the interval.
+  t0=${EPOCHREALTIME/./}
+  out=$("$@" 2>&1) || { kill "$sp" "$rp" 2>/dev/null; wait "$sp" "$rp" 2>/dev/null; die "$* failed: $out"; }
+  t1=${EPOCHREALTIME/./}
+  wait "$rp"
+  kill "$sp" 2>/dev/null; wait "$sp" 2>/dev/null
+  first=$(tail -1 "$WEFT_TMP/recv.out")
+  PROBE_CMD=$((10#$t1 - 10#$t0))
+  if [[ $first =~ ^[0-9]+$ ]]; then
+    PROBE_DELAY=$((first - 10#$t0))
+    return 0
+  fi
+  PROBE_ERROR="no packet through 10 s after the change ($first)"
+  return 1
+}
