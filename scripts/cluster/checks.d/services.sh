@@ -70,5 +70,9 @@ kc -n "$B" delete networkpolicy clients-ipblock >/dev/null
 check "policy deleted: $B/client reaches the ClusterIP :80 again" eventually 20 reaches "$B" client "$SVC_IP" 80
 check "hairpin: $A/web reaches its own ClusterIP :80" reaches "$A" web "$SVC_IP" 80
 kc -n "$A" delete service web >/dev/null
-svc_gone() { ! weftctl_ -o json service list | jq -e --arg s "$A/web" 'any(.[]; .name == $s)' >/dev/null; }
+svc_gone() {
+  local l
+  l=$(weftctl_ -o json service list) || { echo "weftctl service list failed: $l"; return 1; }
+  ! jq -e --arg s "$A/web" 'any(.[]; .name == $s)' <<<"$l" >/dev/null || { echo "$l"; return 1; }
+}
 check "Service deleted: weftctl service list no longer has it" eventually 20 svc_gone
