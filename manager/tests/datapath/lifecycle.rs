@@ -113,9 +113,37 @@ fn maps_are_listed_and_decoded_and_reconcile_removes_stale_endpoints() {
             "ct",
             "frags",
             "metrics",
-            "events"
+            "events",
+            "lb_services",
+            "lb_backends",
+            "lb_revnat",
+            "lb_flows"
         ]
     );
+    // A Service frontend: written, dumped decoded, read back, removed.
+    let fe = weft_api::lb::Frontend {
+        addr: "10.96.0.10".parse().unwrap(),
+        port: 80,
+        proto: weft_api::lb::LbProto::Tcp,
+    };
+    let be = weft_api::lb::Backend {
+        addr: w.pods[A].ip4.into(),
+        port: 8080,
+    };
+    dp.lb_upsert(7, &fe, &[be], 0).unwrap();
+    let services = dp.map_dump("lb_services").unwrap();
+    assert_eq!(services.len(), 1, "{services:?}");
+    assert_eq!(services[0]["frontend"], "10.96.0.10");
+    assert_eq!(services[0]["port"], 80);
+    assert_eq!(services[0]["id"], 7);
+    assert_eq!(services[0]["backends"], 1);
+    let backends = dp.map_dump("lb_backends").unwrap();
+    assert_eq!(backends[0]["backend"], w.pods[A].ip4.to_string());
+    assert_eq!(backends[0]["port"], 8080);
+    assert_eq!(dp.lb_frontends().unwrap()[&7], (fe, vec![be]));
+    dp.lb_remove(7, &fe, 1).unwrap();
+    assert!(dp.lb_frontends().unwrap().is_empty());
+    assert!(dp.map_dump("lb_backends").unwrap().is_empty());
     let ep = list.iter().find(|m| m.name == "endpoints").unwrap();
     assert_eq!((ep.entries, ep.max_entries), (2, 64));
     let ipcache = dp.map_dump("ipcache").unwrap();
