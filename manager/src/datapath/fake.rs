@@ -66,6 +66,17 @@ struct State {
 }
 
 impl State {
+    /// The kernel would keep the slots a wrong `previous` leaves behind: the fake refuses it.
+    fn check_lb_previous(&self, call: &str, id: u32, previous: usize) -> Result<(), DatapathError> {
+        let had = self.lb.get(&id).map_or(0, |(_, b)| b.len());
+        if had == previous {
+            return Ok(());
+        }
+        Err(DatapathError::Invalid(format!(
+            "{call}({id}): previous {previous}, the maps hold {had}"
+        )))
+    }
+
     /// The flags an entry pointing at `slot` gets: unknown ones are none, as in the kernel.
     fn flags_of(&self, slot: u32) -> (bool, bool) {
         self.slot_flags.get(&slot).copied().unwrap_or_default()
@@ -370,13 +381,7 @@ impl Datapath for FakeDatapath {
         previous: usize,
     ) -> Result<(), DatapathError> {
         let mut s = self.state();
-        let had = s.lb.get(&id).map_or(0, |(_, b)| b.len());
-        // The kernel would keep the slots a wrong `previous` leaves behind: refuse it here.
-        if had != previous {
-            return Err(DatapathError::Invalid(format!(
-                "lb_upsert({id}): previous {previous}, the maps hold {had}"
-            )));
-        }
+        s.check_lb_previous("lb_upsert", id, previous)?;
         s.calls
             .push(FakeCall::LbUpsert(id, *frontend, backends.len()));
         s.lb.insert(id, (*frontend, backends.to_vec()));
@@ -390,12 +395,7 @@ impl Datapath for FakeDatapath {
         previous: usize,
     ) -> Result<(), DatapathError> {
         let mut s = self.state();
-        let had = s.lb.get(&id).map_or(0, |(_, b)| b.len());
-        if had != previous {
-            return Err(DatapathError::Invalid(format!(
-                "lb_remove({id}): previous {previous}, the maps hold {had}"
-            )));
-        }
+        s.check_lb_previous("lb_remove", id, previous)?;
         s.calls.push(FakeCall::LbRemove(id));
         s.lb.remove(&id);
         Ok(())
