@@ -9,6 +9,12 @@ Results file lines (one block per part, replaced when that part runs again):
 A result's label is `name/key=value/...` with the keys sorted; `anchor` names another result's
 label from the same run, and the ratio printed is median / anchor's median.
 The document keeps everything outside the BEGIN/END markers (the hand-written analysis).
+
+The generated part's targets table takes every figure from one run of the suite, on one commit,
+of a clean tree. A results file that does not hold one is refused (exit 2): by default the
+document is left as it was (its last complete run stays); with `--refused notice` the generated
+part is replaced by a notice that names why, every target marked not measured and no figure
+shown (for a document whose generated part is older than its harnesses).
 """
 
 import argparse
@@ -52,6 +58,10 @@ for _mix, _text in MIXES:
             (f"one-rule change ≤ 10 ms, command → first packet, {_fmt}, {_text}",
              f"policy_change_ms/format={_fmt}/{_scale}", "value", "<=", 10, "#29"))
     TARGETS += [
+        (f"one-rule change ≤ 10 ms, Kubernetes watch event → first packet, {_text}",
+         f"policy_change_ms/format=k8s-watch/{_scale}", "value", "<=", 10, "#29"),
+        (f"every one-rule change through the watch reached the datapath, {_text}",
+         f"policy_change_failed/format=k8s-watch/{_scale}", "value", "<=", 0, "#29"),
         (f"every one-rule change reached the datapath, {_text}",
          f"policy_change_failed/{_scale}", "value", "<=", 0, "#29"),
         (f"manager RSS peak during imports ≤ 40 MiB, {_text}",
@@ -229,6 +239,8 @@ def provenance(parts, allow_dirty):
     """The errors that keep the targets table from being written: it takes every figure from
     one run of the suite, on one commit, of a clean tree."""
     errors = []
+    if not parts:
+        errors.append("the results file holds no part of any run of the suite")
     runs = sorted({p.get("run", "(no run id)") for p in parts.values()})
     commits = sorted({p.get("commit", "unknown") for p in parts.values()})
     if len(runs) > 1:
@@ -237,10 +249,46 @@ def provenance(parts, allow_dirty):
                                  for r in runs)))
     if len(commits) > 1:
         errors.append(f"the results come from {len(commits)} commits ({', '.join(commits)})")
+    unnamed = sorted(n for n, p in parts.items() if "run" not in p)
+    if unnamed:
+        errors.append(f"parts with no run id, so nothing shows they ran together: {', '.join(unnamed)}")
     dirty = [c for c in commits if c.endswith("+changes") or c == "unknown"]
     if dirty and not allow_dirty:
         errors.append(f"the results come from a tree with uncommitted changes or no commit ({', '.join(dirty)})")
     return errors
+
+
+SOURCES = ("Source: §8 = docs/ARCHITECTURE.md, \"Performance targets\"; #10, #29 = issues #10 and #29. "
+           "A target without a figure from this results file is reported as not measured, never as met.")
+
+
+def targets_table(by_label):
+    out = ["### Targets", "",
+           "| target | figure | anchor (same run) | ratio | part | met? | source |",
+           "|---|---|---|---|---|---|---|"]
+    for t in TARGETS:
+        out.append("| " + " | ".join(judge(t, by_label)) + " |")
+    return out + ["", SOURCES, ""]
+
+
+def notice(parts, refused):
+    """The generated part for a results file the report refuses: why, every target not
+    measured, and which runs the file holds; none of its figures."""
+    out = [BEGIN, "", "## Suite results (generated)", ""]
+    out.append(f"Written {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC by `scripts/bench/report.py "
+               "--refused notice`. **No complete run of the suite.** The targets table takes every "
+               "figure from one run of `scripts/bench/all`, on one commit, of a clean tree; the "
+               "results file does not hold one:")
+    out.append("")
+    out += [f"- {e};" for e in refused[:-1]] + [f"- {refused[-1]}."]
+    out += ["", "So no target is judged here and none of that file's figures is shown. The next "
+            "run of the whole suite writes this part.", ""]
+    out += targets_table({})
+    out += ["### Parts in the results file", "", "| part | status | date (UTC) | commit | run |", "|---|---|---|---|---|"]
+    for name, p in sorted(parts.items()):
+        out.append(f"| {name} | {p.get('status')} | {p.get('date')} | {p.get('commit', '—')} | {p.get('run', '(no run id)')} |")
+    out += ["", END]
+    return "\n".join(out)
 
 
 def section(parts, cmds, results, drawn, errors):
@@ -261,13 +309,7 @@ def section(parts, cmds, results, drawn, errors):
     if any(p.get("smoke") == "1" for p in parts.values()):
         out.append("**Smoke run (tiny sizes, one or two runs): these numbers are not measurements.**")
         out.append("")
-    out += ["### Targets", "",
-            "| target | figure | anchor (same run) | ratio | part | met? | source |",
-            "|---|---|---|---|---|---|---|"]
-    for t in TARGETS:
-        out.append("| " + " | ".join(judge(t, by_label)) + " |")
-    out += ["", "Source: §8 = docs/ARCHITECTURE.md, \"Performance targets\"; #10, #29 = issues #10 and #29. A target without a figure from this "
-            "results file is reported as not measured, never as met.", ""]
+    out += targets_table(by_label)
     out += ["### Parts and commands", "", "| part | status | date (UTC) | commit | seconds | load before → after | commands |",
             "|---|---|---|---|---|---|---|"]
     for name, p in sorted(parts.items()):
@@ -320,15 +362,22 @@ def main():
     ap.add_argument("--doc-relative", default="bench", help="the plots' directory as the document links it")
     ap.add_argument("--allow-dirty", action="store_true",
                     help="accept a tree with changes (scripts/bench/all --smoke: not measurements)")
+    ap.add_argument("--refused", choices=("keep", "notice"), default="keep",
+                    help="when the results are refused: keep the document as it was (default), or "
+                    "write a notice in place of its generated part (still exits 2)")
     a = ap.parse_args()
     parts, cmds, results = load(a.results)
     refused = provenance(parts, a.allow_dirty)
     if refused:
         for e in refused:
             print(f"report: refused: {e}", file=sys.stderr)
+        kept = (f"{a.doc} is left as it was" if a.refused == "keep"
+                else f"wrote a notice in place of {a.doc}'s generated part")
         print("report: the targets table takes every figure from one run of one commit of a clean tree: "
               "commit or stash the changes and run the whole suite (scripts/bench/all) again; "
-              f"{a.doc} is left as it was", file=sys.stderr)
+              f"{kept}", file=sys.stderr)
+        if a.refused == "notice":
+            splice(a.doc, notice(parts, refused))
         return 2
     drawn, errors = draw(a.plotter, a.plots, a.doc_relative, results)
     splice(a.doc, section(parts, cmds, results, drawn, errors))
