@@ -109,6 +109,30 @@ ptp_empty() {
   local d=$CL_NODEFS/var-lib-cni/networks/$PTP_NET
   [ ! -d "$d" ] || [ -z "$(find "$d" -maxdepth 1 -type f -name '[0-9]*' -print -quit)" ]
 }
+# reset_leftovers IMPL NS...: what an interrupted run left in NS (--reuse): the NetworkPolicies,
+# and the pods, each deleted while the plugin that made it is the node's (a pod's DEL goes to
+# the plugin of the conflist in use when it is deleted: one deleted under the other plugin would
+# leave its endpoint or address behind). Ends with IMPL in use.
+reset_leftovers() {
+  local impl=$1 ns prefix
+  shift
+  prefix=$(impl_prefix ptp)
+  for ns in "$@"; do
+    kc get ns "$ns" >/dev/null 2>&1 || continue
+    kc -n "$ns" delete networkpolicies --all >/dev/null 2>&1
+    if kc -n "$ns" get pods -o json | jq -e --arg p "$prefix" 'any(.items[]; (.status.podIP // "") | startswith($p))' >/dev/null; then
+      use_impl ptp
+      local pods
+      pods=$(kc -n "$ns" get pods -o json | jq -r --arg p "$prefix" '.items[] | select((.status.podIP // "") | startswith($p)) | .metadata.name')
+      # shellcheck disable=SC2086
+      kc -n "$ns" delete pod $pods --grace-period=1 --wait=true --timeout=300s >/dev/null 2>&1
+    fi
+  done
+  use_impl "$impl"
+  for ns in "$@"; do
+    kc get ns "$ns" >/dev/null 2>&1 && clear_ns "$ns" "$impl"
+  done
+}
 # pod_pid NS POD: the host pid of the pod's first container (its netns is the pod's).
 pod_pid() {
   local cid pid
