@@ -1,3 +1,4 @@
+# shellcheck shell=bash disable=SC2034  # the variables are used by the scripts that source this
 # Helpers of scripts/bench-cluster (sourced after scripts/cluster/cluster.sh): the plugin in use,
 # pods and their network namespaces, the probers, the daemon's process, and the RESULT lines.
 # Every time is CLOCK_REALTIME in µs: bash's EPOCHREALTIME and the Python tools' time.time_ns().

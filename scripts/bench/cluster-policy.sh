@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # The policy and restart parts of scripts/bench-cluster (sourced by it): clusterloader2's
 # network-policy enforcement shape, the daemon's cost over it, and the daemon's restart with
 # those endpoints and policies in force.
@@ -128,10 +129,11 @@ policy_part() {
   local prober=$!
   for _ in $(seq 100); do grep -q ready "$RUN/prober.$tag" && break; sleep 0.1; done
   grep -q ready "$RUN/prober.$tag" || bc_die "the prober did not start: $(cat "$RUN/prober.$tag")"
-  local t_load=$(bc_now)
+  local t_load t_end
+  t_load=$(bc_now)
   api policies --client-ns "$CLI_NS" --target-ns "$TGT_NS" --targets "$TARGETS" --count "$POLICIES" --qps "$QPS" \
     --out "$RUN/policies.$tag" 2>"$RUN/policies.$tag.err" || bc_log "  some policies were not created: $(head -3 "$RUN/policies.$tag.err")"
-  local t_end=$(bc_now)
+  t_end=$(bc_now)
   # Every target answered, or 30 s after the last policy.
   for _ in $(seq 300); do kill -0 "$prober" 2>/dev/null || break; sleep 0.1; done
   touch "$stop"
