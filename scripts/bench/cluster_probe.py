@@ -1,0 +1,179 @@
+#!/usr/bin/env python3
+"""The prober of scripts/bench-cluster: UDP `echo` requests to agnhost netexec servers, run from
+a pod's network namespace (nsenter --net=/proc/PID/ns/net), so its datagrams leave through that
+pod's interface and its policy. The clock is CLOCK_REALTIME in µs, as the harness reads.
+
+TARGETS is a file of `NAME IP` lines; the servers echo on PORT (netexec --udp-port). A request
+is `echo I SEQ`; the answer names the target and the request, so a late answer is credited to
+the request that was let through, not to the time it came back.
+
+  cluster_probe.py first TARGETS PORT --interval-ms MS --timeout S [--stop-file F]
+      Sends to every target without an answer yet, every MS; prints `ready` once the first
+      round is out. Stops when every target answered, at S, or when F exists. One JSON line per
+      target: first (send time of the first answered request), recv (when its answer came),
+      sent_before (requests sent to it before that one, all unanswered).
+  cluster_probe.py check TARGETS PORT --interval-ms MS --seconds S
+      Sends to every target every MS for S seconds (then waits 0.5 s for late answers). One JSON
+      line per target: sent, answered.
+  cluster_probe.py stream TARGETS PORT --interval-ms MS --stop-file F
+      Sends to every target every MS until F exists, then waits 1 s for late answers. One JSON
+      line per target: sends (send times) and answered (0/1 per request).
+"""
+
+import argparse
+import json
+import os
+import select
+import socket
+import sys
+import time
+
+
+def now_us():
+    return time.time_ns() // 1000
+
+
+def read_targets(path):
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                name, ip = line.split()[:2]
+                out.append({"name": name, "ip": ip, "sends": [], "answered": None, "first": None,
+                            "recv": None, "errors": 0})
+    if not out:
+        sys.exit(f"cluster_probe: no targets in {path}")
+    return out
+
+
+def run(targets, port, interval, until, want, on_answer):
+    """Sends to the targets `want` selects every interval until `until()`; on_answer(t, seq, at)."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.setblocking(False)
+    next_send = time.monotonic()
+    first_round = True
+    while not until():
+        if time.monotonic() >= next_send:
+            for i, t in enumerate(targets):
+                if not want(t):
+                    continue
+                seq = len(t["sends"])
+                t["sends"].append(now_us())
+                try:
+                    s.sendto(f"echo {i} {seq}".encode(), (t["ip"], port))
+                except OSError:
+                    t["errors"] += 1
+            if first_round:
+                print("ready", flush=True)
+                first_round = False
+            next_send += interval
+            if next_send < time.monotonic():
+                next_send = time.monotonic() + interval
+        r, _, _ = select.select([s], [], [], max(0.0, next_send - time.monotonic()))
+        if r:
+            drain(s, targets, on_answer)
+    return s
+
+
+def drain(s, targets, on_answer):
+    while True:
+        try:
+            data, _ = s.recvfrom(256)
+        except BlockingIOError:
+            return
+        at = now_us()
+        try:
+            i, seq = (int(x) for x in data.split())
+        except ValueError:
+            continue
+        if 0 <= i < len(targets) and 0 <= seq < len(targets[i]["sends"]):
+            on_answer(targets[i], seq, at)
+
+
+def linger(s, targets, on_answer, seconds):
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        r, _, _ = select.select([s], [], [], max(0.0, end - time.monotonic()))
+        if r:
+            drain(s, targets, on_answer)
+
+
+def first(a):
+    targets = read_targets(a.targets)
+    end = time.monotonic() + a.timeout
+
+    def on_answer(t, seq, at):
+        if t["first"] is None or t["sends"][seq] < t["first"]:
+            if t["first"] is None:
+                t["recv"] = at
+            t["first"], t["seq"] = t["sends"][seq], seq
+
+    def until():
+        return (time.monotonic() >= end or all(t["first"] is not None for t in targets)
+                or (a.stop_file and os.path.exists(a.stop_file)))
+    s = run(targets, a.port, a.interval_ms / 1000, until, lambda t: t["first"] is None, on_answer)
+    linger(s, targets, on_answer, 0.2)
+    for t in targets:
+        print(json.dumps({"name": t["name"], "ip": t["ip"], "first": t["first"], "recv": t["recv"],
+                          "sent_before": t.get("seq", len(t["sends"])), "sent": len(t["sends"]),
+                          "send_errors": t["errors"]}), flush=True)
+    return 0
+
+
+def check(a):
+    targets = read_targets(a.targets)
+    for t in targets:
+        t["got"] = 0
+    end = time.monotonic() + a.seconds
+
+    def on_answer(t, seq, at):
+        t["got"] += 1
+    s = run(targets, a.port, a.interval_ms / 1000, lambda: time.monotonic() >= end,
+                    lambda t: True, on_answer)
+    linger(s, targets, on_answer, 0.5)
+    for t in targets:
+        print(json.dumps({"name": t["name"], "ip": t["ip"], "sent": len(t["sends"]), "answered": t["got"],
+                          "send_errors": t["errors"]}), flush=True)
+    return 0
+
+
+def stream(a):
+    targets = read_targets(a.targets)
+    for t in targets:
+        t["ok"] = bytearray()
+
+    def on_answer(t, seq, at):
+        if len(t["ok"]) < len(t["sends"]):
+            t["ok"].extend(b"\0" * (len(t["sends"]) - len(t["ok"])))
+        t["ok"][seq] = 1
+    s = run(targets, a.port, a.interval_ms / 1000, lambda: os.path.exists(a.stop_file),
+                    lambda t: True, on_answer)
+    linger(s, targets, on_answer, 1.0)
+    for t in targets:
+        ok = t["ok"] + b"\0" * (len(t["sends"]) - len(t["ok"]))
+        print(json.dumps({"name": t["name"], "ip": t["ip"], "sends": t["sends"], "answered": list(ok),
+                          "send_errors": t["errors"]}), flush=True)
+    return 0
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    for name in ("first", "check", "stream"):
+        p = sub.add_parser(name)
+        p.add_argument("targets")
+        p.add_argument("port", type=int)
+        p.add_argument("--interval-ms", type=float, default=10)
+        if name == "first":
+            p.add_argument("--timeout", type=float, required=True)
+            p.add_argument("--stop-file")
+        elif name == "check":
+            p.add_argument("--seconds", type=float, required=True)
+        else:
+            p.add_argument("--stop-file", required=True)
+    a = ap.parse_args()
+    return {"first": first, "check": check, "stream": stream}[a.cmd](a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
