@@ -234,8 +234,12 @@ fn computed_corpus() -> Vec<String> {
                     Direction::Egress => "out",
                 };
                 let verdict = match v {
-                    Verdict::Allow => "allow",
-                    Verdict::Deny => "deny",
+                    Verdict::Allow => "allow".to_owned(),
+                    Verdict::Deny => "deny".to_owned(),
+                    Verdict::Tier(t) => format!(
+                        "{} {} priority={} rule={}",
+                        e.tier, t.action, t.priority, t.rule
+                    ),
                 };
                 lines.push(format!(
                     "  {dir} {} proto={} ports={}-{} {verdict}",
