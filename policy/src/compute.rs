@@ -101,7 +101,7 @@ pub fn compute_restricted(
 }
 
 /// Per direction, how many rules of an endpoint apply and how many ask for default deny, and
-/// how many ClusterNetworkPolicy rules of each tier it has. The enforcement and tier flags and
+/// how many `ClusterNetworkPolicy` rules of each tier it has. The enforcement and tier flags and
 /// the entries no peer selector produces (allow-all when no rule asks for default deny, allow
 /// from the host) depend only on [`Self::shape`]. Counts so that a change can be undone: the
 /// rules before a change are those after it, minus the added, plus the removed.
@@ -121,9 +121,16 @@ impl EnforcementCounts {
     /// Counts `rule` `n` times (negative to take it out).
     pub fn add(&mut self, rule: &Rule, n: i64) {
         if let Some(t) = &rule.tier {
-            let tier = usize::from(t.tier == Tier::Baseline);
-            let dir = usize::from(t.direction == Direction::Egress);
-            self.tiered[tier][dir] += n;
+            let [admin, baseline] = &mut self.tiered;
+            let [ingress, egress] = if t.tier == Tier::Baseline {
+                baseline
+            } else {
+                admin
+            };
+            match t.direction {
+                Direction::Ingress => *ingress += n,
+                Direction::Egress => *egress += n,
+            }
         }
         for ((dir, applies), default_deny) in [Direction::Ingress, Direction::Egress]
             .into_iter()
@@ -207,7 +214,7 @@ fn compute_from(
     out
 }
 
-/// The entries of one ClusterNetworkPolicy tier in one direction: every rule's peers and ports
+/// The entries of one `ClusterNetworkPolicy` tier in one direction: every rule's peers and ports
 /// expanded with the rule's verdict (the first in precedence where two rules give the same
 /// entry), then resolved so that a longest-prefix match per identity is the first matching
 /// rule ([`resolve_tier`]).
@@ -291,8 +298,8 @@ pub fn resolve_tier(found: &BTreeMap<PolicyEntry, TierVerdict>) -> Vec<(PolicyEn
             bounds.sort_unstable();
             bounds.dedup();
             let mut run: Option<(u32, u32, TierVerdict)> = None;
-            for w in bounds.windows(2) {
-                let (lo, hi) = (w[0], w[1] - 1);
+            for (&lo, &next) in bounds.iter().zip(bounds.iter().skip(1)) {
+                let hi = next - 1;
                 let best = ranges
                     .iter()
                     .filter(|&&(l, h, _)| l <= lo && hi <= h)

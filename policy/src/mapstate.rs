@@ -62,31 +62,31 @@ pub mod proto {
     pub const SCTP: u8 = 132;
 }
 
-/// The layer of policy an entry belongs to, in evaluation order (ClusterNetworkPolicy's tiers,
-/// `policy.networking.k8s.io`): the Admin tier, then NetworkPolicy and Cilium rules, then the
+/// The layer of policy an entry belongs to, in evaluation order (`ClusterNetworkPolicy`'s tiers,
+/// `policy.networking.k8s.io`): the Admin tier, then `NetworkPolicy` and Cilium rules, then the
 /// Baseline tier, then the default (allow).
 #[derive(
     Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
 )]
 #[serde(rename_all = "lowercase")]
 pub enum Tier {
-    /// NetworkPolicy, CiliumNetworkPolicy, Cilium rules: allow and deny entries.
+    /// `NetworkPolicy`, `CiliumNetworkPolicy`, Cilium rules: allow and deny entries.
     #[default]
     Policy,
-    /// ClusterNetworkPolicy `tier: Admin`: decided before everything else.
+    /// `ClusterNetworkPolicy` `tier: Admin`: decided before everything else.
     Admin,
-    /// ClusterNetworkPolicy `tier: Baseline`: decides only what no NetworkPolicy selects.
+    /// `ClusterNetworkPolicy` `tier: Baseline`: decides only what no `NetworkPolicy` selects.
     Baseline,
 }
 
 impl Tier {
-    /// True for the NetworkPolicy layer (the default, left out of serialized entries).
+    /// True for the `NetworkPolicy` layer (the default, left out of serialized entries).
     #[must_use]
     pub fn is_policy(&self) -> bool {
         *self == Self::Policy
     }
 
-    /// The two ClusterNetworkPolicy tiers.
+    /// The two `ClusterNetworkPolicy` tiers.
     pub const CLUSTER: [Self; 2] = [Self::Admin, Self::Baseline];
 }
 
@@ -100,7 +100,7 @@ impl std::fmt::Display for Tier {
     }
 }
 
-/// A ClusterNetworkPolicy rule's action.
+/// A `ClusterNetworkPolicy` rule's action.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum TierAction {
     /// Drop; nothing after it is consulted. Listed first: of two rules with the same
@@ -145,7 +145,7 @@ impl TierVerdict {
 
 /// One policy map entry. `identity == 0` is any peer; `proto == 0` is any protocol;
 /// `port_lo == 0 && port_hi == 65535` is any port. A single port has `port_lo == port_hi`.
-/// Entries of the two ClusterNetworkPolicy tiers carry their [`Tier`] and a
+/// Entries of the two `ClusterNetworkPolicy` tiers carry their [`Tier`] and a
 /// [`Verdict::Tier`]; within one tier, direction, identity and protocol their port ranges are
 /// disjoint, and a protocol's range exists only where it takes precedence over that identity's
 /// any-protocol entry (so a longest-prefix match is the answer for that identity).
@@ -161,13 +161,13 @@ pub struct PolicyEntry {
     pub port_lo: u16,
     /// Last destination port (inclusive).
     pub port_hi: u16,
-    /// The layer: [`Tier::Policy`] for NetworkPolicy and Cilium rules.
+    /// The layer: [`Tier::Policy`] for `NetworkPolicy` and Cilium rules.
     #[serde(default, skip_serializing_if = "Tier::is_policy")]
     pub tier: Tier,
 }
 
 impl PolicyEntry {
-    /// An entry of the NetworkPolicy layer; `port_lo..=port_hi` is the destination port range.
+    /// An entry of the `NetworkPolicy` layer; `port_lo..=port_hi` is the destination port range.
     #[must_use]
     pub const fn new(
         direction: Direction,
@@ -210,14 +210,18 @@ pub enum Verdict {
     Allow,
     /// Drop it; beats any allow that also matches.
     Deny,
-    /// A ClusterNetworkPolicy tier entry (only in entries of [`Tier::Admin`] or
+    /// A `ClusterNetworkPolicy` tier entry (only in entries of [`Tier::Admin`] or
     /// [`Tier::Baseline`]): its action and precedence.
     Tier(TierVerdict),
 }
 
-/// Which ClusterNetworkPolicy tiers have entries for an endpoint, per direction: the datapath
+/// Which `ClusterNetworkPolicy` tiers have entries for an endpoint, per direction: the datapath
 /// looks a tier up only when its flag is set.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[expect(
+    clippy::struct_excessive_bools,
+    reason = "the four flags the datapath reads, one per tier and direction"
+)]
 pub struct TierFlags {
     /// Admin tier, ingress.
     pub admin_ingress: bool,
@@ -267,10 +271,10 @@ pub struct EndpointPolicy {
     pub ingress_enforced: bool,
     /// Some rule selects the endpoint for egress: default deny for egress.
     pub egress_enforced: bool,
-    /// Which ClusterNetworkPolicy tiers select the endpoint, per direction.
+    /// Which `ClusterNetworkPolicy` tiers select the endpoint, per direction.
     #[serde(default, skip_serializing_if = "TierFlags::is_empty")]
     pub tiers: TierFlags,
-    /// Entries. In the NetworkPolicy layer, where an allow and a deny both match a packet,
+    /// Entries. In the `NetworkPolicy` layer, where an allow and a deny both match a packet,
     /// deny wins; in a tier, the entry whose [`TierVerdict`] comes first.
     pub entries: BTreeMap<PolicyEntry, Verdict>,
 }
@@ -290,7 +294,7 @@ impl PolicyEntry {
 impl EndpointPolicy {
     /// Reference semantics of the map, for a peer with this identity (and no by-IP match):
     /// the Admin tier (when its flag is set) decides with the first matching entry unless that
-    /// entry passes; then, when enforced, the NetworkPolicy layer decides (any matching deny →
+    /// entry passes; then, when enforced, the `NetworkPolicy` layer decides (any matching deny →
     /// deny; any matching allow → allow; else default deny); then the Baseline tier (when its
     /// flag is set) decides with its first matching entry unless it passes; else allow. Replies
     /// of allowed connections are the conntrack's business and not modelled here.
@@ -312,7 +316,52 @@ impl EndpointPolicy {
             .unwrap_or(Verdict::Allow)
     }
 
-    /// The NetworkPolicy layer's verdict, `None` when no rule of it selects the endpoint in
+    /// [`Self::lookup`] for a peer that may also match by address: `cidr_identity` is the CIDR
+    /// identity of the longest CIDR-rule prefix containing the peer's address (the ipcache's
+    /// `cidr_identity`, 0 for none), whose by-IP twin ([`reserved::by_ip`]) Kubernetes ipBlocks
+    /// and `ClusterNetworkPolicy` networks are keyed on. This is the datapath's decision: in a
+    /// tier, the first in precedence among the identity's, the wildcard's and the twin's
+    /// entries; in the `NetworkPolicy` layer, the twin only when the identity decided nothing.
+    #[must_use]
+    pub fn lookup_peer(
+        &self,
+        direction: Direction,
+        (identity, cidr_identity): (Identity, Identity),
+        proto: u8,
+        port: u16,
+    ) -> Verdict {
+        let tier = |tier| {
+            let own = self.tier_entry(tier, direction, identity, proto, port);
+            let twin = (cidr_identity != 0)
+                .then(|| {
+                    self.tier_entry(tier, direction, reserved::by_ip(cidr_identity), proto, port)
+                })
+                .flatten();
+            match own.into_iter().chain(twin).min()?.action {
+                TierAction::Accept => Some(Verdict::Allow),
+                TierAction::Deny => Some(Verdict::Deny),
+                TierAction::Pass => None,
+            }
+        };
+        if let Some(v) = tier(Tier::Admin) {
+            return v;
+        }
+        let decided = self
+            .entries
+            .iter()
+            .any(|(e, _)| e.tier.is_policy() && e.matches(direction, identity, proto, port));
+        let np_peer = if decided || cidr_identity == 0 {
+            identity
+        } else {
+            reserved::by_ip(cidr_identity)
+        };
+        if let Some(v) = self.policy_decision(direction, np_peer, proto, port) {
+            return v;
+        }
+        tier(Tier::Baseline).unwrap_or(Verdict::Allow)
+    }
+
+    /// The `NetworkPolicy` layer's verdict, `None` when no rule of it selects the endpoint in
     /// `direction`.
     #[must_use]
     pub fn policy_decision(

@@ -257,10 +257,10 @@ impl PeerRule {
     }
 }
 
-/// Where a ClusterNetworkPolicy rule stands: one rule (one entry of the object's `ingress` or
+/// Where a `ClusterNetworkPolicy` rule stands: one rule (one entry of the object's `ingress` or
 /// `egress` list) becomes one [`Rule`] whose only entry is in the matching allow section
 /// (`ingress` or `egress`) whatever its action, with both enforcement modes
-/// [`Enforcement::NotApplied`]: the NetworkPolicy layer never sees it.
+/// [`Enforcement::NotApplied`]: the `NetworkPolicy` layer never sees it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct TierRule {
     /// Admin or Baseline.
@@ -311,7 +311,7 @@ pub struct Rule {
     pub labels: LabelSet,
     /// Free text.
     pub description: String,
-    /// Set for a ClusterNetworkPolicy rule ([`TierRule`]); `None` for every other rule.
+    /// Set for a `ClusterNetworkPolicy` rule ([`TierRule`]); `None` for every other rule.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tier: Option<TierRule>,
 }
@@ -349,7 +349,7 @@ impl Rule {
         }
     }
 
-    /// The rule's entries of `dir` when it is a ClusterNetworkPolicy rule of `tier` with that
+    /// The rule's entries of `dir` when it is a `ClusterNetworkPolicy` rule of `tier` with that
     /// direction (else nothing), with the verdict they carry.
     #[must_use]
     pub fn tier_section(&self, tier: Tier, dir: Direction) -> Option<(&[PeerRule], TierVerdict)> {

@@ -40,11 +40,11 @@ pub enum Decision {
     HostAlwaysAllowed,
     /// Allowed by a Kubernetes ipBlock of the rule with these labels matching the pod's IP.
     AllowedByIpBlock(LabelSet),
-    /// Decided (accepted or denied) by a ClusterNetworkPolicy rule.
+    /// Decided (accepted or denied) by a `ClusterNetworkPolicy` rule.
     Tier(TierDecision),
 }
 
-/// The ClusterNetworkPolicy rule that matched a flow first in its tier.
+/// The `ClusterNetworkPolicy` rule that matched a flow first in its tier.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TierDecision {
     /// Admin or Baseline.
@@ -219,10 +219,6 @@ fn hits_by_ip(
 
 /// The first rule of `tier` (in precedence) selecting the endpoint that matches the flow, by
 /// the peer's identity or (a network containing a pod's address) by its CIDR identity.
-#[expect(
-    clippy::too_many_arguments,
-    reason = "one flow's worth of plain inputs"
-)]
 fn tier_first(
     repo: &Repository,
     cache: &SelectorCache,
@@ -324,7 +320,7 @@ fn tier_done(verdict: Verdict, t: TierDecision, passed: Option<TierDecision>) ->
     }
 }
 
-/// The NetworkPolicy layer's decision ([`Decision::NotSelected`] when it has none).
+/// The `NetworkPolicy` layer's decision ([`Decision::NotSelected`] when it has none).
 #[expect(
     clippy::too_many_arguments,
     reason = "one flow's worth of plain inputs"
