@@ -109,6 +109,16 @@ pub struct DirectionTrace {
     pub passed: Option<TierDecision>,
 }
 
+impl fmt::Display for DirectionTrace {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.decision.fmt(f)?;
+        if let Some(p) = &self.passed {
+            write!(f, ", after a Pass: {p}")?;
+        }
+        Ok(())
+    }
+}
+
 /// The outcome of a trace: the source's egress, then the destination's ingress.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Trace {

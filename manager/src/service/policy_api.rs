@@ -499,8 +499,8 @@ impl Manager {
             .into(),
             src_identity: src_id,
             dst_identity: dst_id,
-            egress: t.egress.map(|d| d.decision.to_string()),
-            ingress: t.ingress.map(|d| d.decision.to_string()),
+            egress: t.egress.map(|d| d.to_string()),
+            ingress: t.ingress.map(|d| d.to_string()),
         })
     }
 }
