@@ -101,6 +101,9 @@ pub fn encode_entries(policy_id: u32, entries: &BTreeMap<PolicyEntry, Verdict>) 
         let verdict = match verdict {
             Verdict::Allow => abi::VERDICT_ALLOW,
             Verdict::Deny => abi::VERDICT_DENY,
+            // Placeholder so this branch compiles until the datapath's tier encoding merges
+            // (wt/cnpdp): tier entries are not encoded here.
+            Verdict::Tier(_) => continue,
         };
         let key = PolicyKey {
             policy_id,
