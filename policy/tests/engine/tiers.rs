@@ -587,3 +587,103 @@ fn random_tiers_trace_agrees_with_the_map_by_identity_and_address() {
         );
     }
 }
+
+/// The conformance suite's priority test, parsed from the objects: Admin priority 50 denies
+/// slytherin → gryffindor; an Admin policy at 60 passes it to a Baseline that accepts; moved
+/// to priority 40, the Pass comes first and the Baseline accepts.
+#[test]
+fn conformance_priority_shape_from_parsed_objects() {
+    let mut w = World::new();
+    w.add_endpoint(
+        "harry",
+        LabelSet::for_pod("gryffindor", [("conformance-house", "gryffindor")]),
+    );
+    w.add_endpoint(
+        "draco",
+        LabelSet::for_pod("slytherin", [("conformance-house", "slytherin")]),
+    );
+    let objects = |pass_priority: u32| {
+        format!(
+            r"
+apiVersion: policy.networking.k8s.io/v1beta1
+kind: ClusterNetworkPolicy
+metadata: {{name: priority-50-example}}
+spec:
+  tier: Admin
+  priority: 50
+  subject:
+    namespaces: {{matchLabels: {{kubernetes.io/metadata.name: gryffindor}}}}
+  ingress:
+  - name: deny-slytherin
+    action: Deny
+    from: [{{namespaces: {{matchLabels: {{kubernetes.io/metadata.name: slytherin}}}}}}]
+---
+apiVersion: policy.networking.k8s.io/v1beta1
+kind: ClusterNetworkPolicy
+metadata: {{name: pass-example}}
+spec:
+  tier: Admin
+  priority: {pass_priority}
+  subject:
+    namespaces: {{matchLabels: {{kubernetes.io/metadata.name: gryffindor}}}}
+  ingress:
+  - name: pass-slytherin
+    action: Pass
+    from: [{{namespaces: {{matchLabels: {{kubernetes.io/metadata.name: slytherin}}}}}}]
+---
+apiVersion: policy.networking.k8s.io/v1beta1
+kind: ClusterNetworkPolicy
+metadata: {{name: baseline-example}}
+spec:
+  tier: Baseline
+  priority: 50
+  subject:
+    namespaces: {{matchLabels: {{kubernetes.io/metadata.name: gryffindor}}}}
+  ingress:
+  - name: accept-slytherin
+    action: Accept
+    from: [{{namespaces: {{matchLabels: {{kubernetes.io/metadata.name: slytherin}}}}}}]
+  - name: deny-rest
+    action: Deny
+    from: [{{namespaces: {{}}}}]
+"
+        )
+    };
+    w.import(&objects(60));
+    let (v, d) = judge_named(&w, "harry", Direction::Ingress, "draco", TCP80);
+    assert_eq!(v, Verdict::Deny);
+    assert_eq!(tier_of(&d), Some((Tier::Admin, 50, 0, TierAction::Deny)));
+    w.import(&objects(40));
+    let (v, d) = judge_named(&w, "harry", Direction::Ingress, "draco", TCP80);
+    assert_eq!(v, Verdict::Allow);
+    assert_eq!(
+        tier_of(&d),
+        Some((Tier::Baseline, 50, 0, TierAction::Accept))
+    );
+    // Everyone else in gryffindor's way gets the baseline's deny.
+    let (v, d) = judge_named(&w, "harry", Direction::Ingress, "client", TCP80);
+    assert_eq!(v, Verdict::Deny);
+    assert_eq!(tier_of(&d), Some((Tier::Baseline, 50, 1, TierAction::Deny)));
+}
+
+/// [`judge`] for endpoints without an address in [`ADDRS`] (no by-address match).
+fn judge_named(
+    w: &World,
+    ep: &str,
+    dir: Direction,
+    peer: &str,
+    (proto, port): (u8, u16),
+) -> (Verdict, Decision) {
+    let pol = w.policy(ep);
+    lpm_contract(&pol);
+    let (pid, _) = w.peer(&format!("ep:{peer}"));
+    let map = pol.lookup_peer(dir, (pid, 0), proto, port);
+    let t = w.trace_dir(ep, dir, &format!("ep:{peer}"), proto, port);
+    let side = match dir {
+        Direction::Ingress => t.ingress,
+        Direction::Egress => t.egress,
+    }
+    .unwrap();
+    assert_eq!(side.verdict, map, "trace disagrees with the map: {side:?}");
+    (map, side.decision)
+}
