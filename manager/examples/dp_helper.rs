@@ -186,23 +186,13 @@ fn policy(peer: u32, port: u16, filler: u32, ingress: bool, egress: bool) -> End
         if !enforced {
             continue;
         }
-        let allow = PolicyEntry {
-            direction,
-            identity: peer,
-            proto: proto::TCP,
-            port_lo: port,
-            port_hi: port,
-        };
+        let allow = PolicyEntry::new(direction, peer, proto::TCP, port, port);
         p.entries.insert(allow, Verdict::Allow);
         for i in 0..filler {
             let lo = u16::try_from(1000 + i % 5000).unwrap();
-            let entry = PolicyEntry {
-                direction,
-                identity: 10_000 + i,
-                proto: if i % 2 == 0 { proto::TCP } else { proto::UDP },
-                port_lo: lo,
-                port_hi: lo + u16::try_from(i % 7).unwrap(),
-            };
+            let proto = if i % 2 == 0 { proto::TCP } else { proto::UDP };
+            let hi = lo + u16::try_from(i % 7).unwrap();
+            let entry = PolicyEntry::new(direction, 10_000 + i, proto, lo, hi);
             p.entries.insert(entry, Verdict::Allow);
         }
     }

@@ -376,7 +376,7 @@ pub fn event_line(e: &Value) -> String {
         Some(58) => "icmpv6".into(),
         other => format!("proto {}", other.unwrap_or(0)),
     };
-    format!(
+    let mut line = format!(
         "drop ({}) endpoint {} {} {} {} -> {} identity {} -> {}",
         s(&e["reason"]),
         s(&e["endpoint_id"]),
@@ -386,7 +386,20 @@ pub fn event_line(e: &Value) -> String {
         sock(&e["dst_ip"], &e["dst_port"]),
         s(&e["src_identity"]),
         s(&e["dst_identity"]),
-    )
+    );
+    // A ClusterNetworkPolicy rule's drop: which one.
+    if !e["tier"].is_null() {
+        line.push_str(&format!(
+            " tier {} priority {} rule {}",
+            s(&e["tier"]),
+            s(&e["priority"]),
+            s(&e["rule"])
+        ));
+        if !e["policy"].is_null() {
+            line.push_str(&format!(" ({})", s(&e["policy"])));
+        }
+    }
+    line
 }
 
 #[cfg(test)]

@@ -261,14 +261,7 @@ fn deny_entry_reaches_the_datapath() {
     .unwrap();
     let p = w.dp.policy(app1.id).unwrap();
     assert!(p.entries.iter().any(|(k, v)| *v == Verdict::Deny
-        && *k
-            == PolicyEntry {
-                direction: Direction::Ingress,
-                identity: 0,
-                proto: proto::TCP,
-                port_lo: 22,
-                port_hi: 22
-            }));
+        && *k == PolicyEntry::new(Direction::Ingress, 0, proto::TCP, 22, 22)));
 }
 
 #[tokio::test]
