@@ -212,8 +212,9 @@ check_fails() {
 #      policy sees: the positive control beside the probe),
 #  (b) the client's connect times out (a dropped SYN), neither refused nor unreachable, and
 #  (c) the datapath counted it: the policy drop counters (`weftctl map dump metrics`, reasons
-#      policy-deny, policy-default, and the ClusterNetworkPolicy tiers' admin-deny and baseline-deny) of the server's endpoint (ingress) or the client's
-#      (egress) grew during the probe.
+#      policy-deny and policy-default, and the ClusterNetworkPolicy tiers' admin-deny and
+#      baseline-deny) of the server's endpoint (ingress) or the client's (egress) grew during
+#      the probe.
 # The counters are read from every socket in WEFT_DROP_SOCKS (default: this run's manager):
 # multi-node tests list each node's, and each pod is looked up on the node that has it.
 
