@@ -24,6 +24,12 @@ struct Kind {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TierStatus {
+    tier: String,
+    status: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct Pool {
     family: &'static str,
     cidr: String,
@@ -190,6 +196,22 @@ pub(super) fn collect(now: &Snapshot, watch: Option<&WatchStats>) -> Registry {
         );
         gauge(
             &mut reg,
+            "k8s_cluster_network_policies",
+            "ClusterNetworkPolicy objects by tier and status (Accepted, PartiallyEnforced, Rejected: weftctl policy list and the object's status.conditions say why)",
+            k8s.cluster_network_policies
+                .iter()
+                .map(|((tier, status), &n)| {
+                    (
+                        TierStatus {
+                            tier: tier.clone(),
+                            status: status.clone(),
+                        },
+                        n,
+                    )
+                }),
+        );
+        gauge(
+            &mut reg,
             "k8s_policies_partially_enforced",
             "Cluster policy objects in force except rules Weft cannot express, which fail closed (weftctl policy list shows which)",
             k8s.partially_enforced
@@ -276,6 +298,22 @@ fn watchers(w: &WatchStats, reg: &mut Registry) {
             .filter(|((_, t), _)| t == "partial")
             .map(|((kind, _), n)| (Kind { kind: kind.clone() }, *n)),
     );
+    for (name, help, n) in [
+        (
+            "k8s_policy_status_writes",
+            "ClusterNetworkPolicy status conditions written (only when they change)",
+            &w.status_writes,
+        ),
+        (
+            "k8s_policy_status_write_errors",
+            "ClusterNetworkPolicy status writes that failed (each retried with backoff)",
+            &w.status_write_errors,
+        ),
+    ] {
+        let c = Counter::<u64>::default();
+        c.inc_by(n.load(std::sync::atomic::Ordering::Relaxed));
+        reg.register(name, help, c);
+    }
     let lists = Counter::<u64>::default();
     lists.inc_by(w.lists.load(std::sync::atomic::Ordering::Relaxed));
     reg.register(

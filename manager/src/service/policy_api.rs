@@ -215,11 +215,13 @@ impl Manager {
         let cache = self.k8s_cache.get();
         let rejected = cache.map(|c| c.rejected()).unwrap_or_default();
         let partial = cache.map(|c| c.partial()).unwrap_or_default();
+        let tiered = cache.map(|c| c.tiered()).unwrap_or_default();
         serde_json::json!({
             "revision": st.pol.repo().revision(),
             "rules": st.pol.repo().rules(),
             "rejected": rejected,
             "partial": partial,
+            "cluster_network_policies": tiered,
         })
     }
 
