@@ -95,8 +95,9 @@ fn the_admin_tier_decides_before_network_policy_and_pass_hands_over() {
         &[
             // Deny beats the NetworkPolicy allow.
             (In, ID_A, 8080, 10, 1, Deny),
-            // Pass: the NetworkPolicy allow decides.
+            // Pass: the NetworkPolicy decides, with its allow or its default deny.
             (In, 0, 8081, 5, 0, Pass),
+            (In, 0, 8082, 50, 0, Pass),
             // Accept beats the NetworkPolicy's default deny.
             (In, 0, 8083, 20, 2, Accept),
             // Same priority: the exact identity's earlier rule (accept) comes first.
@@ -120,7 +121,7 @@ fn the_admin_tier_decides_before_network_policy_and_pass_hands_over() {
     assert_eq!(
         a_to_b(&w, 8082),
         [false; 2],
-        "nothing accepts: default deny"
+        "Pass hands over to default deny"
     );
     assert_eq!(a_to_b(&w, 8085), [false; 2], "priority 39 comes before 40");
     for _ in 0..2 {
@@ -181,10 +182,22 @@ fn the_baseline_tier_decides_only_what_network_policy_does_not_and_flags_gate_ti
         // Everything else: denied (any protocol, the last in precedence).
         (In, 0, 0, 100, 0, Deny),
     ];
+    let mut rx = dp.subscribe_events();
+    // A NetworkPolicy selects B: it decides, the Baseline tier is not consulted.
+    let np = policy(true, false, "ingress 1000 tcp 8080 allow");
+    apply(&dp, &w, B, &with_tier(np, Tier::Baseline, &baseline), 1);
+    assert_eq!(a_to_b(&w, 8080), [true; 2], "the NetworkPolicy allow wins");
+    assert_eq!(
+        a_to_b(&w, 8081),
+        [false; 2],
+        "default deny, not Baseline's accept"
+    );
+    let e = drop_of(&mut rx, EP_B, 8081);
+    assert_eq!((e.reason, rule_of(&e)), ("policy-default", None));
+
     // No NetworkPolicy selects B for ingress: the Baseline tier decides.
     let p = with_tier(EndpointPolicy::default(), Tier::Baseline, &baseline);
-    apply(&dp, &w, B, &p, 1);
-    let mut rx = dp.subscribe_events();
+    apply(&dp, &w, B, &p, 2);
     assert_eq!(a_to_b(&w, 8081), [true; 2], "Baseline accept");
     assert_eq!(
         a_to_b(&w, 8082),
@@ -207,32 +220,18 @@ fn the_baseline_tier_decides_only_what_network_policy_does_not_and_flags_gate_ti
         (e.reason, rule_of(&e)),
         ("baseline-deny", Some(("Baseline", 100, 0)))
     );
-
-    // A NetworkPolicy selects B: it decides, the Baseline tier is not consulted.
-    let np = policy(true, false, "ingress 1000 tcp 8080 allow");
-    let p = with_tier(np, Tier::Baseline, &baseline);
-    apply(&dp, &w, B, &p, 2);
-    assert_eq!(a_to_b(&w, 8080), [true; 2], "the NetworkPolicy allow wins");
-    assert_eq!(
-        a_to_b(&w, 8081),
-        [false; 2],
-        "default deny, not Baseline's accept"
-    );
-    let e = drop_of(&mut rx, EP_B, 8081);
-    assert_eq!((e.reason, rule_of(&e)), ("policy-default", None));
+    let endpoints = dp.map_dump("endpoints").unwrap();
+    let b = endpoints.iter().find(|e| e["endpoint_id"] == EP_B).unwrap();
+    assert_eq!(b["tiers"], serde_json::json!(["baseline-ingress"]), "{b}");
 
     // The same entries without the tier's flag are never looked up.
-    let mut unflagged = with_tier(EndpointPolicy::default(), Tier::Baseline, &baseline);
+    let mut unflagged = p.clone();
     unflagged.tiers = weft_policy::mapstate::TierFlags::default();
     apply(&dp, &w, B, &unflagged, 3);
     assert_eq!(a_to_b(&w, 8080), [true; 2], "no flag: not enforced");
     let endpoints = dp.map_dump("endpoints").unwrap();
     let b = endpoints.iter().find(|e| e["endpoint_id"] == EP_B).unwrap();
     assert_eq!(b["tiers"], serde_json::json!([]), "{b}");
-    apply(&dp, &w, B, &p, 4);
-    let endpoints = dp.map_dump("endpoints").unwrap();
-    let b = endpoints.iter().find(|e| e["endpoint_id"] == EP_B).unwrap();
-    assert_eq!(b["tiers"], serde_json::json!(["baseline-ingress"]), "{b}");
 }
 
 #[test]
