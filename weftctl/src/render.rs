@@ -407,6 +407,29 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_tier_drop_line_names_its_rule_and_policy() {
+        let mut e = serde_json::json!({
+            "reason": "admin-deny", "endpoint_id": 101, "direction": "ingress", "proto": 6,
+            "src_ip": "10.0.0.10", "src_port": 41000, "dst_ip": "10.0.0.11", "dst_port": 8080,
+            "src_identity": 1000, "dst_identity": 1001,
+        });
+        let plain = event_line(&e);
+        assert!(plain.ends_with("identity 1000 -> 1001"), "{plain}");
+        e["tier"] = "Admin".into();
+        e["priority"] = 10.into();
+        e["rule"] = 1.into();
+        assert_eq!(
+            event_line(&e),
+            format!("{plain} tier Admin priority 10 rule 1")
+        );
+        e["policy"] = "block-ssh/ssh".into();
+        assert_eq!(
+            event_line(&e),
+            format!("{plain} tier Admin priority 10 rule 1 (block-ssh/ssh)")
+        );
+    }
+
+    #[test]
     fn policy_list_tells_cluster_rules_from_imported_ones_and_shows_rejections() {
         let v = serde_json::json!({
             "revision": 7,

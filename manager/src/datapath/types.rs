@@ -189,6 +189,10 @@ pub struct DropEvent {
     /// The ClusterNetworkPolicy rule that denied it ("admin-deny", "baseline-deny").
     #[serde(skip_serializing_if = "Option::is_none", flatten)]
     pub tier_rule: Option<TierRule>,
+    /// The ClusterNetworkPolicy that rule belongs to, when the manager could name it
+    /// (`weftctl monitor`); several when more than one has that tier, priority and rule index.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub policy: Option<String>,
     /// IP protocol number.
     pub proto: u8,
     /// Source address.
@@ -275,6 +279,7 @@ impl From<&abi::DropEvent> for DropEvent {
                 priority: e.priority,
                 rule: e.rule,
             }),
+            policy: None,
             proto: e.proto,
             src_ip: addr_from(e.family, &e.saddr),
             src_port: u16::from_be(e.sport),
@@ -325,6 +330,9 @@ impl fmt::Display for DropEvent {
                 " tier {} priority {} rule {}",
                 t.tier, t.priority, t.rule
             )?;
+        }
+        if let Some(p) = &self.policy {
+            write!(f, " ({p})")?;
         }
         Ok(())
     }
