@@ -66,7 +66,7 @@ enum Cmd {
         egress: bool,
         /// Also an Admin tier in the enforced directions whose rules (`filler` of them, on
         /// other peers, and a last one for any peer) all pass: every new flow walks the Admin
-        /// tier before the NetworkPolicy layer decides.
+        /// tier before the `NetworkPolicy` layer decides.
         #[arg(long)]
         admin_pass: bool,
     },

@@ -389,14 +389,17 @@ pub fn event_line(e: &Value) -> String {
     );
     // A ClusterNetworkPolicy rule's drop: which one.
     if !e["tier"].is_null() {
-        line.push_str(&format!(
+        use std::fmt::Write;
+        // Writing to a String cannot fail.
+        let _ = write!(
+            line,
             " tier {} priority {} rule {}",
             s(&e["tier"]),
             s(&e["priority"]),
             s(&e["rule"])
-        ));
+        );
         if !e["policy"].is_null() {
-            line.push_str(&format!(" ({})", s(&e["policy"])));
+            let _ = write!(line, " ({})", s(&e["policy"]));
         }
     }
     line

@@ -1,4 +1,4 @@
-//! `weftctl monitor`: naming the ClusterNetworkPolicy behind a tier drop. The datapath's event
+//! `weftctl monitor`: naming the `ClusterNetworkPolicy` behind a tier drop. The datapath's event
 //! names the rule by tier, priority and index (all the policy map holds); the repository knows
 //! which object's rule that is.
 

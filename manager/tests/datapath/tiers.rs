@@ -1,5 +1,5 @@
-//! ClusterNetworkPolicy tiers on real packets (docs/DATAPATH.md, "ClusterNetworkPolicy
-//! tiers"): the Admin tier before the NetworkPolicy layer, the Baseline tier after it, Pass,
+//! `ClusterNetworkPolicy` tiers on real packets (docs/DATAPATH.md, "`ClusterNetworkPolicy`
+//! tiers"): the Admin tier before the `NetworkPolicy` layer, the Baseline tier after it, Pass,
 //! precedence across the exact identity, any peer and the by-IP twin, the tier flags, and the
 //! deciding rule in drop events. Every drop is paired with a packet the same policy lets
 //! through, and identified by its event (a policy drop, not a tool failure).
@@ -12,6 +12,9 @@ use weft_manager::node::ipcache::Value;
 use weft_policy::mapstate::{
     Direction, EndpointPolicy, PolicyEntry, Tier, TierAction, TierVerdict, Verdict, proto, reserved,
 };
+
+use Direction::{Egress as Out, Ingress as In};
+use TierAction::{Accept, Deny, Pass};
 
 const A: usize = 0;
 const B: usize = 1;
@@ -81,8 +84,6 @@ fn the_admin_tier_decides_before_network_policy_and_pass_hands_over() {
     let w = World::new();
     let dp = open_and_attach(&w);
     servers(&w, 8080..=8085);
-    use Direction::Ingress as In;
-    use TierAction::{Accept, Deny, Pass};
     // NetworkPolicy: A may reach 8080 and 8081 only.
     let np = policy(
         true,
@@ -173,8 +174,6 @@ fn the_baseline_tier_decides_only_what_network_policy_does_not_and_flags_gate_ti
     let w = World::new();
     let dp = open_and_attach(&w);
     servers(&w, 8080..=8083);
-    use Direction::Ingress as In;
-    use TierAction::{Accept, Deny, Pass};
     let baseline = [
         (In, 0, 8080, 0, 3, Deny),
         (In, ID_A, 8081, 1, 0, Accept),
@@ -239,8 +238,6 @@ fn a_pod_address_in_a_network_peer_meets_its_by_ip_entries_and_egress_tiers_appl
     let w = World::new();
     let dp = open_and_attach(&w);
     servers(&w, 8080..=8082);
-    use Direction::{Egress as Out, Ingress as In};
-    use TierAction::{Accept, Deny};
     // A's addresses lie in a CIDR rule's prefix (what the manager's ipcache writes for them).
     let cidr = reserved::FIRST_CIDR + 7;
     for ip in ips(&w, A) {
