@@ -147,17 +147,17 @@ pub struct PolicyKey {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct PolicyValue {
-    /// `VERDICT_ALLOW` or `VERDICT_DENY` (NetworkPolicy layer), `VERDICT_TIER_DENY`,
-    /// `VERDICT_TIER_PASS` or `VERDICT_TIER_ACCEPT` (ClusterNetworkPolicy tiers).
+    /// `VERDICT_ALLOW` or `VERDICT_DENY` (`NetworkPolicy` layer), `VERDICT_TIER_DENY`,
+    /// `VERDICT_TIER_PASS` or `VERDICT_TIER_ACCEPT` (`ClusterNetworkPolicy` tiers).
     pub verdict: u8,
-    /// A tier entry's rule index in its policy's direction list (0 in the NetworkPolicy layer).
+    /// A tier entry's rule index in its policy's direction list (0 in the `NetworkPolicy` layer).
     pub rule: u8,
-    /// A tier entry's policy priority (0 in the NetworkPolicy layer).
+    /// A tier entry's policy priority (0 in the `NetworkPolicy` layer).
     pub priority: u16,
 }
 
 impl PolicyValue {
-    /// A NetworkPolicy-layer value.
+    /// A `NetworkPolicy`-layer value.
     #[must_use]
     pub const fn verdict(verdict: u8) -> Self {
         Self {
@@ -173,6 +173,11 @@ impl PolicyValue {
         ((self.priority as u32) << 16) | ((self.rule as u32) << 8) | self.verdict as u32
     }
 }
+
+// At equal (priority, rule) a deny comes first, then pass, then accept: the verdict codes are
+// the last part of the precedence.
+const _: () =
+    assert!(VERDICT_TIER_DENY < VERDICT_TIER_PASS && VERDICT_TIER_PASS < VERDICT_TIER_ACCEPT);
 
 /// The direction byte of a policy key: the direction and the layer (`TIER_*`).
 #[must_use]
@@ -389,7 +394,7 @@ pub struct DropEvent {
     pub saddr: [u8; 16],
     /// Destination address.
     pub daddr: [u8; 16],
-    /// The deciding ClusterNetworkPolicy tier (`TIER_ADMIN`, `TIER_BASELINE`) of an admin or
+    /// The deciding `ClusterNetworkPolicy` tier (`TIER_ADMIN`, `TIER_BASELINE`) of an admin or
     /// baseline deny; 0 otherwise.
     pub tier: u8,
     /// That tier rule's index in its policy's direction list.
@@ -409,8 +414,9 @@ impl DropEvent {
             return None;
         }
         let mut full = [0u8; size_of::<Self>()];
-        let n = bytes.len().min(full.len());
-        full[..n].copy_from_slice(&bytes[..n]);
+        for (to, from) in full.iter_mut().zip(bytes) {
+            *to = *from;
+        }
         // SAFETY: the buffer has the type's size, the type is plain old data valid for any bit
         // pattern, and read_unaligned has no alignment requirement.
         Some(unsafe { full.as_ptr().cast::<Self>().read_unaligned() })

@@ -4,11 +4,11 @@
 //!
 //! Apply [`PolicyDiff`] in this order and nothing allowed both before and after is ever
 //! dropped in between (Cilium #46927):
-//! 1. `add`, as listed: new and changed entries, **denies first** (NetworkPolicy denies and
-//!    ClusterNetworkPolicy Deny entries) so newly denied traffic is never let through by a
+//! 1. `add`, as listed: new and changed entries, **denies first** (`NetworkPolicy` denies and
+//!    `ClusterNetworkPolicy` Deny entries) so newly denied traffic is never let through by a
 //!    newly added allow in between;
 //! 2. the flags: enforcement (`ingress_enforced` / `egress_enforced` when `Some`) and the
-//!    ClusterNetworkPolicy tier flags (`tiers` when `Some`), all at once: a flag turns on only
+//!    `ClusterNetworkPolicy` tier flags (`tiers` when `Some`), all at once: a flag turns on only
 //!    after the entries it needs exist, and off before entries vanish (the datapath looks a
 //!    tier up only when its flag is set, so a tier's entries are never consulted half-written);
 //! 3. `remove`: entries no longer wanted, last.
@@ -42,8 +42,8 @@ impl PolicyDiff {
     }
 }
 
-/// True for what drops: a NetworkPolicy deny or a tier's Deny.
-fn denies(v: &Verdict) -> bool {
+/// True for what drops: a `NetworkPolicy` deny or a tier's Deny.
+fn denies(v: Verdict) -> bool {
     match v {
         Verdict::Deny => true,
         Verdict::Allow => false,
@@ -60,7 +60,7 @@ pub fn plan(old: &EndpointPolicy, new: &EndpointPolicy) -> PolicyDiff {
         .filter(|(k, v)| old.entries.get(k) != Some(v))
         .map(|(k, v)| (*k, *v))
         .collect();
-    add.sort_by_key(|(k, v)| (!denies(v), *k));
+    add.sort_by_key(|(k, v)| (!denies(*v), *k));
     let remove = old
         .entries
         .keys()
@@ -192,7 +192,7 @@ mod tests {
         assert_eq!(d.tiers, Some(tiered.tiers));
         assert_eq!(d.ingress_enforced, None);
         assert!(d.remove.is_empty());
-        assert!(denies(&d.add[0].1), "denies first: {d:#?}");
+        assert!(denies(d.add[0].1), "denies first: {d:#?}");
         assert_no_transient_change(&np, &tiered);
         let back = plan(&tiered, &np);
         assert_eq!(back.tiers, Some(np.tiers));

@@ -442,14 +442,17 @@ pub fn event_line(e: &Value) -> String {
     );
     // A ClusterNetworkPolicy rule's drop: which one.
     if !e["tier"].is_null() {
-        line.push_str(&format!(
+        use std::fmt::Write;
+        // Writing to a String cannot fail.
+        let _ = write!(
+            line,
             " tier {} priority {} rule {}",
             s(&e["tier"]),
             s(&e["priority"]),
             s(&e["rule"])
-        ));
+        );
         if !e["policy"].is_null() {
-            line.push_str(&format!(" ({})", s(&e["policy"])));
+            let _ = write!(line, " ({})", s(&e["policy"]));
         }
     }
     line
@@ -511,6 +514,29 @@ mod tests {
                 && broken.contains("Rejected")
                 && broken.contains("nodes: not supported yet"),
             "{out}"
+        );
+    }
+
+    #[test]
+    fn a_tier_drop_line_names_its_rule_and_policy() {
+        let mut e = serde_json::json!({
+            "reason": "admin-deny", "endpoint_id": 101, "direction": "ingress", "proto": 6,
+            "src_ip": "10.0.0.10", "src_port": 41000, "dst_ip": "10.0.0.11", "dst_port": 8080,
+            "src_identity": 1000, "dst_identity": 1001,
+        });
+        let plain = event_line(&e);
+        assert!(plain.ends_with("identity 1000 -> 1001"), "{plain}");
+        e["tier"] = "Admin".into();
+        e["priority"] = 10.into();
+        e["rule"] = 1.into();
+        assert_eq!(
+            event_line(&e),
+            format!("{plain} tier Admin priority 10 rule 1")
+        );
+        e["policy"] = "block-ssh/ssh".into();
+        assert_eq!(
+            event_line(&e),
+            format!("{plain} tier Admin priority 10 rule 1 (block-ssh/ssh)")
         );
     }
 

@@ -14,17 +14,16 @@ use weft_ebpf::{self as abi, map_names as names};
 fn verdict(v: u8) -> &'static str {
     match v {
         abi::VERDICT_ALLOW => "allow",
-        abi::VERDICT_DENY => "deny",
-        abi::VERDICT_TIER_DENY => "deny",
+        abi::VERDICT_DENY | abi::VERDICT_TIER_DENY => "deny",
         abi::VERDICT_TIER_PASS => "pass",
         abi::VERDICT_TIER_ACCEPT => "accept",
         _ => "unknown",
     }
 }
 
-/// One decoded `policy` entry: NetworkPolicy entries as before tiers; a ClusterNetworkPolicy
+/// One decoded `policy` entry: `NetworkPolicy` entries as before tiers; a `ClusterNetworkPolicy`
 /// tier entry also names its tier and its rule's priority and index.
-fn policy_entry(k: &Key<abi::PolicyKey>, v: &abi::PolicyValue) -> Value {
+fn policy_entry(k: &Key<abi::PolicyKey>, v: abi::PolicyValue) -> Value {
     let d = k.data();
     let any_proto = k.prefix_len() < abi::POLICY_PROTO_PREFIX;
     let (lo, hi) = if any_proto {
@@ -151,7 +150,7 @@ fn policy(maps: &Maps) -> Result<Vec<Value>, DatapathError> {
     let mut out = Vec::new();
     for item in &maps.policy {
         let (k, v) = item.map_err(DatapathError::map(names::POLICY))?;
-        out.push(policy_entry(&k, &v));
+        out.push(policy_entry(&k, v));
     }
     Ok(out)
 }
@@ -274,7 +273,7 @@ mod tests {
         };
         let e = policy_entry(
             &key(abi::policy_direction(abi::DIR_EGRESS, abi::TIER_BASELINE)),
-            &tiered,
+            tiered,
         );
         assert_eq!(
             e,
@@ -284,7 +283,7 @@ mod tests {
         );
         let e = policy_entry(
             &key(abi::DIR_EGRESS),
-            &abi::PolicyValue::verdict(abi::VERDICT_DENY),
+            abi::PolicyValue::verdict(abi::VERDICT_DENY),
         );
         assert_eq!(e["verdict"], "deny");
         assert!(e.get("tier").is_none(), "{e}");

@@ -6,14 +6,14 @@
 //! prefix over the high bits of the big-endian port. The datapath looks up the packet's exact
 //! identity and identity 0, each with a full-length key.
 //!
-//! NetworkPolicy layer: deny beats allow. An LPM lookup returns only the longest matching
+//! `NetworkPolicy` layer: deny beats allow. An LPM lookup returns only the longest matching
 //! block, so a narrow allow inside a broad deny would win. Aligned blocks are either nested or
 //! disjoint, so the encoder stores every block that lies inside a deny block of the same (slot,
 //! identity, direction) as a deny. Then, per identity, the longest match is deny exactly when
 //! some deny covers the packet; across the two identities the datapath lets a deny from either
 //! win.
 //!
-//! ClusterNetworkPolicy tiers: the direction byte carries the tier (`abi::policy_direction`),
+//! `ClusterNetworkPolicy` tiers: the direction byte carries the tier (`abi::policy_direction`),
 //! the value the action and the rule's precedence (priority, rule index). The computation made
 //! a tier's entries disjoint per identity and protocol, so they are encoded as they are; the
 //! datapath takes the entry of smallest precedence across the identities a packet matches.
@@ -56,7 +56,7 @@ pub struct PolicyBlock {
 }
 
 /// Encoded policy of a slot: block → value (`VERDICT_ALLOW` or `VERDICT_DENY` in the
-/// NetworkPolicy layer; a tier action with its rule's precedence in the tiers).
+/// `NetworkPolicy` layer; a tier action with its rule's precedence in the tiers).
 pub type Encoded = BTreeMap<PolicyBlock, PolicyValue>;
 
 pub(crate) fn dir_byte(d: Direction) -> u8 {
@@ -99,7 +99,7 @@ pub(crate) fn tier_value(t: TierVerdict) -> PolicyValue {
 }
 
 /// The tier verdict a value stands for (`None`: not a tier value).
-pub(crate) fn tier_verdict(v: &PolicyValue) -> Option<TierVerdict> {
+pub(crate) fn tier_verdict(v: PolicyValue) -> Option<TierVerdict> {
     let action = match v.verdict {
         abi::VERDICT_TIER_DENY => TierAction::Deny,
         abi::VERDICT_TIER_PASS => TierAction::Pass,
@@ -113,9 +113,9 @@ pub(crate) fn tier_verdict(v: &PolicyValue) -> Option<TierVerdict> {
     })
 }
 
-/// The value of an entry of `tier`. The contract gives NetworkPolicy entries allow or deny
+/// The value of an entry of `tier`. The contract gives `NetworkPolicy` entries allow or deny
 /// and tier entries a [`Verdict::Tier`]; an entry breaking it is encoded fail-closed where it
-/// could let something through: a tier verdict in the NetworkPolicy layer as allow (accept) or
+/// could let something through: a tier verdict in the `NetworkPolicy` layer as allow (accept) or
 /// deny (deny, pass: a pass has no meaning there), an allow or deny in a tier as the last rule
 /// of the lowest priority.
 fn value_of(tier: Tier, verdict: Verdict) -> PolicyValue {
@@ -139,8 +139,8 @@ fn value_of(tier: Tier, verdict: Verdict) -> PolicyValue {
     }
 }
 
-/// True for a value of the NetworkPolicy layer.
-fn is_policy_layer(v: &PolicyValue) -> bool {
+/// True for a value of the `NetworkPolicy` layer.
+fn is_policy_layer(v: PolicyValue) -> bool {
     v.verdict == abi::VERDICT_ALLOW || v.verdict == abi::VERDICT_DENY
 }
 
@@ -203,7 +203,7 @@ pub fn encode_entries(policy_id: u32, entries: &BTreeMap<PolicyEntry, Verdict>) 
         };
         let mut add = |b: PolicyBlock| {
             let v = out.entry(b).or_insert(value);
-            *v = if is_policy_layer(&value) {
+            *v = if is_policy_layer(value) {
                 // VERDICT_DENY > VERDICT_ALLOW: deny wins.
                 (*v).max(value)
             } else {
@@ -266,7 +266,7 @@ pub fn digest(encoded: &Encoded, flags: u32) -> u64 {
 fn digest_sorted(entries: impl Iterator<Item = (PolicyBlock, PolicyValue)>, flags: u32) -> u64 {
     let mut d = Digest::new(flags);
     for (b, v) in entries {
-        d.add(&b, &v);
+        d.add(&b, v);
     }
     d.finish()
 }
@@ -286,7 +286,7 @@ impl Digest {
         self.0.feed(bytes);
     }
 
-    pub(crate) fn add(&mut self, b: &PolicyBlock, v: &PolicyValue) {
+    pub(crate) fn add(&mut self, b: &PolicyBlock, v: PolicyValue) {
         self.feed(&b.prefix_len.to_le_bytes());
         self.feed(&b.key.identity.to_le_bytes());
         self.feed(&[b.key.direction, b.key.proto]);

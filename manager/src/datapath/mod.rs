@@ -36,7 +36,7 @@ pub use error::DatapathError;
 pub use fake::{FakeCall, FakeDatapath};
 pub use types::{
     DatapathConfig, DropEvent, EndpointDatapath, KernelEndpoint, KernelState, LbTable, MapSummary,
-    SlotFlags, drop_reason_name,
+    SlotFlags, TierRule, drop_reason_name,
 };
 
 #[cfg(test)]

@@ -15,7 +15,7 @@ use weft_ebpf::{self as abi, PolicyKey, PolicyValue};
 struct Entry {
     identity: u32,
     dport: u16,
-    /// A tier entry's priority (0 in the NetworkPolicy layer).
+    /// A tier entry's priority (0 in the `NetworkPolicy` layer).
     priority: u16,
     /// direction, proto, prefix length, verdict, rule: in the order of [`BYTE_FLAGS`].
     bytes: [u8; 5],

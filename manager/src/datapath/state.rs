@@ -464,7 +464,7 @@ impl Maps {
             .collect();
         let flags = self.slot_flags.get(&slot).copied().unwrap_or(0);
         let mut print = Digest::new(flags);
-        let shadow = base.merged_with(slot, &reached, |(b, v)| print.add(b, v));
+        let shadow = base.merged_with(slot, &reached, |(b, v)| print.add(b, *v));
         self.installed.insert(slot, shadow);
         result.map(|()| print.finish())
     }

@@ -102,12 +102,12 @@ pub struct EndpointDatapath {
 }
 
 /// The flags a policy slot gives its members' `endpoints` entries: enforcement per direction,
-/// and which ClusterNetworkPolicy tiers the datapath looks up.
+/// and which `ClusterNetworkPolicy` tiers the datapath looks up.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SlotFlags {
-    /// Ingress NetworkPolicy enforced.
+    /// Ingress `NetworkPolicy` enforced.
     pub ingress_enforced: bool,
-    /// Egress NetworkPolicy enforced.
+    /// Egress `NetworkPolicy` enforced.
     pub egress_enforced: bool,
     /// Tiers with entries, per direction.
     pub tiers: weft_policy::mapstate::TierFlags,
@@ -138,7 +138,7 @@ pub struct KernelEndpoint {
     pub ingress_enforced: bool,
     /// Egress policy enforced.
     pub egress_enforced: bool,
-    /// ClusterNetworkPolicy tiers looked up, per direction.
+    /// `ClusterNetworkPolicy` tiers looked up, per direction.
     pub tiers: weft_policy::mapstate::TierFlags,
     /// Pod-side MAC.
     pub mac: [u8; 6],
@@ -183,12 +183,16 @@ pub struct DropEvent {
     /// "ingress" (into the pod) or "egress" (out of the pod).
     pub direction: &'static str,
     /// Why: "policy-deny" (an explicit deny), "policy-default" (no allow matched), "admin-deny"
-    /// and "baseline-deny" (a ClusterNetworkPolicy rule of that tier), "invalid" (unparseable),
+    /// and "baseline-deny" (a `ClusterNetworkPolicy` rule of that tier), "invalid" (unparseable),
     /// "invalid-source" (the pod sent from an address that is not its own).
     pub reason: &'static str,
-    /// The ClusterNetworkPolicy rule that denied it ("admin-deny", "baseline-deny").
+    /// The `ClusterNetworkPolicy` rule that denied it ("admin-deny", "baseline-deny").
     #[serde(skip_serializing_if = "Option::is_none", flatten)]
     pub tier_rule: Option<TierRule>,
+    /// The `ClusterNetworkPolicy` that rule belongs to, when the manager could name it
+    /// (`weftctl monitor`); several when more than one has that tier, priority and rule index.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub policy: Option<String>,
     /// IP protocol number.
     pub proto: u8,
     /// Source address.
@@ -207,7 +211,7 @@ pub struct DropEvent {
     pub ts_ns: u64,
 }
 
-/// The ClusterNetworkPolicy rule behind a drop: its tier, its policy's priority and its index
+/// The `ClusterNetworkPolicy` rule behind a drop: its tier, its policy's priority and its index
 /// in the policy's ingress or egress list (the policy with that priority in that tier has it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct TierRule {
@@ -275,6 +279,7 @@ impl From<&abi::DropEvent> for DropEvent {
                 priority: e.priority,
                 rule: e.rule,
             }),
+            policy: None,
             proto: e.proto,
             src_ip: addr_from(e.family, &e.saddr),
             src_port: u16::from_be(e.sport),
@@ -325,6 +330,9 @@ impl fmt::Display for DropEvent {
                 " tier {} priority {} rule {}",
                 t.tier, t.priority, t.rule
             )?;
+        }
+        if let Some(p) = &self.policy {
+            write!(f, " ({p})")?;
         }
         Ok(())
     }

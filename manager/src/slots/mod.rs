@@ -48,7 +48,7 @@ impl SlotKey {
 }
 
 /// A slot's enforcement flags: whether its members' ingress and egress are policed at all, and
-/// which ClusterNetworkPolicy tiers they look up. The kernel keeps them only in its members'
+/// which `ClusterNetworkPolicy` tiers they look up. The kernel keeps them only in its members'
 /// `endpoints` entries, so a slot kept without members across a restart has them from its
 /// record alone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

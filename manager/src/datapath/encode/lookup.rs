@@ -34,7 +34,7 @@ pub struct Decision {
     pub verdict: Verdict,
     /// The `REASON_*` counted (and in a drop event).
     pub reason: u8,
-    /// The ClusterNetworkPolicy rule that decided, if one did.
+    /// The `ClusterNetworkPolicy` rule that decided, if one did.
     pub rule: Option<(Tier, TierVerdict)>,
 }
 
@@ -64,7 +64,7 @@ fn longest(
         .map(|(_, v)| *v)
 }
 
-/// The NetworkPolicy layer's verdict for one identity (`policy_verdict`): a deny of the exact
+/// The `NetworkPolicy` layer's verdict for one identity (`policy_verdict`): a deny of the exact
 /// identity wins, else identity 0's block, else the exact one's; `None`: nothing matches.
 fn layer_verdict(
     encoded: &Encoded,
@@ -83,7 +83,7 @@ fn layer_verdict(
     }
 }
 
-/// The NetworkPolicy layer's verdict (`verdict_for`): the peer's identity, then, when that
+/// The `NetworkPolicy` layer's verdict (`verdict_for`): the peer's identity, then, when that
 /// decided nothing, the by-IP twin of its CIDR identity; `None` when nothing matches (default
 /// deny when enforced). `port` is host order.
 #[must_use]
@@ -102,7 +102,7 @@ pub fn policy_layer(
     })
 }
 
-/// The first entry in precedence of a ClusterNetworkPolicy tier for the peer (`tier_entry`):
+/// The first entry in precedence of a `ClusterNetworkPolicy` tier for the peer (`tier_entry`):
 /// the longest match of each of its identities (its own, 0, the by-IP twin), the smallest
 /// precedence across them. The tier flag is not consulted.
 #[must_use]
@@ -122,11 +122,11 @@ pub fn tier_entry(
         .filter_map(|id| longest(encoded, id, dir, proto, port))
         .filter(|v| v.verdict != 0)
         .min_by_key(PolicyValue::precedence)
-        .and_then(|v| tier_verdict(&v))
+        .and_then(tier_verdict)
 }
 
 /// The datapath's decision for a new flow of a slot with these `endpoints` flags (`decide`):
-/// the Admin tier when its flag is set (accept or deny is final), the NetworkPolicy layer when
+/// the Admin tier when its flag is set (accept or deny is final), the `NetworkPolicy` layer when
 /// enforced (final), the Baseline tier when its flag is set, else allow.
 #[must_use]
 pub fn lookup_encoded(

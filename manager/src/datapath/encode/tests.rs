@@ -291,7 +291,7 @@ fn tv(priority: u16, rule: u8, action: TierAction) -> Verdict {
 /// Fixed computed policies: any protocol, single ports, unaligned ranges, the whole range,
 /// ICMP types, an any-identity entry, by-IP identities, denies covering allows, both
 /// directions, every enforcement combination; both tiers with each action, any-protocol and
-/// port entries, a by-IP identity, with and without the NetworkPolicy layer.
+/// port entries, a by-IP identity, with and without the `NetworkPolicy` layer.
 #[allow(clippy::too_many_lines, reason = "one line per corpus entry")]
 fn encoding_corpus() -> Vec<EncodingCase> {
     use weft_policy::mapstate::proto::{ANY, ICMP, SCTP, TCP, UDP};
@@ -484,6 +484,7 @@ fn in_tier(
 }
 
 #[test]
+#[allow(clippy::too_many_lines, reason = "one policy, checked entry by entry")]
 fn tier_entries_carry_their_tier_in_the_key_and_precedence_in_the_value() {
     let mut p = EndpointPolicy {
         ingress_enforced: true,
@@ -689,7 +690,7 @@ fn the_first_in_precedence_wins_across_exact_any_and_by_ip_identities() {
 }
 
 /// The contract's decision for a peer that may also have a by-IP twin: a tier's first entry
-/// among those of its identity (0 included) and its twin; the NetworkPolicy layer on its
+/// among those of its identity (0 included) and its twin; the `NetworkPolicy` layer on its
 /// identity, then, when that decided nothing, on its twin. Without a twin it is
 /// [`EndpointPolicy::lookup`].
 fn reference(p: &EndpointPolicy, peer: Peer, d: Direction, proto: u8, port: u16) -> Verdict {
