@@ -332,6 +332,7 @@ mod tests {
 
     #[test]
     fn cluster_network_policy_is_cluster_scoped_one_rule_per_entry() {
+        use weft_policy::mapstate::TierAction;
         let obj = testdata::json("clusternetworkpolicy.json");
         let t = translate(PolicyKind::ClusterNetworkPolicy, &obj).unwrap();
         assert_eq!(t.key.to_string(), "ClusterNetworkPolicy protect-metadata");
@@ -351,7 +352,6 @@ mod tests {
                 (x.direction, x.index, x.action, x.name.as_str())
             })
             .collect();
-        use weft_policy::mapstate::TierAction;
         assert_eq!(
             tiers,
             [

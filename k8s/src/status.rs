@@ -143,7 +143,7 @@ mod tests {
         serde_json::from_value(json!(s)).unwrap()
     }
 
-    fn obj(conditions: Value) -> Value {
+    fn obj(conditions: &Value) -> Value {
         json!({"metadata": {"name": "a", "generation": 3}, "status": {"conditions": conditions}})
     }
 
@@ -151,7 +151,7 @@ mod tests {
 
     #[test]
     fn accepted_rejected_and_partial_conditions() {
-        let o = obj(json!([]));
+        let o = obj(&json!([]));
         let ok = Outcome::Accepted {
             not_enforced: vec![],
             warnings: vec![],
@@ -199,9 +199,9 @@ mod tests {
             "lastTransitionTime": "2026-01-01T00:00:00Z"});
         let other = json!({"type": "Programmed", "status": "True", "reason": "X", "message": "",
             "lastTransitionTime": "2026-01-01T00:00:00Z"});
-        assert_eq!(wanted(&obj(json!([other, current])), &ok, t(NOW)), None);
+        assert_eq!(wanted(&obj(&json!([other, current])), &ok, t(NOW)), None);
         // A new generation: written, the status did not change so neither does its time.
-        let mut newer = obj(json!([current]));
+        let mut newer = obj(&json!([current]));
         newer["metadata"]["generation"] = 4.into();
         let c = wanted(&newer, &ok, t(NOW)).unwrap();
         assert_eq!(c.observed_generation, Some(4));
@@ -217,7 +217,7 @@ mod tests {
     #[test]
     fn a_long_message_is_cut_to_the_crd_limit() {
         let c = wanted(
-            &obj(json!([])),
+            &obj(&json!([])),
             &Outcome::Rejected("é".repeat(40_000)),
             t(NOW),
         )
@@ -227,7 +227,7 @@ mod tests {
 
     #[test]
     fn the_apply_body_names_the_object_and_carries_the_condition() {
-        let c = wanted(&obj(json!([])), &Outcome::Rejected("e".into()), t(NOW)).unwrap();
+        let c = wanted(&obj(&json!([])), &Outcome::Rejected("e".into()), t(NOW)).unwrap();
         let b = apply_body(
             "policy.networking.k8s.io/v1beta1",
             "ClusterNetworkPolicy",

@@ -20,6 +20,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use weft_k8s::replay::{Replay, event, list};
 
+/// A `ClusterNetworkPolicy` entry of the cache: name, tier, priority, rules, status.
+type Row = (String, String, Option<i64>, Option<usize>, String);
+
 const CNPS: &str = "/apis/policy.networking.k8s.io/v1beta1/clusternetworkpolicies";
 
 /// The lists every watcher needs, empty; the node.
@@ -45,7 +48,7 @@ fn base() -> Replay {
         )
 }
 
-/// testdata's ClusterNetworkPolicy renamed, at `generation` and `rv`.
+/// testdata's `ClusterNetworkPolicy` renamed, at `generation` and `rv`.
 fn cnp(name: &str, generation: i64, rv: &str) -> Value {
     let mut o = json("clusternetworkpolicy.json");
     o["metadata"]["name"] = name.into();
@@ -161,7 +164,7 @@ async fn cluster_network_policies_apply_reject_delete_and_report_status() {
     let rejected = w.cache.rejected();
     assert_eq!(rejected.len(), 1, "{rejected:?}");
     assert_eq!(rejected[0].object, "ClusterNetworkPolicy b-nodes");
-    let tiered: Vec<(String, String, Option<i64>, Option<usize>, String)> = w
+    let tiered: Vec<Row> = w
         .cache
         .tiered()
         .into_iter()

@@ -177,7 +177,7 @@ pub fn policy_table(v: &Value) -> String {
     )
 }
 
-/// A ClusterNetworkPolicy rule's place: `admin 10 ingress[0] Deny "name"`; `-` for other rules.
+/// A `ClusterNetworkPolicy` rule's place: `admin 10 ingress[0] Deny "name"`; `-` for other rules.
 fn tier_of(t: &Value) -> String {
     if t.is_null() {
         return "-".into();
@@ -194,7 +194,7 @@ fn tier_of(t: &Value) -> String {
     )
 }
 
-/// The ClusterNetworkPolicies the watchers took, accepted or not (`cluster_network_policies`).
+/// The `ClusterNetworkPolicy` objects the watchers took, accepted or not (`cluster_network_policies`).
 fn tiered_table(v: &Value) -> String {
     let rows: Vec<Vec<String>> = v
         .as_array()

@@ -22,7 +22,7 @@ pub(super) struct StatusQueue {
 }
 
 /// First and longest wait after a failed write.
-const RETRY: (Duration, Duration) = (Duration::from_secs(1), Duration::from_secs(60));
+const RETRY: (Duration, Duration) = (Duration::from_secs(1), Duration::from_mins(1));
 
 impl StatusQueue {
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Value>> {

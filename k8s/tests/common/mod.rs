@@ -130,9 +130,9 @@ pub async fn watch_with(
     rec: Arc<Recorder>,
     cnp: bool,
 ) -> (Arc<Watchers>, Vec<tokio::task::JoinHandle<()>>) {
-    let url = replay.serve().await.unwrap();
     // Tests of one crate run in parallel in one process.
     static N: AtomicUsize = AtomicUsize::new(0);
+    let url = replay.serve().await.unwrap();
     let dir = std::env::temp_dir().join(format!(
         "weft-k8s-replay-w-{}-{}",
         std::process::id(),

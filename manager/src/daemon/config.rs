@@ -95,7 +95,7 @@ pub struct Cli {
     /// (cilium.io/v2; their CRDs must be installed: conf/k8s/) [default: true].
     #[arg(long)]
     pub k8s_cilium_policies: Option<bool>,
-    /// In Kubernetes mode, also follow ClusterNetworkPolicies (policy.networking.k8s.io/v1beta1,
+    /// In Kubernetes mode, also follow `ClusterNetworkPolicy` objects (policy.networking.k8s.io/v1beta1,
     /// admin and baseline tiers; their CRD is installed from conf/k8s/) and write their status
     /// [default: true].
     #[arg(long)]

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::AtomicU64;
 use weft_k8s::watch::WatchStats;
 
-use super::Snapshot;
+use super::{K8sPolicies, Snapshot};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct State {
@@ -186,40 +186,44 @@ pub(super) fn collect(now: &Snapshot, watch: Option<&WatchStats>) -> Registry {
         watchers(w, &mut reg);
     }
     if let Some(k8s) = &now.k8s_policies {
-        gauge(
-            &mut reg,
-            "k8s_policies_rejected",
-            "Cluster policy objects whose current version was rejected (weftctl policy list shows why)",
-            k8s.rejected
-                .iter()
-                .map(|(kind, &n)| (Kind { kind: kind.clone() }, n)),
-        );
-        gauge(
-            &mut reg,
-            "k8s_cluster_network_policies",
-            "ClusterNetworkPolicy objects by tier and status (Accepted, PartiallyEnforced, Rejected: weftctl policy list and the object's status.conditions say why)",
-            k8s.cluster_network_policies
-                .iter()
-                .map(|((tier, status), &n)| {
-                    (
-                        TierStatus {
-                            tier: tier.clone(),
-                            status: status.clone(),
-                        },
-                        n,
-                    )
-                }),
-        );
-        gauge(
-            &mut reg,
-            "k8s_policies_partially_enforced",
-            "Cluster policy objects in force except rules Weft cannot express, which fail closed (weftctl policy list shows which)",
-            k8s.partially_enforced
-                .iter()
-                .map(|(kind, &n)| (Kind { kind: kind.clone() }, n)),
-        );
+        k8s_policies(k8s, &mut reg);
     }
     reg
+}
+
+fn k8s_policies(k8s: &K8sPolicies, reg: &mut Registry) {
+    gauge(
+        reg,
+        "k8s_policies_rejected",
+        "Cluster policy objects whose current version was rejected (weftctl policy list shows why)",
+        k8s.rejected
+            .iter()
+            .map(|(kind, &n)| (Kind { kind: kind.clone() }, n)),
+    );
+    gauge(
+        reg,
+        "k8s_cluster_network_policies",
+        "ClusterNetworkPolicy objects by tier and status (Accepted, PartiallyEnforced, Rejected: weftctl policy list and the object's status.conditions say why)",
+        k8s.cluster_network_policies
+            .iter()
+            .map(|((tier, status), &n)| {
+                (
+                    TierStatus {
+                        tier: tier.clone(),
+                        status: status.clone(),
+                    },
+                    n,
+                )
+            }),
+    );
+    gauge(
+        reg,
+        "k8s_policies_partially_enforced",
+        "Cluster policy objects in force except rules Weft cannot express, which fail closed (weftctl policy list shows which)",
+        k8s.partially_enforced
+            .iter()
+            .map(|(kind, &n)| (Kind { kind: kind.clone() }, n)),
+    );
 }
 
 fn datapath(rows: &[serde_json::Value], reg: &mut Registry) {

@@ -16,7 +16,7 @@ const POLICY_KINDS: [&str; 4] = [
     "ClusterNetworkPolicy",
 ];
 
-/// ClusterNetworkPolicy tiers and statuses always exported (tier `invalid`: not Admin or
+/// `ClusterNetworkPolicy` tiers and statuses always exported (tier `invalid`: not Admin or
 /// Baseline, so rejected).
 const CNP_TIERS: [&str; 2] = ["Admin", "Baseline"];
 const CNP_STATUSES: [&str; 3] = ["Accepted", "PartiallyEnforced", "Rejected"];

@@ -4,7 +4,7 @@
 //! Each rule (one entry of `spec.ingress` or `spec.egress`) becomes one [`Rule`]: its
 //! endpoint selector is the subject, its only entry (peers and ports) is in the allow section
 //! of its direction whatever the action, both enforcement modes are
-//! [`crate::rule::Enforcement::NotApplied`] (the NetworkPolicy layer never sees it), and
+//! [`crate::rule::Enforcement::NotApplied`] (the `NetworkPolicy` layer never sees it), and
 //! [`Rule::tier`] carries the tier, priority, direction, index, action and name. Every rule
 //! of an object has the same labels (kind, name, uid), so re-importing the object replaces
 //! all of them and deleting it deletes all of them.
@@ -199,15 +199,12 @@ fn pick<'v>(
     bad: &mut Unreadable,
 ) -> Res<Option<(&'static str, &'v Value, String)>> {
     let mut set = present(&mut o, fields);
-    if set.len() > 1 {
-        let names: Vec<&str> = set.iter().map(|(f, _, _)| *f).collect();
+    if let [(first, _, _), (second, _, _), ..] = set.as_slice() {
         return Err(FieldError::new(
-            o.at(names[1]),
+            o.at(second),
             format!(
-                "{what} takes exactly one of {}, not both {} and {}",
-                one_of(fields),
-                names[0],
-                names[1]
+                "{what} takes exactly one of {}, not both {first} and {second}",
+                one_of(fields)
             ),
         ));
     }

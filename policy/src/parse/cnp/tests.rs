@@ -1,4 +1,4 @@
-//! The ClusterNetworkPolicy translation: each field, the fail-closed cases and the errors.
+//! The `ClusterNetworkPolicy` translation: each field, the fail-closed cases and the errors.
 
 use crate::labels::{Label, LabelSet, keys, source};
 use crate::mapstate::{Direction, Tier, TierAction, proto};
@@ -69,6 +69,10 @@ const FULL: &str = "  tier: Admin
 ";
 
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one object's four rules checked field by field"
+)]
 fn one_rule_per_entry_with_its_tier_priority_index_and_action() {
     let r = rules(FULL);
     assert_eq!(r.len(), 4);
@@ -332,6 +336,7 @@ fn a_peer_or_protocol_with_no_field_set_fails_closed() {
 }
 
 #[test]
+#[expect(clippy::too_many_lines, reason = "a table of cases")]
 fn error_table() {
     let subj = "  subject: {namespaces: {}}\n";
     let head = format!("  tier: Admin\n  priority: 1\n{subj}");
