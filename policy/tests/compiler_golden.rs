@@ -1,7 +1,7 @@
 //! The golden corpus of `weft_policy::compiler`: a fixed set of policies (the rule shapes the
 //! engine computes: L3 and L4 peers, port ranges, named ports of the endpoint and of its peers,
 //! entities, CIDRs with exceptions, ipBlock, denies over allows, default deny, both directions,
-//! SCTP and any protocol, ClusterNetworkPolicy tiers) over a fixed set of endpoints, computed with each
+//! SCTP and any protocol, `ClusterNetworkPolicy` tiers) over a fixed set of endpoints, computed with each
 //! `ComputeOptions` value, and digested. The digest names identities by what they stand for
 //! (label set, prefix), not by number: allocation order is not the computation.
 //!
