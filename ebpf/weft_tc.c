@@ -4,9 +4,10 @@
  *   from_pod  (tc ingress of the host veth)  = packets leaving the pod  -> the pod's EGRESS policy
  *   to_pod    (tc egress of the host veth)   = packets entering the pod -> the pod's INGRESS policy
  * Order per IP packet: (leaving the pod) Service translation (lb.h) -> conntrack (own tuple,
- * then reversed tuple; never for an ACK-less TCP SYN) -> enforcement flag -> policy (exact peer
- * identity, then identity 0; deny beats allow) -> create ct entry -> metrics, and a ringbuf
- * event on drop. docs/DATAPATH.md describes the map encodings and the conntrack rules.
+ * then reversed tuple; never for an ACK-less TCP SYN) -> the layers of policy whose flags are
+ * set (ClusterNetworkPolicy Admin tier, NetworkPolicy, ClusterNetworkPolicy Baseline tier:
+ * decide()) -> create ct entry -> metrics, and a ringbuf event on drop. docs/DATAPATH.md
+ * describes the map encodings and the conntrack rules.
  */
 #include <linux/bpf.h>
 #include <linux/pkt_cls.h>
@@ -286,8 +287,19 @@ static __always_inline int source_valid(const struct endpoint_info *ep, const st
 	return (ep->flags & WEFT_EP_HAS_IPV6) && __builtin_memcmp(f->saddr, ep->ipv6, 16) == 0;
 }
 
+/* What decided a new flow, for metrics, conntrack and the drop event: a WEFT_REASON_*, and for a
+ * ClusterNetworkPolicy tier the deciding rule (tier 0 otherwise). */
+struct decision {
+	__u8 reason;
+	__u8 tier;
+	__u8 rule;
+	__u8 pad;
+	__u16 priority;
+};
+
 static __always_inline void send_drop(struct __sk_buff *skb, const struct endpoint_info *ep,
-				      __u8 dir, __u8 reason, const struct flow *f, __u32 peer)
+				      __u8 dir, const struct decision *d, const struct flow *f,
+				      __u32 peer)
 {
 	struct drop_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 
@@ -301,23 +313,37 @@ static __always_inline void send_drop(struct __sk_buff *skb, const struct endpoi
 	e->src_identity = dir == WEFT_DIR_INGRESS ? peer : ep->identity;
 	e->dst_identity = dir == WEFT_DIR_INGRESS ? ep->identity : peer;
 	e->direction = dir;
-	e->reason = reason;
+	e->reason = d->reason;
 	e->family = f->family;
 	e->proto = f->proto;
 	e->sport = f->sport;
 	e->dport = f->proto == IPPROTO_ICMP || f->proto == IPPROTO_ICMPV6 ? f->policy_port : f->dport;
 	__builtin_memcpy(e->saddr, f->saddr, 16);
 	__builtin_memcpy(e->daddr, f->daddr, 16);
+	e->tier = d->tier;
+	e->rule = d->rule;
+	e->priority = d->priority;
+	e->pad = 0;
 	bpf_ringbuf_submit(e, 0);
 }
 
-/* Drops a packet (counted, reported). */
+/* Drops a packet as `d` decided (counted, reported). */
+static __always_inline int drop_decided(struct __sk_buff *skb, const struct endpoint_info *ep,
+					__u8 dir, const struct decision *d, const struct flow *f,
+					__u32 peer)
+{
+	count(ep->endpoint_id, dir, d->reason, skb->len);
+	send_drop(skb, ep, dir, d, f, peer);
+	return TC_ACT_SHOT;
+}
+
+/* Drops a packet for a reason that is no policy rule's (counted, reported). */
 static __always_inline int drop(struct __sk_buff *skb, const struct endpoint_info *ep, __u8 dir,
 				__u8 reason, const struct flow *f, __u32 peer)
 {
-	count(ep->endpoint_id, dir, reason, skb->len);
-	send_drop(skb, ep, dir, reason, f, peer);
-	return TC_ACT_SHOT;
+	struct decision d = { .reason = reason };
+
+	return drop_decided(skb, ep, dir, &d, f, peer);
 }
 
 /* The policy verdict for a new flow: the peer's identity, then (nothing decided) the identity
@@ -334,10 +360,110 @@ static __always_inline __u8 verdict_for(const struct endpoint_info *ep, struct p
 	return verdict;
 }
 
-static __always_inline __u8 drop_reason(__u8 verdict)
+/* The first entry in precedence of one ClusterNetworkPolicy tier for the peer: the longest
+ * match of each identity the peer has (its own, any peer 0, and for a pod address in a CIDR
+ * rule's prefix its by-IP twin) is that identity's first entry (the manager resolved overlaps
+ * within an identity); across them the smallest (priority, rule, verdict) wins. Verdict 0:
+ * no entry matches. */
+static __always_inline struct policy_value tier_entry(__u32 policy_id, struct peer p, __u8 dir,
+						      __u8 tier, const struct flow *f)
 {
-	return verdict == WEFT_VERDICT_DENY ? WEFT_REASON_DROP_POLICY_DENY
-					    : WEFT_REASON_DROP_POLICY_DEFAULT;
+	struct policy_key k = {
+		.prefixlen = WEFT_POLICY_FULL_PREFIX,
+		.policy_id = policy_id,
+		.identity = p.identity,
+		.direction = dir | (tier << WEFT_POLICY_TIER_SHIFT),
+		.proto = f->proto,
+		.dport = f->policy_port,
+	};
+	struct policy_value best = {};
+	__u32 best_prec = 0xffffffffu;
+	struct policy_value *v = bpf_map_lookup_elem(&policy, &k);
+
+	if (v && v->verdict) {
+		best = *v;
+		best_prec = ((__u32)v->priority << 16) | ((__u32)v->rule << 8) | v->verdict;
+	}
+	k.identity = 0;
+	v = bpf_map_lookup_elem(&policy, &k);
+	if (v && v->verdict) {
+		__u32 prec = ((__u32)v->priority << 16) | ((__u32)v->rule << 8) | v->verdict;
+
+		if (prec < best_prec) {
+			best = *v;
+			best_prec = prec;
+		}
+	}
+	if (p.cidr_identity) {
+		k.identity = p.cidr_identity | WEFT_IDENTITY_BY_IP;
+		v = bpf_map_lookup_elem(&policy, &k);
+		if (v && v->verdict) {
+			__u32 prec = ((__u32)v->priority << 16) | ((__u32)v->rule << 8) | v->verdict;
+
+			if (prec < best_prec)
+				best = *v;
+		}
+	}
+	return best;
+}
+
+/* A tier's final word: 1 when its first matching entry accepts or denies (d says which rule),
+ * 0 when no entry matches or it passes (the next layer decides). */
+static __always_inline int tier_decides(const struct endpoint_info *ep, struct peer p, __u8 dir,
+					__u8 tier, const struct flow *f, struct decision *d)
+{
+	struct policy_value v = tier_entry(ep->policy_id, p, dir, tier, f);
+
+	if (v.verdict != WEFT_VERDICT_TIER_ACCEPT && v.verdict != WEFT_VERDICT_TIER_DENY)
+		return 0;
+	d->tier = tier;
+	d->rule = v.rule;
+	d->priority = v.priority;
+	if (v.verdict == WEFT_VERDICT_TIER_ACCEPT)
+		d->reason = tier == WEFT_TIER_ADMIN ? WEFT_REASON_ALLOW_ADMIN
+						    : WEFT_REASON_ALLOW_BASELINE;
+	else
+		d->reason = tier == WEFT_TIER_ADMIN ? WEFT_REASON_DROP_ADMIN_DENY
+						    : WEFT_REASON_DROP_BASELINE_DENY;
+	return 1;
+}
+
+/* The flags that make a direction policed at all: enforced, or a tier with entries. */
+static __always_inline __u32 policed_flags(__u8 dir)
+{
+	return dir == WEFT_DIR_EGRESS
+		       ? WEFT_EP_EGRESS_ENFORCED | WEFT_EP_ADMIN_EGRESS | WEFT_EP_BASELINE_EGRESS
+		       : WEFT_EP_INGRESS_ENFORCED | WEFT_EP_ADMIN_INGRESS | WEFT_EP_BASELINE_INGRESS;
+}
+
+/* The verdict for a new flow, layer by layer (docs/DATAPATH.md, "ClusterNetworkPolicy tiers"):
+ * the Admin tier (accept or deny is final, pass or no match goes on), the NetworkPolicy layer
+ * when the direction is enforced (final: allow, deny or default deny), the Baseline tier
+ * (accept or deny), else allow. A tier is looked up only when its flag is set. 1: allow. */
+static __always_inline int decide(const struct endpoint_info *ep, struct peer p, __u8 dir,
+				  const struct flow *f, struct decision *d)
+{
+	int egress = dir == WEFT_DIR_EGRESS;
+
+	if ((ep->flags & (egress ? WEFT_EP_ADMIN_EGRESS : WEFT_EP_ADMIN_INGRESS)) &&
+	    tier_decides(ep, p, dir, WEFT_TIER_ADMIN, f, d))
+		return d->reason == WEFT_REASON_ALLOW_ADMIN;
+	if (ep->flags & (egress ? WEFT_EP_EGRESS_ENFORCED : WEFT_EP_INGRESS_ENFORCED)) {
+		__u8 verdict = verdict_for(ep, p, dir, f);
+
+		if (verdict == WEFT_VERDICT_ALLOW) {
+			d->reason = WEFT_REASON_ALLOW_POLICY;
+			return 1;
+		}
+		d->reason = verdict == WEFT_VERDICT_DENY ? WEFT_REASON_DROP_POLICY_DENY
+							 : WEFT_REASON_DROP_POLICY_DEFAULT;
+		return 0;
+	}
+	if ((ep->flags & (egress ? WEFT_EP_BASELINE_EGRESS : WEFT_EP_BASELINE_INGRESS)) &&
+	    tier_decides(ep, p, dir, WEFT_TIER_BASELINE, f, d))
+		return d->reason == WEFT_REASON_ALLOW_BASELINE;
+	d->reason = WEFT_REASON_ALLOW_NOT_ENFORCED;
+	return 1;
 }
 
 /* A reply of a hairpin flow leaving the pod (to WEFT_LB_HAIRPIN_V4): it belongs to the flow's
@@ -382,8 +508,8 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir, struct lb_sta
 	if (!ep)
 		return TC_ACT_OK;
 
-	__u32 enforced_flag = dir == WEFT_DIR_EGRESS ? WEFT_EP_EGRESS_ENFORCED : WEFT_EP_INGRESS_ENFORCED;
-	int enforced = (ep->flags & enforced_flag) != 0;
+	/* Some layer of policy applies to this direction. */
+	int policed = (ep->flags & policed_flags(dir)) != 0;
 	struct flow f = {};
 	int res = l3 == ETH_P_IP_BE ? parse_ipv4(skb, &f) : parse_ipv6(skb, &f);
 
@@ -392,21 +518,17 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir, struct lb_sta
 		return TC_ACT_OK;
 	}
 	if (res == PARSE_INVALID) {
-		if (!enforced) {
+		if (!policed) {
 			count(endpoint_id, dir, WEFT_REASON_ALLOW_NOT_ENFORCED, skb->len);
 			return TC_ACT_OK;
 		}
-		count(endpoint_id, dir, WEFT_REASON_DROP_INVALID, skb->len);
-		send_drop(skb, ep, dir, WEFT_REASON_DROP_INVALID, &f, 0);
-		return TC_ACT_SHOT;
+		return drop(skb, ep, dir, WEFT_REASON_DROP_INVALID, &f, 0);
 	}
 
 	/* The source address decides the identity other pods see (ipcache): a pod may only send
 	 * from its own addresses. IPv6 link-local sources cannot be routed to another pod. */
 	if (dir == WEFT_DIR_EGRESS && !source_valid(ep, &f)) {
-		count(endpoint_id, dir, WEFT_REASON_DROP_SPOOFED, skb->len);
-		send_drop(skb, ep, dir, WEFT_REASON_DROP_SPOOFED, &f, 0);
-		return TC_ACT_SHOT;
+		return drop(skb, ep, dir, WEFT_REASON_DROP_SPOOFED, &f, 0);
 	}
 
 	if (f.frag != FRAG_NONE)
@@ -467,22 +589,22 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir, struct lb_sta
 
 	__u8 reason = WEFT_REASON_ALLOW_NOT_ENFORCED;
 
-	if (enforced) {
+	if (policed) {
 		struct peer p = peer_identity(&f, dir == WEFT_DIR_INGRESS ? f.saddr : f.daddr);
-		__u8 verdict = verdict_for(ep, p, dir, &f);
+		struct decision d = {};
 
-		if (verdict != WEFT_VERDICT_ALLOW)
-			return drop(skb, ep, dir, drop_reason(verdict), &f, p.identity);
-		reason = WEFT_REASON_ALLOW_POLICY;
+		if (!decide(ep, p, dir, &f, &d))
+			return drop_decided(skb, ep, dir, &d, &f, p.identity);
+		reason = d.reason;
 	}
 	/* A hairpin flow never reaches the pod's to_pod program as a new flow: its ingress
-	 * policy, for the pod itself as the peer, is judged here. */
-	if (lb->hairpin && (ep->flags & WEFT_EP_INGRESS_ENFORCED)) {
+	 * policy, for the pod itself as the peer, is judged here by the same layers. */
+	if (lb->hairpin && (ep->flags & policed_flags(WEFT_DIR_INGRESS))) {
 		struct peer self = peer_identity(&f, f.daddr);
-		__u8 verdict = verdict_for(ep, self, WEFT_DIR_INGRESS, &f);
+		struct decision d = {};
 
-		if (verdict != WEFT_VERDICT_ALLOW)
-			return drop(skb, ep, WEFT_DIR_INGRESS, drop_reason(verdict), &f, self.identity);
+		if (!decide(ep, self, WEFT_DIR_INGRESS, &f, &d))
+			return drop_decided(skb, ep, WEFT_DIR_INGRESS, &d, &f, self.identity);
 	}
 
 	/* Track flows even when not enforced, so that replies of connections the pod opened pass

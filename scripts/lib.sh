@@ -212,8 +212,9 @@ check_fails() {
 #      policy sees: the positive control beside the probe),
 #  (b) the client's connect times out (a dropped SYN), neither refused nor unreachable, and
 #  (c) the datapath counted it: the policy drop counters (`weftctl map dump metrics`, reasons
-#      policy-deny and policy-default) of the server's endpoint (ingress) or the client's
-#      (egress) grew during the probe.
+#      policy-deny and policy-default, and the ClusterNetworkPolicy tiers' admin-deny and
+#      baseline-deny) of the server's endpoint (ingress) or the client's (egress) grew during
+#      the probe.
 # The counters are read from every socket in WEFT_DROP_SOCKS (default: this run's manager):
 # multi-node tests list each node's, and each pod is looked up on the node that has it.
 
@@ -226,7 +227,7 @@ policy_drops() {
       jq -r --arg c "$WEFT_P-$pod" '.[] | select(.container_id == $c and .state == "ready") | .id') || continue
     [ -n "$id" ] || continue
     n=$("$WEFT_BIN/weftctl" --socket "$sock" -o json map dump metrics | jq --argjson id "$id" --arg d "$dir" \
-      '[.[] | select(.endpoint_id == $id and .direction == $d and (.reason == "policy-deny" or .reason == "policy-default")) | .packets] | add // 0') || return 1
+      '[.[] | select(.endpoint_id == $id and .direction == $d and (.reason | IN("policy-deny", "policy-default", "admin-deny", "baseline-deny"))) | .packets] | add // 0') || return 1
     total=$((total + n)); found=1
   done
   [ -n "$found" ] || { echo "no manager in '${WEFT_DROP_SOCKS:-$WEFT_SOCK}' has an endpoint for pod $pod" >&2; return 1; }
@@ -236,7 +237,7 @@ policy_drops() {
 # total_policy_drops: every policy drop the datapath of this run's manager counted (all
 # endpoints, both directions).
 total_policy_drops() {
-  weftctl -o json map dump metrics | jq '[.[] | select(.reason == "policy-deny" or .reason == "policy-default") | .packets] | add // 0'
+  weftctl -o json map dump metrics | jq '[.[] | select(.reason | IN("policy-deny", "policy-default", "admin-deny", "baseline-deny")) | .packets] | add // 0'
 }
 
 # flow_drops SERVER CLIENT: the drops that can stop a client -> server flow (server ingress +

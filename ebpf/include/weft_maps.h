@@ -21,6 +21,12 @@
 #define WEFT_EP_EGRESS_ENFORCED (1u << 1)
 #define WEFT_EP_HAS_IPV4 (1u << 2)
 #define WEFT_EP_HAS_IPV6 (1u << 3)
+/* The endpoint has ClusterNetworkPolicy entries of that tier in that direction: the tier is
+ * looked up only when its flag is set (docs/DATAPATH.md, "ClusterNetworkPolicy tiers"). */
+#define WEFT_EP_ADMIN_INGRESS (1u << 4)
+#define WEFT_EP_ADMIN_EGRESS (1u << 5)
+#define WEFT_EP_BASELINE_INGRESS (1u << 6)
+#define WEFT_EP_BASELINE_EGRESS (1u << 7)
 
 /*
  * endpoints: HASH, key = host-side ifindex (__u32). policy_id names the policy slot the
@@ -73,7 +79,9 @@ struct ipcache_value {
  * policy: one global LPM_TRIE for every policy slot (see docs/DATAPATH.md). policy_id, identity
  * and direction are always in the prefix (72 bits); proto adds 8 bits unless it is a wildcard;
  * dport (network byte order, so its high bits come first) adds 0..16 bits for an aligned
- * power-of-two port block.
+ * power-of-two port block. The direction byte also holds the layer the entry belongs to
+ * (WEFT_TIER_* << WEFT_POLICY_TIER_SHIFT): NetworkPolicy entries have tier 0, so their keys
+ * are what they were before tiers existed.
  */
 struct policy_key {
 	__u32 prefixlen;
@@ -87,18 +95,41 @@ struct policy_key {
 #define WEFT_POLICY_PROTO_PREFIX 80
 #define WEFT_POLICY_FULL_PREFIX 96
 
+/* Layers of policy_key.direction (bits 4..5). */
+#define WEFT_TIER_POLICY 0
+#define WEFT_TIER_ADMIN 1
+#define WEFT_TIER_BASELINE 2
+#define WEFT_POLICY_TIER_SHIFT 4
+#define WEFT_POLICY_DIR_MASK 1
+
 /*
  * policy_gen: HASH, key = policy_id (__u32), value = generation (__u64). Never read by the
  * programs: the manager's crash-safe record of which slots it finished writing. A slot whose
  * entries are being written holds 0; every slot that may have entries in the trie has a key.
  */
 
+/*
+ * policy_value.verdict: ALLOW and DENY in the NetworkPolicy layer (rule and priority 0); the
+ * three ClusterNetworkPolicy actions in the tiers, numbered in the order they take precedence
+ * at equal (priority, rule): deny first (fail closed).
+ */
 #define WEFT_VERDICT_ALLOW 1
 #define WEFT_VERDICT_DENY 2
+#define WEFT_VERDICT_TIER_DENY 3
+#define WEFT_VERDICT_TIER_PASS 4
+#define WEFT_VERDICT_TIER_ACCEPT 5
 
+/*
+ * A tier entry's precedence is (priority, rule, verdict), smallest first: the policy's
+ * spec.priority, the rule's index in its direction's list, the action. Within one identity the
+ * longest match is that identity's first entry (the manager resolved overlaps); across the
+ * identities a packet matches (its own, 0, its by-IP twin) the smallest precedence wins.
+ * Same 4 bytes as before tiers: NetworkPolicy entries have rule and priority 0.
+ */
 struct policy_value {
 	__u8 verdict;
-	__u8 pad[3];
+	__u8 rule;
+	__u16 priority;
 };
 
 /*
@@ -242,7 +273,12 @@ struct lb_flow {
 #define WEFT_REASON_DROP_INVALID 9
 #define WEFT_REASON_ALLOW_RELATED 10
 #define WEFT_REASON_DROP_SPOOFED 11
-#define WEFT_REASON_MAX 11
+/* ClusterNetworkPolicy: accepted or denied by a rule of the Admin or Baseline tier. */
+#define WEFT_REASON_ALLOW_ADMIN 12
+#define WEFT_REASON_DROP_ADMIN_DENY 13
+#define WEFT_REASON_ALLOW_BASELINE 14
+#define WEFT_REASON_DROP_BASELINE_DENY 15
+#define WEFT_REASON_MAX 15
 
 /* metrics: PERCPU_HASH. */
 struct metrics_key {
@@ -257,7 +293,9 @@ struct metrics_value {
 	__u64 bytes;
 };
 
-/* events: RINGBUF of drop_event. */
+/* events: RINGBUF of drop_event. tier, rule and priority name the deciding ClusterNetworkPolicy
+ * rule of an admin or baseline deny (WEFT_TIER_*; 0 for every other drop). Fields are only ever
+ * appended: a reader accepts the shorter records of an older object. */
 struct drop_event {
 	__u64 ts_ns;
 	__u32 endpoint_id;
@@ -272,6 +310,12 @@ struct drop_event {
 	__be16 dport;
 	__u8 saddr[16];
 	__u8 daddr[16];
+	__u8 tier;
+	__u8 rule;
+	__u16 priority;
+	__u32 pad;
 };
+/* sizeof(struct drop_event) before tier, rule and priority were appended. */
+#define WEFT_DROP_EVENT_BASE_SIZE 64
 
 #endif /* WEFT_MAPS_H */

@@ -21,6 +21,10 @@ int main(void)
 	CONST(u32, WEFT_EP_EGRESS_ENFORCED);
 	CONST(u32, WEFT_EP_HAS_IPV4);
 	CONST(u32, WEFT_EP_HAS_IPV6);
+	CONST(u32, WEFT_EP_ADMIN_INGRESS);
+	CONST(u32, WEFT_EP_ADMIN_EGRESS);
+	CONST(u32, WEFT_EP_BASELINE_INGRESS);
+	CONST(u32, WEFT_EP_BASELINE_EGRESS);
 	CONST(u8, WEFT_FAMILY_V4);
 	CONST(u8, WEFT_FAMILY_V6);
 	CONST(u32, WEFT_IPCACHE_FIXED_PREFIX);
@@ -28,8 +32,16 @@ int main(void)
 	CONST(u32, WEFT_POLICY_FIXED_PREFIX);
 	CONST(u32, WEFT_POLICY_PROTO_PREFIX);
 	CONST(u32, WEFT_POLICY_FULL_PREFIX);
+	CONST(u8, WEFT_TIER_POLICY);
+	CONST(u8, WEFT_TIER_ADMIN);
+	CONST(u8, WEFT_TIER_BASELINE);
+	CONST(u8, WEFT_POLICY_TIER_SHIFT);
+	CONST(u8, WEFT_POLICY_DIR_MASK);
 	CONST(u8, WEFT_VERDICT_ALLOW);
 	CONST(u8, WEFT_VERDICT_DENY);
+	CONST(u8, WEFT_VERDICT_TIER_DENY);
+	CONST(u8, WEFT_VERDICT_TIER_PASS);
+	CONST(u8, WEFT_VERDICT_TIER_ACCEPT);
 	CONST(u8, WEFT_REASON_ALLOW_POLICY);
 	CONST(u8, WEFT_REASON_ALLOW_NOT_ENFORCED);
 	CONST(u8, WEFT_REASON_ALLOW_ESTABLISHED);
@@ -41,6 +53,10 @@ int main(void)
 	CONST(u8, WEFT_REASON_DROP_INVALID);
 	CONST(u8, WEFT_REASON_ALLOW_RELATED);
 	CONST(u8, WEFT_REASON_DROP_SPOOFED);
+	CONST(u8, WEFT_REASON_ALLOW_ADMIN);
+	CONST(u8, WEFT_REASON_DROP_ADMIN_DENY);
+	CONST(u8, WEFT_REASON_ALLOW_BASELINE);
+	CONST(u8, WEFT_REASON_DROP_BASELINE_DENY);
 	CONST(u8, WEFT_REASON_MAX);
 	CONST(u8, WEFT_CT_CLOSING_ORIG);
 	CONST(u8, WEFT_CT_CLOSING_REPLY);
@@ -51,6 +67,7 @@ int main(void)
 	CONST(u64, WEFT_CT_LIFETIME_TCP_S);
 	CONST(u64, WEFT_CT_LIFETIME_OTHER_S);
 	CONST(u64, WEFT_CT_CLOSE_TIMEOUT_S);
+	CONST(usize, WEFT_DROP_EVENT_BASE_SIZE);
 
 	printf("/// (struct, field or \"\" for sizeof, offset or size) as the C compiler laid them out.\n");
 	printf("pub const C_LAYOUT: &[(&str, &str, usize)] = &[\n");
@@ -76,6 +93,8 @@ int main(void)
 	FIELD(policy_key, dport);
 	SIZE(policy_value);
 	FIELD(policy_value, verdict);
+	FIELD(policy_value, rule);
+	FIELD(policy_value, priority);
 	SIZE(ct_key);
 	FIELD(ct_key, saddr);
 	FIELD(ct_key, daddr);
@@ -149,6 +168,9 @@ int main(void)
 	FIELD(drop_event, dport);
 	FIELD(drop_event, saddr);
 	FIELD(drop_event, daddr);
+	FIELD(drop_event, tier);
+	FIELD(drop_event, rule);
+	FIELD(drop_event, priority);
 	printf("];\n");
 	return 0;
 }

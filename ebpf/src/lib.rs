@@ -145,12 +145,44 @@ pub struct PolicyKey {
 
 /// Value of the `policy` map.
 #[repr(C)]
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct PolicyValue {
-    /// `VERDICT_ALLOW` or `VERDICT_DENY`.
+    /// `VERDICT_ALLOW` or `VERDICT_DENY` (`NetworkPolicy` layer), `VERDICT_TIER_DENY`,
+    /// `VERDICT_TIER_PASS` or `VERDICT_TIER_ACCEPT` (`ClusterNetworkPolicy` tiers).
     pub verdict: u8,
-    /// Padding (zero).
-    pub pad: [u8; 3],
+    /// A tier entry's rule index in its policy's direction list (0 in the `NetworkPolicy` layer).
+    pub rule: u8,
+    /// A tier entry's policy priority (0 in the `NetworkPolicy` layer).
+    pub priority: u16,
+}
+
+impl PolicyValue {
+    /// A `NetworkPolicy`-layer value.
+    #[must_use]
+    pub const fn verdict(verdict: u8) -> Self {
+        Self {
+            verdict,
+            rule: 0,
+            priority: 0,
+        }
+    }
+
+    /// A tier entry's precedence as the datapath compares it: smaller wins.
+    #[must_use]
+    pub const fn precedence(&self) -> u32 {
+        ((self.priority as u32) << 16) | ((self.rule as u32) << 8) | self.verdict as u32
+    }
+}
+
+// At equal (priority, rule) a deny comes first, then pass, then accept: the verdict codes are
+// the last part of the precedence.
+const _: () =
+    assert!(VERDICT_TIER_DENY < VERDICT_TIER_PASS && VERDICT_TIER_PASS < VERDICT_TIER_ACCEPT);
+
+/// The direction byte of a policy key: the direction and the layer (`TIER_*`).
+#[must_use]
+pub const fn policy_direction(direction: u8, tier: u8) -> u8 {
+    direction | (tier << POLICY_TIER_SHIFT)
 }
 
 /// Key of the `ct` map.
@@ -362,18 +394,32 @@ pub struct DropEvent {
     pub saddr: [u8; 16],
     /// Destination address.
     pub daddr: [u8; 16],
+    /// The deciding `ClusterNetworkPolicy` tier (`TIER_ADMIN`, `TIER_BASELINE`) of an admin or
+    /// baseline deny; 0 otherwise.
+    pub tier: u8,
+    /// That tier rule's index in its policy's direction list.
+    pub rule: u8,
+    /// That tier rule's policy priority.
+    pub priority: u16,
+    /// Padding (zero).
+    pub pad: u32,
 }
 
 impl DropEvent {
-    /// Decodes a ring buffer record; `None` when it is too short.
+    /// Decodes a ring buffer record; `None` when it is too short. A record of an older object
+    /// (`DROP_EVENT_BASE_SIZE` bytes, before the tier fields were appended) reads with them 0.
     #[must_use]
     pub fn from_bytes(bytes: &[u8]) -> Option<Self> {
-        if bytes.len() < size_of::<Self>() {
+        if bytes.len() < DROP_EVENT_BASE_SIZE {
             return None;
         }
-        // SAFETY: the length is checked, the type is plain old data valid for any bit pattern,
-        // and read_unaligned has no alignment requirement.
-        Some(unsafe { bytes.as_ptr().cast::<Self>().read_unaligned() })
+        let mut full = [0u8; size_of::<Self>()];
+        for (to, from) in full.iter_mut().zip(bytes) {
+            *to = *from;
+        }
+        // SAFETY: the buffer has the type's size, the type is plain old data valid for any bit
+        // pattern, and read_unaligned has no alignment requirement.
+        Some(unsafe { full.as_ptr().cast::<Self>().read_unaligned() })
     }
 }
 

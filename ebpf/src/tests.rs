@@ -73,7 +73,7 @@ fn rust_layout_matches_c() {
         "policy_value",
         PolicyValue,
         lpm_shift = 0,
-        [verdict]
+        [verdict, rule, priority]
     );
     check!(
         c,
@@ -185,7 +185,10 @@ fn rust_layout_matches_c() {
             sport,
             dport,
             saddr,
-            daddr
+            daddr,
+            tier,
+            rule,
+            priority
         ]
     );
     let unchecked: Vec<_> = c.keys().filter(|k| !seen.contains(k)).collect();
@@ -237,5 +240,29 @@ fn drop_event_decodes_and_rejects_short_records() {
     let ev = DropEvent::from_bytes(&raw).expect("full record");
     assert_eq!(ev.endpoint_id, 7);
     assert_eq!(ev.direction, DIR_EGRESS);
-    assert!(DropEvent::from_bytes(&raw[..raw.len() - 1]).is_none());
+    // A record of an older object, without the tier fields: read with them 0.
+    raw[DROP_EVENT_BASE_SIZE] = TIER_ADMIN;
+    let full = DropEvent::from_bytes(&raw).expect("full record");
+    assert_eq!(full.tier, TIER_ADMIN);
+    let old = DropEvent::from_bytes(&raw[..DROP_EVENT_BASE_SIZE]).expect("older record");
+    assert_eq!((old.endpoint_id, old.tier), (7, 0));
+    assert!(DropEvent::from_bytes(&raw[..DROP_EVENT_BASE_SIZE - 1]).is_none());
+}
+
+#[test]
+fn tier_verdicts_order_as_their_precedence() {
+    // At equal (priority, rule), a deny comes first, then pass, then accept.
+    let v = |verdict, rule, priority| PolicyValue {
+        verdict,
+        rule,
+        priority,
+    };
+    assert!(v(VERDICT_TIER_ACCEPT, 0, 5).precedence() < v(VERDICT_TIER_DENY, 0, 6).precedence());
+    assert!(v(VERDICT_TIER_ACCEPT, 3, 5).precedence() < v(VERDICT_TIER_DENY, 4, 5).precedence());
+    assert!(v(VERDICT_TIER_DENY, 3, 5).precedence() < v(VERDICT_TIER_PASS, 3, 5).precedence());
+    assert_eq!(
+        policy_direction(DIR_EGRESS, TIER_BASELINE) & POLICY_DIR_MASK,
+        DIR_EGRESS
+    );
+    assert_eq!(policy_direction(DIR_INGRESS, TIER_POLICY), DIR_INGRESS);
 }

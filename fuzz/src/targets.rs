@@ -66,10 +66,11 @@ mod manager {
         out
     }
 
-    /// `map_keys`: the policy map encoding: for any entries, a lookup in the encoded LPM blocks
-    /// gives the verdict of the entries themselves (deny wins; exact identity or identity 0).
+    /// `map_keys`: the policy map encoding (NetworkPolicy layer): for any entries, a lookup in
+    /// the encoded LPM blocks gives the verdict of the entries themselves (deny wins; exact
+    /// identity or identity 0).
     pub fn map_keys(data: &[u8]) {
-        use weft_manager::datapath::{encode_entries, lookup_encoded};
+        use weft_manager::datapath::{Peer, encode_entries, policy_layer};
 
         let mut entries = BTreeMap::new();
         for c in data.chunks_exact(7).take(64) {
@@ -83,17 +84,12 @@ mod manager {
             } else {
                 (a.min(b), a.max(b))
             };
-            let entry = PolicyEntry {
-                direction: if c[0] & 1 == 0 {
-                    Direction::Ingress
-                } else {
-                    Direction::Egress
-                },
-                identity: u32::from(c[0] >> 5),
-                proto,
-                port_lo: lo,
-                port_hi: hi,
+            let direction = if c[0] & 1 == 0 {
+                Direction::Ingress
+            } else {
+                Direction::Egress
             };
+            let entry = PolicyEntry::new(direction, u32::from(c[0] >> 5), proto, lo, hi);
             entries.insert(
                 entry,
                 if c[6] & 1 == 0 {
@@ -114,7 +110,7 @@ mod manager {
             let proto = [6u8, 17][usize::from(c[1] & 1)];
             let port = u16::from_be_bytes([c[2], c[3]]);
             assert_eq!(
-                lookup_encoded(&encoded, identity, d, proto, port),
+                policy_layer(&encoded, Peer::identity(identity), d, proto, port),
                 naive(&entries, identity, d, proto, port),
                 "identity {identity} {d:?} proto {proto} port {port}"
             );

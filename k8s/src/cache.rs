@@ -18,6 +18,7 @@ struct Inner {
     pods: HashMap<PodId, Pod>,
     namespaces: HashMap<String, BTreeMap<String, String>>,
     statuses: BTreeMap<PolicyKey, PolicyStatus>,
+    tiered: BTreeMap<String, TieredPolicy>,
 }
 
 /// Shared between the watchers (writers) and the manager (readers).
@@ -52,6 +53,62 @@ pub struct Partial {
     pub not_enforced: Vec<String>,
     /// Parts enforced with a caveat.
     pub warnings: Vec<String>,
+}
+
+/// A `ClusterNetworkPolicy` as the manager took it: its tier and priority as written, and
+/// whether it is in force (its status condition says the same).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct TieredPolicy {
+    /// The object's name.
+    pub name: String,
+    /// `spec.tier` as written (`Admin`, `Baseline`; anything else was rejected).
+    pub tier: String,
+    /// `spec.priority` as written, when a number.
+    pub priority: Option<i64>,
+    /// Rules in force (one per ingress and egress rule); `None` when rejected.
+    pub rules: Option<usize>,
+    /// The condition's reason: `Accepted`, `PartiallyEnforced` or `Rejected`.
+    pub status: String,
+    /// What is not enforced, or why it was rejected (empty when accepted whole).
+    pub message: String,
+}
+
+impl TieredPolicy {
+    /// The entry of object `obj` named `name`, after `outcome`; `rules`: how many it has in force.
+    #[must_use]
+    pub fn of(
+        name: &str,
+        obj: &serde_json::Value,
+        rules: Option<usize>,
+        outcome: &crate::status::Outcome,
+    ) -> Self {
+        use crate::status::Outcome;
+        let spec = obj.get("spec");
+        let (status, message) = match outcome {
+            Outcome::Rejected(e) => ("Rejected", e.clone()),
+            Outcome::Accepted {
+                not_enforced,
+                warnings,
+            } if not_enforced.is_empty() => ("Accepted", warnings.join("; ")),
+            Outcome::Accepted { not_enforced, .. } => {
+                ("PartiallyEnforced", not_enforced.join("; "))
+            }
+        };
+        Self {
+            name: name.to_owned(),
+            tier: spec
+                .and_then(|s| s.get("tier"))
+                .and_then(serde_json::Value::as_str)
+                .unwrap_or_default()
+                .to_owned(),
+            priority: spec
+                .and_then(|s| s.get("priority"))
+                .and_then(serde_json::Value::as_i64),
+            rules,
+            status: status.to_owned(),
+            message,
+        }
+    }
 }
 
 /// A policy object the manager refused, and why.
@@ -159,6 +216,27 @@ impl ClusterCache {
             Some(s) => g.statuses.insert(key.clone(), s),
             None => g.statuses.remove(key),
         };
+    }
+
+    /// Records a `ClusterNetworkPolicy`'s entry, replacing its previous one.
+    pub fn set_tiered(&self, p: TieredPolicy) {
+        self.lock().tiered.insert(p.name.clone(), p);
+    }
+
+    /// Forgets a deleted `ClusterNetworkPolicy`.
+    pub fn remove_tiered(&self, name: &str) {
+        self.lock().tiered.remove(name);
+    }
+
+    /// Keeps the `ClusterNetworkPolicy` entries whose name passes `keep` (after a re-list).
+    pub fn retain_tiered(&self, keep: impl Fn(&str) -> bool) {
+        self.lock().tiered.retain(|name, _| keep(name));
+    }
+
+    /// Every `ClusterNetworkPolicy` seen, by name.
+    #[must_use]
+    pub fn tiered(&self) -> Vec<TieredPolicy> {
+        self.lock().tiered.values().cloned().collect()
     }
 
     /// Policy objects the manager refused.

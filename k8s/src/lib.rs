@@ -2,7 +2,8 @@
 //! Weft's state (pure, unit-tested on `kubectl get -o json` output in testdata/k8s/); `cache`
 //! holds what the watchers learnt; `watch` runs kube-runtime watchers into a [`watch::Sink`]
 //! the manager implements; `services` translates Services and `EndpointSlices` into the
-//! datapath's frontends and backends; `client` builds the kube client.
+//! datapath's frontends and backends; `status` the `ClusterNetworkPolicy` status conditions;
+//! `client` builds the kube client.
 
 pub mod cache;
 pub mod client;
@@ -12,6 +13,7 @@ pub mod policy;
 #[cfg(feature = "replay")]
 pub mod replay;
 pub mod services;
+pub mod status;
 pub mod watch;
 
 pub use k8s_openapi;

@@ -1,5 +1,5 @@
-//! `NetworkPolicy`, `CiliumNetworkPolicy` and `CiliumClusterwideNetworkPolicy` objects into policy
-//! repository rules. Each object's rules carry Cilium's derived labels (kind, namespace, name,
+//! `NetworkPolicy`, `CiliumNetworkPolicy`, `CiliumClusterwideNetworkPolicy` and
+//! `ClusterNetworkPolicy` objects into policy repository rules. Each object's rules carry Cilium's derived labels (kind, namespace, name,
 //! uid), which is how the repository replaces an object's rules as a whole and deletes them
 //! with it, plus `k8s:io.weft.policy.origin=cluster` so `weftctl policy list` can tell them from
 //! what `weftctl policy import` added.
@@ -15,7 +15,7 @@ pub const ORIGIN_KEY: &str = "io.weft.policy.origin";
 /// Its value.
 pub const ORIGIN_CLUSTER: &str = "cluster";
 
-/// The three policy kinds Weft follows.
+/// The policy kinds Weft follows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum PolicyKind {
     /// networking.k8s.io/v1 `NetworkPolicy`.
@@ -24,6 +24,8 @@ pub enum PolicyKind {
     CiliumNetworkPolicy,
     /// cilium.io/v2 `CiliumClusterwideNetworkPolicy`.
     CiliumClusterwideNetworkPolicy,
+    /// policy.networking.k8s.io/v1beta1 `ClusterNetworkPolicy` (admin and baseline tiers).
+    ClusterNetworkPolicy,
 }
 
 impl PolicyKind {
@@ -34,6 +36,26 @@ impl PolicyKind {
             Self::NetworkPolicy => "NetworkPolicy",
             Self::CiliumNetworkPolicy => "CiliumNetworkPolicy",
             Self::CiliumClusterwideNetworkPolicy => "CiliumClusterwideNetworkPolicy",
+            Self::ClusterNetworkPolicy => "ClusterNetworkPolicy",
+        }
+    }
+
+    /// Whether its objects are cluster-scoped (no namespace).
+    #[must_use]
+    pub fn cluster_scoped(self) -> bool {
+        matches!(
+            self,
+            Self::CiliumClusterwideNetworkPolicy | Self::ClusterNetworkPolicy
+        )
+    }
+
+    /// The apiVersion Weft watches it at.
+    #[must_use]
+    pub fn api_version(self) -> &'static str {
+        match self {
+            Self::NetworkPolicy => "networking.k8s.io/v1",
+            Self::CiliumNetworkPolicy | Self::CiliumClusterwideNetworkPolicy => "cilium.io/v2",
+            Self::ClusterNetworkPolicy => "policy.networking.k8s.io/v1beta1",
         }
     }
 }
@@ -43,7 +65,7 @@ impl PolicyKind {
 pub struct PolicyKey {
     /// Kind.
     pub kind: PolicyKind,
-    /// Namespace (none for the clusterwide kind).
+    /// Namespace (none for the cluster-scoped kinds).
     pub namespace: Option<String>,
     /// Name.
     pub name: String,
@@ -68,7 +90,7 @@ impl PolicyKey {
             .filter(|n| !n.is_empty())
             .ok_or_else(|| format!("{} without metadata.name", kind.as_str()))?;
         let namespace = match kind {
-            PolicyKind::CiliumClusterwideNetworkPolicy => None,
+            k if k.cluster_scoped() => None,
             _ => Some(
                 meta.and_then(|m| m.get("namespace"))
                     .and_then(Value::as_str)
@@ -113,6 +135,7 @@ impl PolicyKey {
             "NetworkPolicy" => PolicyKind::NetworkPolicy,
             "CiliumNetworkPolicy" => PolicyKind::CiliumNetworkPolicy,
             "CiliumClusterwideNetworkPolicy" => PolicyKind::CiliumClusterwideNetworkPolicy,
+            "ClusterNetworkPolicy" => PolicyKind::ClusterNetworkPolicy,
             _ => return None,
         };
         Some(Self {
@@ -154,11 +177,8 @@ pub fn translate(kind: PolicyKind, obj: &Value) -> Result<Translated, String> {
     // Watch events of typed resources may omit apiVersion/kind; the parser dispatches on them.
     let mut obj = obj.clone();
     if let Some(map) = obj.as_object_mut() {
-        let api = match kind {
-            PolicyKind::NetworkPolicy => "networking.k8s.io/v1",
-            _ => "cilium.io/v2",
-        };
-        map.entry("apiVersion").or_insert_with(|| api.into());
+        map.entry("apiVersion")
+            .or_insert_with(|| kind.api_version().into());
         map.entry("kind").or_insert_with(|| kind.as_str().into());
     }
     let text = serde_json::to_string(&obj).map_err(|e| e.to_string())?;
@@ -308,6 +328,63 @@ mod tests {
             "{err}"
         );
         assert!(err.contains("unknown operator \"Equals\""), "{err}");
+    }
+
+    #[test]
+    fn cluster_network_policy_is_cluster_scoped_one_rule_per_entry() {
+        use weft_policy::mapstate::TierAction;
+        let obj = testdata::json("clusternetworkpolicy.json");
+        let t = translate(PolicyKind::ClusterNetworkPolicy, &obj).unwrap();
+        assert_eq!(t.key.to_string(), "ClusterNetworkPolicy protect-metadata");
+        assert_eq!(t.key.namespace, None);
+        assert_eq!(t.rules.len(), 2);
+        for r in &t.rules {
+            assert_eq!(PolicyKey::of_rule(r), Some(t.key.clone()));
+            for l in t.key.filter() {
+                assert!(r.labels.iter().any(|x| *x == l), "{l} missing");
+            }
+        }
+        let tiers: Vec<_> = t
+            .rules
+            .iter()
+            .map(|r| {
+                let x = r.tier.as_ref().unwrap();
+                (x.direction, x.index, x.action, x.name.as_str())
+            })
+            .collect();
+        assert_eq!(
+            tiers,
+            [
+                (
+                    Direction::Ingress,
+                    0,
+                    TierAction::Accept,
+                    "monitoring-always"
+                ),
+                (Direction::Egress, 0, TierAction::Deny, "no-metadata"),
+            ]
+        );
+        // Watch events may lack apiVersion and kind: the kind's are filled in.
+        let mut bare = obj.clone();
+        bare.as_object_mut().unwrap().remove("apiVersion");
+        bare.as_object_mut().unwrap().remove("kind");
+        assert_eq!(
+            translate(PolicyKind::ClusterNetworkPolicy, &bare)
+                .unwrap()
+                .rules,
+            t.rules
+        );
+    }
+
+    #[test]
+    fn a_cluster_network_policy_with_a_nodes_peer_is_rejected_naming_it() {
+        let mut obj = testdata::json("clusternetworkpolicy.json");
+        obj["spec"]["egress"][0]["to"][0] = serde_json::json!({"nodes": {}});
+        let e = translate(PolicyKind::ClusterNetworkPolicy, &obj).unwrap_err();
+        assert!(
+            e.contains("ClusterNetworkPolicy protect-metadata: ClusterNetworkPolicy \"protect-metadata\": spec.egress[0].to[0].nodes: not supported yet: nodes peers"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -1,12 +1,14 @@
 //! The watchers: this Node, the pods on this node (field selector `spec.nodeName`), every
-//! Namespace, the three policy kinds (the Cilium ones as dynamic objects, so their CRDs need no
-//! generated types), and every Service and `EndpointSlice` (`services`: their translation).
+//! Namespace, the policy kinds (those of CRDs, Cilium's and `ClusterNetworkPolicy`, as dynamic
+//! objects, so their CRDs need no generated types), and every Service and `EndpointSlice`
+//! (`services`: their translation). A `ClusterNetworkPolicy`'s outcome is written to its
+//! `status.conditions` (`status`: the writer).
 //! kube-runtime's watcher resumes a dropped watch from the last resourceVersion (bookmarks keep
 //! it fresh) and re-lists when the server answers 410 Gone; after a re-list, objects that were
 //! not listed again are treated as deleted.
 
-use crate::cache::{ClusterCache, PolicyStatus};
-use crate::policy::{PolicyKey, PolicyKind, translate};
+use crate::cache::ClusterCache;
+use crate::policy::{PolicyKey, PolicyKind};
 use crate::services::ServiceTable;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
@@ -51,6 +53,10 @@ pub struct WatchStats {
     counts: std::sync::Mutex<BTreeMap<(String, String), u64>>,
     /// Re-lists (initial list included).
     pub lists: AtomicU64,
+    /// `ClusterNetworkPolicy` status conditions written.
+    pub status_writes: AtomicU64,
+    /// Failed status writes (each retried with backoff).
+    pub status_write_errors: AtomicU64,
 }
 
 impl WatchStats {
@@ -88,9 +94,29 @@ pub struct Watchers {
     health: std::sync::Mutex<BTreeMap<&'static str, Health>>,
     /// Services and `EndpointSlices` (two watchers write it).
     services: std::sync::Mutex<ServiceTable>,
+    /// `ClusterNetworkPolicy` status conditions waiting to be written.
+    status: Arc<status::StatusQueue>,
 }
 
+mod policies;
 mod services;
+mod status;
+
+/// Which optional kinds to watch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Optional {
+    /// cilium.io/v2 `CiliumNetworkPolicy` and `CiliumClusterwideNetworkPolicy`.
+    pub cilium: bool,
+    /// policy.networking.k8s.io/v1beta1 `ClusterNetworkPolicy` (and its status).
+    pub cluster_network_policies: bool,
+}
+
+/// A CRD a watched kind needs, and how to install it (for the log line when it is missing).
+#[derive(Debug, Clone, Copy)]
+struct Crd {
+    name: &'static str,
+    install: &'static str,
+}
 
 /// A resource's trouble, for [`Watchers::problems`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -153,7 +179,7 @@ async fn drive<K, H>(
     w: Arc<Watchers>,
     stream: impl Stream<Item = watcher::Result<watcher::Event<K>>>,
     mut h: H,
-    crd: Option<&'static str>,
+    crd: Option<Crd>,
 ) where
     K: Clone,
     H: Handler<K>,
@@ -179,9 +205,11 @@ async fn drive<K, H>(
                         h.relisted(&w, &[]);
                         tracing::warn!(
                             resource = h.name(),
-                            "CRD {crd} is not installed: {} objects are not followed until it is \
-                             (install conf/k8s/00-crds.yaml, or set k8s_cilium_policies = false)",
-                            h.name()
+                            "CRD {} is not installed: {} objects are not followed until it is \
+                             ({})",
+                            crd.name,
+                            h.name(),
+                            crd.install
                         );
                     }
                     w.lock_synced().0.insert(h.name());
@@ -290,89 +318,6 @@ impl Handler<Namespace> for Namespaces {
     }
 }
 
-/// One policy kind. Remembers each object's last applied resourceVersion so a re-list does not
-/// re-import unchanged objects.
-struct Policies {
-    kind: PolicyKind,
-    applied: BTreeMap<PolicyKey, String>,
-}
-impl<K: Resource + serde::Serialize> Handler<K> for Policies {
-    fn name(&self) -> &'static str {
-        self.kind.as_str()
-    }
-    fn apply(&mut self, w: &Watchers, obj: K) {
-        let rv = obj.meta().resource_version.clone().unwrap_or_default();
-        let value = match serde_json::to_value(&obj) {
-            Ok(v) => v,
-            Err(e) => {
-                tracing::error!(kind = self.kind.as_str(), "cannot serialise object: {e}");
-                return;
-            }
-        };
-        let outcome = translate(self.kind, &value).and_then(|t| {
-            if self.applied.get(&t.key) != Some(&rv) {
-                w.sink
-                    .policy_apply(&t.key, t.rules)
-                    .map_err(|e| format!("{}: {e}", t.key))?;
-                self.applied.insert(t.key.clone(), rv.clone());
-                for n in &t.not_enforced {
-                    tracing::warn!(key = %t.key, "policy rule not enforced (fails closed): {n}");
-                }
-                for n in &t.warnings {
-                    tracing::warn!(key = %t.key, "policy warning: {n}");
-                }
-                if !t.not_enforced.is_empty() {
-                    w.stats.count(self.kind.as_str(), "partial");
-                }
-            }
-            let status = (!t.not_enforced.is_empty() || !t.warnings.is_empty()).then_some(
-                PolicyStatus::Partial {
-                    not_enforced: t.not_enforced,
-                    warnings: t.warnings,
-                },
-            );
-            Ok((t.key, status))
-        });
-        match outcome {
-            Ok((key, status)) => w.cache.set_policy_status(&key, status),
-            Err(e) => {
-                // The object's previous rules, if any, stay in force (as in Cilium): without its
-                // selector there is no telling which pods to isolate.
-                w.stats.count(self.kind.as_str(), "rejected");
-                tracing::warn!(kind = self.kind.as_str(), "policy rejected: {e}");
-                if let Ok(key) = PolicyKey::of(self.kind, &value) {
-                    w.cache
-                        .set_policy_status(&key, Some(PolicyStatus::Rejected(e)));
-                }
-            }
-        }
-    }
-    fn delete(&mut self, w: &Watchers, obj: K) {
-        let Ok(value) = serde_json::to_value(&obj) else {
-            return;
-        };
-        if let Ok(key) = PolicyKey::of(self.kind, &value) {
-            self.applied.remove(&key);
-            w.cache.set_policy_status(&key, None);
-            w.sink.policy_delete(&key);
-        }
-    }
-    fn relisted(&mut self, w: &Watchers, listed: &[K]) {
-        let keep: BTreeSet<PolicyKey> = listed
-            .iter()
-            .filter_map(|o| PolicyKey::of(self.kind, &serde_json::to_value(o).ok()?).ok())
-            .collect();
-        for key in w.sink.policy_keys() {
-            if key.kind == self.kind && !keep.contains(&key) {
-                tracing::info!(%key, "policy object gone while not watched: deleting its rules");
-                self.applied.remove(&key);
-                w.sink.policy_delete(&key);
-            }
-        }
-        self.applied.retain(|k, _| keep.contains(k));
-    }
-}
-
 struct ThisNode;
 impl Handler<Node> for ThisNode {
     fn name(&self) -> &'static str {
@@ -387,24 +332,30 @@ impl Handler<Node> for ThisNode {
     fn relisted(&mut self, _: &Watchers, _: &[Node]) {}
 }
 
-/// The name of the CRD that serves a cilium.io/v2 policy kind.
+/// The name of the CRD that serves a policy kind of a CRD.
 #[must_use]
-pub fn cilium_crd(kind: PolicyKind) -> &'static str {
+pub fn policy_crd(kind: PolicyKind) -> &'static str {
     match kind {
         PolicyKind::CiliumClusterwideNetworkPolicy => "ciliumclusterwidenetworkpolicies.cilium.io",
+        PolicyKind::ClusterNetworkPolicy => "clusternetworkpolicies.policy.networking.k8s.io",
         _ => "ciliumnetworkpolicies.cilium.io",
     }
 }
 
-/// The cilium.io/v2 policy kinds as dynamic resources.
+/// A policy kind of a CRD (Cilium's, `ClusterNetworkPolicy`) as a dynamic resource.
 #[must_use]
-pub fn cilium_resource(kind: PolicyKind) -> ApiResource {
+pub fn policy_resource(kind: PolicyKind) -> ApiResource {
+    let (group, version) = kind
+        .api_version()
+        .split_once('/')
+        .unwrap_or(("", kind.api_version()));
     let plural = match kind {
         PolicyKind::CiliumClusterwideNetworkPolicy => "ciliumclusterwidenetworkpolicies",
+        PolicyKind::ClusterNetworkPolicy => "clusternetworkpolicies",
         _ => "ciliumnetworkpolicies",
     };
     ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("cilium.io", "v2", kind.as_str()),
+        &GroupVersionKind::gvk(group, version, kind.as_str()),
         plural,
     )
 }
@@ -436,6 +387,7 @@ impl Watchers {
             synced_changed: tokio::sync::Notify::new(),
             health: std::sync::Mutex::default(),
             services: std::sync::Mutex::default(),
+            status: Arc::default(),
         })
     }
 
@@ -520,7 +472,7 @@ impl Watchers {
         self: &Arc<Self>,
         stream: impl Stream<Item = watcher::Result<watcher::Event<K>>> + Send + 'static,
         h: H,
-        crd: Option<&'static str>,
+        crd: Option<Crd>,
     ) -> tokio::task::JoinHandle<()>
     where
         K: Clone + Send + 'static,
@@ -531,9 +483,10 @@ impl Watchers {
     }
 
     /// Starts every watcher on the current tokio runtime; they run until the runtime stops.
-    /// `cilium`: also watch the cilium.io/v2 policy CRDs (off when they are not installed).
+    /// `optional`: which kinds of CRDs to watch as well (a CRD not installed is reported, not
+    /// waited for).
     #[must_use]
-    pub fn spawn(self: &Arc<Self>, cilium: bool) -> Vec<tokio::task::JoinHandle<()>> {
+    pub fn spawn(self: &Arc<Self>, optional: Optional) -> Vec<tokio::task::JoinHandle<()>> {
         let c = self.client.clone();
         let cfg = watcher::Config::default;
         let node_sel = format!("metadata.name={}", self.node_name);
@@ -556,10 +509,7 @@ impl Watchers {
             ),
             self.started(
                 stream(Api::<NetworkPolicy>::all(c.clone()), cfg()),
-                Policies {
-                    kind: PolicyKind::NetworkPolicy,
-                    applied: BTreeMap::new(),
-                },
+                policies::Policies::new(PolicyKind::NetworkPolicy),
                 None,
             ),
             self.started(
@@ -579,21 +529,45 @@ impl Watchers {
                 None,
             ),
         ];
-        if cilium {
-            for kind in [
-                PolicyKind::CiliumNetworkPolicy,
-                PolicyKind::CiliumClusterwideNetworkPolicy,
-            ] {
-                let api = Api::<DynamicObject>::all_with(c.clone(), &cilium_resource(kind));
-                tasks.push(self.started(
-                    stream(api, cfg()),
-                    Policies {
-                        kind,
-                        applied: BTreeMap::new(),
-                    },
-                    Some(cilium_crd(kind)),
-                ));
-            }
+        let mut crd_kinds = Vec::new();
+        if optional.cilium {
+            crd_kinds.extend([
+                (
+                    PolicyKind::CiliumNetworkPolicy,
+                    "install conf/k8s/00-crds.yaml, or set k8s_cilium_policies = false",
+                ),
+                (
+                    PolicyKind::CiliumClusterwideNetworkPolicy,
+                    "install conf/k8s/00-crds.yaml, or set k8s_cilium_policies = false",
+                ),
+            ]);
+        }
+        if optional.cluster_network_policies {
+            crd_kinds.push((
+                PolicyKind::ClusterNetworkPolicy,
+                "install sigs.k8s.io/network-policy-api v0.3.0's CRD from conf/k8s/, or set \
+                 k8s_cluster_network_policies = false",
+            ));
+            let api = Api::<DynamicObject>::all_with(
+                c.clone(),
+                &policy_resource(PolicyKind::ClusterNetworkPolicy),
+            );
+            tasks.push(tokio::spawn(status::write(
+                self.status.clone(),
+                api,
+                self.stats.clone(),
+            )));
+        }
+        for (kind, install) in crd_kinds {
+            let api = Api::<DynamicObject>::all_with(c.clone(), &policy_resource(kind));
+            tasks.push(self.started(
+                stream(api, cfg()),
+                policies::Policies::new(kind),
+                Some(Crd {
+                    name: policy_crd(kind),
+                    install,
+                }),
+            ));
         }
         tasks
     }

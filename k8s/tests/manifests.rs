@@ -87,6 +87,7 @@ fn every_manifest_is_its_typed_object_exactly() {
             "ConfigMap",
             "CustomResourceDefinition",
             "CustomResourceDefinition",
+            "CustomResourceDefinition",
             "DaemonSet",
             "ServiceAccount"
         ]
@@ -180,7 +181,7 @@ fn daemonset_is_what_the_node_agent_needs() {
 }
 
 #[test]
-fn cluster_role_grants_only_reads_and_the_node_patch() {
+fn cluster_role_grants_only_reads_the_node_patch_and_the_cnp_status() {
     let (_, _, v) = documents()
         .into_iter()
         .find(|(_, k, _)| k == "ClusterRole")
@@ -191,7 +192,9 @@ fn cluster_role_grants_only_reads_and_the_node_patch() {
         for verb in &rule.verbs {
             let allowed = match verb.as_str() {
                 "list" | "watch" => true,
-                "get" | "patch" => resources == ["nodes"],
+                "get" => resources == ["nodes"] || resources == ["clusternetworkpolicies"],
+                "patch" => resources == ["nodes"] || resources == ["clusternetworkpolicies/status"],
+                "update" => resources == ["clusternetworkpolicies/status"],
                 _ => false,
             };
             assert!(
@@ -225,6 +228,7 @@ fn cluster_role_lets_every_watcher_list_and_watch() {
         ("discovery.k8s.io", "endpointslices"),
         ("cilium.io", "ciliumnetworkpolicies"),
         ("cilium.io", "ciliumclusterwidenetworkpolicies"),
+        ("policy.networking.k8s.io", "clusternetworkpolicies"),
     ] {
         for verb in ["list", "watch"] {
             assert!(
@@ -233,4 +237,53 @@ fn cluster_role_lets_every_watcher_list_and_watch() {
             );
         }
     }
+    // ClusterNetworkPolicy status.conditions are written back (accepted or rejected).
+    for verb in ["patch", "update"] {
+        assert!(
+            grants(
+                "policy.networking.k8s.io",
+                "clusternetworkpolicies/status",
+                verb
+            ),
+            "{verb} clusternetworkpolicies/status is not granted"
+        );
+    }
+}
+
+#[test]
+fn cluster_network_policy_crd_is_the_conformance_suites_release() {
+    // The conformance suite refuses to run (and its report names the release) by these
+    // annotations; v1beta1 is the stored version, v1alpha2 still served.
+    let (_, _, v) = documents()
+        .into_iter()
+        .find(|(_, k, d)| {
+            k == "CustomResourceDefinition"
+                && d["metadata"]["name"] == "clusternetworkpolicies.policy.networking.k8s.io"
+        })
+        .unwrap();
+    let crd: CustomResourceDefinition = strict(v).unwrap();
+    let annotations = crd.metadata.annotations.unwrap_or_default();
+    assert_eq!(
+        annotations
+            .get("policy.networking.k8s.io/bundle-version")
+            .map(String::as_str),
+        Some("v0.3.0")
+    );
+    assert_eq!(
+        annotations
+            .get("policy.networking.k8s.io/channel")
+            .map(String::as_str),
+        Some("standard")
+    );
+    assert_eq!(crd.spec.scope, "Cluster");
+    let versions: Vec<(&str, bool, bool)> = crd
+        .spec
+        .versions
+        .iter()
+        .map(|v| (v.name.as_str(), v.served, v.storage))
+        .collect();
+    assert_eq!(
+        versions,
+        [("v1alpha2", true, false), ("v1beta1", true, true)]
+    );
 }

@@ -12,107 +12,14 @@
     reason = "an integration test crate: its helpers panic with context like its tests (clippy.toml's allow-*-in-tests covers only #[test] functions)"
 )]
 
+mod common;
+
+use common::{Recorder, eventually, json, param, push, testdata, watch};
 use serde_json::Value;
-use std::collections::BTreeSet;
-use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
-use weft_api::lb::{Backend, Frontend};
-use weft_k8s::k8s_openapi::api::core::v1::Node;
-use weft_k8s::policy::PolicyKey;
 use weft_k8s::replay::{Replay, WatchEnd, event, gone, list};
-use weft_k8s::watch::{Sink, Watchers};
-use weft_policy::labels::LabelSet;
-use weft_policy::rule::Rule;
-
-fn testdata(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../testdata/k8s")
-        .join(name)
-}
-
-fn json(name: &str) -> Value {
-    serde_json::from_str(&std::fs::read_to_string(testdata(name)).unwrap()).unwrap()
-}
-
-#[derive(Default)]
-struct Recorder {
-    events: Mutex<Vec<String>>,
-    keys: Mutex<BTreeSet<PolicyKey>>,
-    services: Mutex<BTreeSet<String>>,
-}
-
-impl Recorder {
-    fn events(&self) -> Vec<String> {
-        self.events.lock().unwrap().clone()
-    }
-    fn push(&self, s: String) {
-        self.events.lock().unwrap().push(s);
-    }
-}
-
-impl Sink for Recorder {
-    fn pod_labels(&self, ns: &str, name: &str, labels: &LabelSet) {
-        let l: Vec<String> = labels.iter().map(ToString::to_string).collect();
-        self.push(format!("pod {ns}/{name} {}", l.join(",")));
-    }
-    fn policy_apply(&self, key: &PolicyKey, rules: Vec<Rule>) -> Result<(), String> {
-        self.keys.lock().unwrap().insert(key.clone());
-        self.push(format!("apply {key} rules={}", rules.len()));
-        Ok(())
-    }
-    fn policy_delete(&self, key: &PolicyKey) {
-        self.keys.lock().unwrap().remove(key);
-        self.push(format!("delete {key}"));
-    }
-    fn policy_keys(&self) -> Vec<PolicyKey> {
-        self.keys.lock().unwrap().iter().cloned().collect()
-    }
-    fn node(&self, node: &Node) {
-        self.push(format!(
-            "node {}",
-            node.metadata.name.clone().unwrap_or_default()
-        ));
-    }
-    fn service_apply(&self, name: &str, frontends: Vec<(Frontend, Vec<Backend>)>) {
-        self.services.lock().unwrap().insert(name.to_owned());
-        let f: Vec<String> = frontends
-            .iter()
-            .map(|(f, b)| {
-                let b: Vec<String> = b
-                    .iter()
-                    .map(|b| SocketAddr::new(b.addr, b.port).to_string())
-                    .collect();
-                format!(
-                    "{:?} {} -> {}",
-                    f.proto,
-                    SocketAddr::new(f.addr, f.port),
-                    b.join(",")
-                )
-            })
-            .collect();
-        self.push(format!("service {name}: {}", f.join("; ")));
-    }
-    fn service_delete(&self, name: &str) {
-        self.services.lock().unwrap().remove(name);
-        self.push(format!("service delete {name}"));
-    }
-    fn service_names(&self) -> Vec<String> {
-        self.services.lock().unwrap().iter().cloned().collect()
-    }
-}
-
-/// Polls `cond` until it holds; panics with `what` and the state after a generous bound.
-async fn eventually(what: &str, mut cond: impl FnMut() -> bool, state: impl Fn() -> String) {
-    for _ in 0..600 {
-        if cond() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("{what} did not happen; state:\n{}", state());
-}
+use weft_k8s::watch::{Optional, Sink, Watchers};
 
 fn script() -> Replay {
     let web = json("pod-web.json");
@@ -198,12 +105,6 @@ fn script() -> Replay {
 const SERVICES: &str = "/api/v1/services";
 const SLICES: &str = "/apis/discovery.k8s.io/v1/endpointslices";
 
-fn param<'a>(line: &'a str, key: &str) -> Option<&'a str> {
-    let q = line.split_once('?')?.1;
-    q.split('&')
-        .find_map(|p| p.strip_prefix(key)?.strip_prefix('='))
-}
-
 /// list → watch from the list's version → (dropped) watch from the bookmark's version, no
 /// re-list → 410 Gone → re-list → watch from the new list's version.
 fn check_pod_requests(p: &[String]) {
@@ -250,7 +151,10 @@ async fn watchers_resume_relist_and_deliver() {
 
     let rec = Arc::new(Recorder::default());
     let w = Watchers::new(client, "worker-1", rec.clone());
-    let _tasks = w.spawn(true);
+    let _tasks = w.spawn(Optional {
+        cilium: true,
+        cluster_network_policies: false,
+    });
     w.wait_synced(Duration::from_secs(30)).await.unwrap();
 
     let pod_requests = || -> Vec<String> {
@@ -363,33 +267,6 @@ fn items(kind: &str) -> Vec<Value> {
         .filter(|i| i["kind"] == kind)
         .cloned()
         .collect()
-}
-
-/// Starts the watchers (without the Cilium kinds) against `replay`, delivering to `rec`.
-async fn watch(
-    replay: &Replay,
-    rec: Arc<Recorder>,
-) -> (Arc<Watchers>, Vec<tokio::task::JoinHandle<()>>) {
-    let url = replay.serve().await.unwrap();
-    let dir = std::env::temp_dir().join(format!("weft-k8s-replay-svc-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let kubeconfig = dir.join("kubeconfig");
-    std::fs::write(&kubeconfig, Replay::kubeconfig(&url)).unwrap();
-    let client = weft_k8s::client::client(Some(&kubeconfig)).await.unwrap();
-    std::fs::remove_dir_all(&dir).unwrap();
-    let w = Watchers::new(client, "worker-1", rec);
-    let tasks = w.spawn(false);
-    (w, tasks)
-}
-
-/// Pushes `event` into the open watch of `path`, waiting for the watcher to open it.
-async fn push(replay: &Replay, path: &str, event: &Value) {
-    eventually(
-        &format!("a watch of {path} open"),
-        || replay.push(path, event.clone()) > 0,
-        || format!("{:#?}", replay.log()),
-    )
-    .await;
 }
 
 /// Services of other proxies, and slices of headless Services and of no Service, are not

@@ -64,6 +64,11 @@ enum Cmd {
         /// Enforce egress (the allow entry is an egress entry).
         #[arg(long)]
         egress: bool,
+        /// Also an Admin tier in the enforced directions whose rules (`filler` of them, on
+        /// other peers, and a last one for any peer) all pass: every new flow walks the Admin
+        /// tier before the `NetworkPolicy` layer decides.
+        #[arg(long)]
+        admin_pass: bool,
     },
     /// Time attach/detach of `count` fresh veths in the current netns.
     AttachCost {
@@ -186,23 +191,13 @@ fn policy(peer: u32, port: u16, filler: u32, ingress: bool, egress: bool) -> End
         if !enforced {
             continue;
         }
-        let allow = PolicyEntry {
-            direction,
-            identity: peer,
-            proto: proto::TCP,
-            port_lo: port,
-            port_hi: port,
-        };
+        let allow = PolicyEntry::new(direction, peer, proto::TCP, port, port);
         p.entries.insert(allow, Verdict::Allow);
         for i in 0..filler {
             let lo = u16::try_from(1000 + i % 5000).unwrap();
-            let entry = PolicyEntry {
-                direction,
-                identity: 10_000 + i,
-                proto: if i % 2 == 0 { proto::TCP } else { proto::UDP },
-                port_lo: lo,
-                port_hi: lo + u16::try_from(i % 7).unwrap(),
-            };
+            let proto = if i % 2 == 0 { proto::TCP } else { proto::UDP };
+            let hi = lo + u16::try_from(i % 7).unwrap();
+            let entry = PolicyEntry::new(direction, 10_000 + i, proto, lo, hi);
             p.entries.insert(entry, Verdict::Allow);
         }
     }
@@ -212,6 +207,36 @@ fn policy(peer: u32, port: u16, filler: u32, ingress: bool, egress: bool) -> End
 fn median_us(mut v: Vec<f64>) -> (f64, f64) {
     v.sort_by(f64::total_cmp);
     (v[v.len() / 2], v[v.len() * 9 / 10])
+}
+
+/// Admin-tier Pass rules over `p`'s enforced directions: one per filler identity (TCP, their
+/// filler port) and a last one for any peer and protocol.
+fn add_admin_pass(p: &mut EndpointPolicy, filler: u32) {
+    use weft_policy::mapstate::{Tier, TierAction, TierVerdict};
+    let pass = |rule: u32| {
+        Verdict::Tier(TierVerdict {
+            priority: 1000,
+            rule: u8::try_from(rule.min(255)).unwrap(),
+            action: TierAction::Pass,
+        })
+    };
+    let dirs: Vec<Direction> = [
+        (p.ingress_enforced, Direction::Ingress),
+        (p.egress_enforced, Direction::Egress),
+    ]
+    .into_iter()
+    .filter_map(|(on, d)| on.then_some(d))
+    .collect();
+    for direction in dirs {
+        for i in 0..filler {
+            let port = u16::try_from(1000 + i % 5000).unwrap();
+            let e = PolicyEntry::new(direction, 10_000 + i, proto::TCP, port, port);
+            p.entries.insert(e.in_tier(Tier::Admin), pass(i));
+        }
+        let any = PolicyEntry::new(direction, 0, proto::ANY, 0, u16::MAX);
+        p.entries.insert(any.in_tier(Tier::Admin), pass(filler));
+        p.tiers.set(Tier::Admin, direction, true);
+    }
 }
 
 fn ip(args: &str) {
@@ -302,8 +327,12 @@ fn main() {
             filler,
             ingress,
             egress,
+            admin_pass,
         } => {
-            let p = policy(peer, port, filler, ingress, egress);
+            let mut p = policy(peer, port, filler, ingress, egress);
+            if admin_pass {
+                add_admin_pass(&mut p, filler);
+            }
             let t = Instant::now();
             dp.apply_policy(endpoint_id, &p, 1).expect("apply policy");
             eprintln!(

@@ -12,7 +12,7 @@
 
 use crate::labels::LabelSet;
 use crate::mapstate::{
-    Direction, EndpointPolicy, Identity, PolicyEntry, Verdict, overlap, reserved,
+    Direction, EndpointPolicy, Identity, PolicyEntry, Tier, TierVerdict, Verdict, overlap, reserved,
 };
 use crate::repository::Repository;
 use crate::rule::{NamedPorts, PeerRule, PeerSelector, PortProto, Rule};
@@ -100,20 +100,38 @@ pub fn compute_restricted(
     policy
 }
 
-/// Per direction, how many rules of an endpoint apply and how many ask for default deny. The
-/// enforcement flags and the entries no peer selector produces (allow-all when no rule asks for
-/// default deny, allow from the host) depend only on [`Self::shape`]. Counts so that a change
-/// can be undone: the rules before a change are those after it, minus the added, plus the
-/// removed.
+/// Per direction, how many rules of an endpoint apply and how many ask for default deny, and
+/// how many `ClusterNetworkPolicy` rules of each tier it has. The enforcement and tier flags and
+/// the entries no peer selector produces (allow-all when no rule asks for default deny, allow
+/// from the host) depend only on [`Self::shape`]. Counts so that a change can be undone: the
+/// rules before a change are those after it, minus the added, plus the removed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct EnforcementCounts {
     applies: [i64; 2],
     default_deny: [i64; 2],
+    /// [Admin, Baseline] × [ingress, egress].
+    tiered: [[i64; 2]; 2],
 }
+
+/// [`EnforcementCounts::shape`]: per direction (ingress, egress) enforced and in default deny,
+/// then per tier (Admin, Baseline) and direction whether the tier has rules.
+pub type Shape = ([(bool, bool); 2], [[bool; 2]; 2]);
 
 impl EnforcementCounts {
     /// Counts `rule` `n` times (negative to take it out).
     pub fn add(&mut self, rule: &Rule, n: i64) {
+        if let Some(t) = &rule.tier {
+            let [admin, baseline] = &mut self.tiered;
+            let [ingress, egress] = if t.tier == Tier::Baseline {
+                baseline
+            } else {
+                admin
+            };
+            match t.direction {
+                Direction::Ingress => *ingress += n,
+                Direction::Egress => *egress += n,
+            }
+        }
         for ((dir, applies), default_deny) in [Direction::Ingress, Direction::Egress]
             .into_iter()
             .zip(self.applies.iter_mut())
@@ -128,11 +146,13 @@ impl EnforcementCounts {
         }
     }
 
-    /// Per direction (ingress, egress): enforced, and in default deny.
+    /// Per direction (ingress, egress): enforced, and in default deny; per tier and direction:
+    /// has rules.
     #[must_use]
-    pub fn shape(&self) -> [(bool, bool); 2] {
+    pub fn shape(&self) -> Shape {
         let ([ai, ae], [di, de]) = (self.applies, self.default_deny);
-        [(ai > 0, di > 0), (ae > 0, de > 0)]
+        let t = self.tiered.map(|d| d.map(|n| n > 0));
+        ([(ai > 0, di > 0), (ae > 0, de > 0)], t)
     }
 }
 
@@ -186,7 +206,133 @@ fn compute_from(
         }
         finalize(&allows, &denies, &mut out.entries);
     }
+    for dir in [Direction::Ingress, Direction::Egress] {
+        for tier in Tier::CLUSTER {
+            tier_entries(selecting, named, cache, only, (tier, dir), &mut out);
+        }
+    }
     out
+}
+
+/// The entries of one `ClusterNetworkPolicy` tier in one direction: every rule's peers and ports
+/// expanded with the rule's verdict (the first in precedence where two rules give the same
+/// entry), then resolved so that a longest-prefix match per identity is the first matching
+/// rule ([`resolve_tier`]).
+fn tier_entries(
+    selecting: &[&Rule],
+    named: &NamedPorts,
+    cache: &SelectorCache,
+    only: Option<&Only<'_>>,
+    (tier, dir): (Tier, Direction),
+    out: &mut EndpointPolicy,
+) {
+    let mut found = BTreeMap::new();
+    let mut any_rule = false;
+    for r in selecting {
+        let Some((section, verdict)) = r.tier_section(tier, dir) else {
+            continue;
+        };
+        any_rule = true;
+        let mut set = BTreeSet::new();
+        for pr in section {
+            expand(pr, named, dir, cache, only, &mut set);
+        }
+        for e in set {
+            found
+                .entry(e)
+                .and_modify(|v: &mut TierVerdict| {
+                    if verdict.precedes(v) {
+                        *v = verdict;
+                    }
+                })
+                .or_insert(verdict);
+        }
+    }
+    if !any_rule {
+        return;
+    }
+    out.tiers.set(tier, dir, true);
+    for (e, v) in resolve_tier(&found) {
+        out.entries.insert(e.in_tier(tier), Verdict::Tier(v));
+    }
+}
+
+/// Makes one tier's entries (of one direction) disjoint per identity and protocol: for every
+/// port, the entry that covers it is the first in precedence among all entries covering it,
+/// any-protocol entries included. A protocol's range is kept only where it comes before the
+/// identity's any-protocol entry (elsewhere a longest-prefix match falls back to that one);
+/// adjacent ranges with the same verdict merge.
+#[must_use]
+pub fn resolve_tier(found: &BTreeMap<PolicyEntry, TierVerdict>) -> Vec<(PolicyEntry, TierVerdict)> {
+    let mut groups: BTreeMap<(Direction, Identity), Vec<(&PolicyEntry, TierVerdict)>> =
+        BTreeMap::new();
+    for (e, v) in found {
+        groups
+            .entry((e.direction, e.identity))
+            .or_default()
+            .push((e, *v));
+    }
+    let mut out = Vec::new();
+    for ((dir, id), entries) in groups {
+        let any = entries
+            .iter()
+            .filter(|(e, _)| e.proto == 0)
+            .map(|(_, v)| *v)
+            .min();
+        if let Some(v) = any {
+            out.push((PolicyEntry::new(dir, id, 0, 0, u16::MAX), v));
+        }
+        let mut by_proto: BTreeMap<u8, Vec<(u32, u32, TierVerdict)>> = BTreeMap::new();
+        for (e, v) in entries.iter().filter(|(e, _)| e.proto != 0) {
+            by_proto.entry(e.proto).or_default().push((
+                u32::from(e.port_lo),
+                u32::from(e.port_hi),
+                *v,
+            ));
+        }
+        for (proto, ranges) in by_proto {
+            let mut bounds: Vec<u32> = ranges
+                .iter()
+                .flat_map(|&(lo, hi, _)| [lo, hi + 1])
+                .collect();
+            bounds.sort_unstable();
+            bounds.dedup();
+            let mut run: Option<(u32, u32, TierVerdict)> = None;
+            for (&lo, &next) in bounds.iter().zip(bounds.iter().skip(1)) {
+                let hi = next - 1;
+                let best = ranges
+                    .iter()
+                    .filter(|&&(l, h, _)| l <= lo && hi <= h)
+                    .map(|&(_, _, v)| v)
+                    .min();
+                let keep = best.filter(|b| any.is_none_or(|a| b.precedes(&a)));
+                run = match (run, keep) {
+                    (Some((rl, rh, rv)), Some(b)) if rv == b && rh + 1 == lo => Some((rl, hi, rv)),
+                    (prev, next) => {
+                        if let Some(r) = prev {
+                            out.push((port_entry(dir, id, proto, r), r.2));
+                        }
+                        next.map(|b| (lo, hi, b))
+                    }
+                };
+            }
+            if let Some(r) = run {
+                out.push((port_entry(dir, id, proto, r), r.2));
+            }
+        }
+    }
+    out
+}
+
+fn port_entry(
+    dir: Direction,
+    id: Identity,
+    proto: u8,
+    (lo, hi, _): (u32, u32, TierVerdict),
+) -> PolicyEntry {
+    // Bounds come from u16 ports: lo <= hi <= 65535.
+    let port = |p: u32| u16::try_from(p).unwrap_or(u16::MAX);
+    PolicyEntry::new(dir, id, proto, port(lo), port(hi))
 }
 
 fn entry(direction: Direction, identity: Identity, pp: PortProto) -> PolicyEntry {

@@ -6,7 +6,7 @@
 //! resolved once, in the parsers.
 
 use crate::labels::LabelSet;
-use crate::mapstate::{Direction, proto};
+use crate::mapstate::{Direction, Tier, TierAction, TierVerdict, proto};
 use crate::selector::Selector;
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
@@ -257,6 +257,39 @@ impl PeerRule {
     }
 }
 
+/// Where a `ClusterNetworkPolicy` rule stands: one rule (one entry of the object's `ingress` or
+/// `egress` list) becomes one [`Rule`] whose only entry is in the matching allow section
+/// (`ingress` or `egress`) whatever its action, with both enforcement modes
+/// [`Enforcement::NotApplied`]: the `NetworkPolicy` layer never sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct TierRule {
+    /// Admin or Baseline.
+    pub tier: Tier,
+    /// The object's `spec.priority` (0..=1000; lower first).
+    pub priority: u16,
+    /// The rule's direction.
+    pub direction: Direction,
+    /// The rule's index in its direction's list (lower first).
+    pub index: u8,
+    /// Accept, Deny or Pass.
+    pub action: TierAction,
+    /// The rule's `name` (may be empty).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub name: String,
+}
+
+impl TierRule {
+    /// The verdict its entries carry.
+    #[must_use]
+    pub fn verdict(&self) -> TierVerdict {
+        TierVerdict {
+            priority: self.priority,
+            rule: self.index,
+            action: self.action,
+        }
+    }
+}
+
 /// A rule: which endpoints it applies to and what it allows or denies per direction.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Rule {
@@ -278,6 +311,9 @@ pub struct Rule {
     pub labels: LabelSet,
     /// Free text.
     pub description: String,
+    /// Set for a `ClusterNetworkPolicy` rule ([`TierRule`]); `None` for every other rule.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tier: Option<TierRule>,
 }
 
 /// std's `SipHash` with fixed keys over `value`: stable within a build, equal values hash equal.
@@ -309,7 +345,16 @@ impl Rule {
             egress_mode: Enforcement::NotApplied,
             labels,
             description: String::new(),
+            tier: None,
         }
+    }
+
+    /// The rule's entries of `dir` when it is a `ClusterNetworkPolicy` rule of `tier` with that
+    /// direction (else nothing), with the verdict they carry.
+    #[must_use]
+    pub fn tier_section(&self, tier: Tier, dir: Direction) -> Option<(&[PeerRule], TierVerdict)> {
+        let t = self.tier.as_ref()?;
+        (t.tier == tier && t.direction == dir).then(|| (self.sections(dir).0, t.verdict()))
     }
 
     /// Allow and deny entries of one direction.

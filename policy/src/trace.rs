@@ -2,7 +2,7 @@
 
 use crate::compute::ComputeOptions;
 use crate::labels::LabelSet;
-use crate::mapstate::{Direction, Identity, Verdict, reserved};
+use crate::mapstate::{Direction, Identity, Tier, TierAction, TierVerdict, Verdict, reserved};
 use crate::repository::Repository;
 use crate::rule::{NamedPorts, PeerRule, PeerSelector, Rule};
 use crate::selectorcache::SelectorCache;
@@ -40,6 +40,45 @@ pub enum Decision {
     HostAlwaysAllowed,
     /// Allowed by a Kubernetes ipBlock of the rule with these labels matching the pod's IP.
     AllowedByIpBlock(LabelSet),
+    /// Decided (accepted or denied) by a `ClusterNetworkPolicy` rule.
+    Tier(TierDecision),
+}
+
+/// The `ClusterNetworkPolicy` rule that matched a flow first in its tier.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TierDecision {
+    /// Admin or Baseline.
+    pub tier: Tier,
+    /// The object's labels (kind, name).
+    pub labels: LabelSet,
+    /// The object's priority.
+    pub priority: u16,
+    /// The rule's index in its direction's list.
+    pub index: u8,
+    /// The rule's name (may be empty).
+    pub name: String,
+    /// What it does.
+    pub action: TierAction,
+}
+
+impl fmt::Display for TierDecision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} by {} tier rule {}",
+            match self.action {
+                TierAction::Accept => "accepted",
+                TierAction::Deny => "denied",
+                TierAction::Pass => "passed",
+            },
+            self.tier,
+            self.index
+        )?;
+        if !self.name.is_empty() {
+            write!(f, " {:?}", self.name)?;
+        }
+        write!(f, " of priority {} [{}]", self.priority, self.labels)
+    }
 }
 
 impl fmt::Display for Decision {
@@ -54,6 +93,7 @@ impl fmt::Display for Decision {
             }
             Self::HostAlwaysAllowed => f.write_str("allowed (ingress from host is always allowed)"),
             Self::AllowedByIpBlock(l) => write!(f, "allowed by an ipBlock of rule [{l}] (pod IP)"),
+            Self::Tier(t) => t.fmt(f),
         }
     }
 }
@@ -65,6 +105,18 @@ pub struct DirectionTrace {
     pub verdict: Verdict,
     /// Why.
     pub decision: Decision,
+    /// The Admin tier rule whose Pass sent the flow on to the later layers, if one did.
+    pub passed: Option<TierDecision>,
+}
+
+impl fmt::Display for DirectionTrace {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.decision.fmt(f)?;
+        if let Some(p) = &self.passed {
+            write!(f, ", after a Pass: {p}")?;
+        }
+        Ok(())
+    }
 }
 
 /// The outcome of a trace: the source's egress, then the destination's ingress.
@@ -175,6 +227,45 @@ fn hits_by_ip(
         })
 }
 
+/// The first rule of `tier` (in precedence) selecting the endpoint that matches the flow, by
+/// the peer's identity or (a network containing a pod's address) by its CIDR identity.
+fn tier_first(
+    repo: &Repository,
+    cache: &SelectorCache,
+    (labels, named): (&LabelSet, &NamedPorts),
+    (tier, dir): (Tier, Direction),
+    (peer, peer_cidr): (Identity, Identity),
+    proto: u8,
+    port: u16,
+) -> Option<TierDecision> {
+    let mut best: Option<(TierVerdict, &Rule)> = None;
+    for r in repo.selecting(labels) {
+        let Some((section, verdict)) = r.tier_section(tier, dir) else {
+            continue;
+        };
+        if best.as_ref().is_some_and(|(b, _)| !verdict.precedes(b)) {
+            continue;
+        }
+        let hit = section.iter().any(|pr| {
+            hits(pr, (named, dir), cache, peer, proto, port)
+                || hits_by_ip(pr, (named, dir), cache, peer_cidr, proto, port)
+        });
+        if hit {
+            best = Some((verdict, r));
+        }
+    }
+    let (v, r) = best?;
+    let t = r.tier.as_ref()?;
+    Some(TierDecision {
+        tier,
+        labels: r.labels.clone(),
+        priority: v.priority,
+        index: v.rule,
+        name: t.name.clone(),
+        action: v.action,
+    })
+}
+
 #[expect(
     clippy::too_many_arguments,
     reason = "one flow's worth of plain inputs"
@@ -189,8 +280,77 @@ fn decide(
     port: u16,
     opts: ComputeOptions,
 ) -> DirectionTrace {
+    let tier = |tier| {
+        tier_first(
+            repo,
+            cache,
+            (labels, named),
+            (tier, dir),
+            (peer, peer_cidr),
+            proto,
+            port,
+        )
+    };
+    let mut passed = None;
+    if let Some(t) = tier(Tier::Admin) {
+        match t.action {
+            TierAction::Accept => return tier_done(Verdict::Allow, t, None),
+            TierAction::Deny => return tier_done(Verdict::Deny, t, None),
+            TierAction::Pass => passed = Some(t),
+        }
+    }
+    let mut out = decide_policy(
+        repo,
+        cache,
+        (labels, named),
+        dir,
+        (peer, peer_cidr),
+        proto,
+        port,
+        opts,
+    );
+    if out.decision == Decision::NotSelected
+        && let Some(t) = tier(Tier::Baseline)
+    {
+        match t.action {
+            TierAction::Accept => return tier_done(Verdict::Allow, t, passed),
+            TierAction::Deny => return tier_done(Verdict::Deny, t, passed),
+            TierAction::Pass => {}
+        }
+    }
+    out.passed = passed;
+    out
+}
+
+fn tier_done(verdict: Verdict, t: TierDecision, passed: Option<TierDecision>) -> DirectionTrace {
+    DirectionTrace {
+        verdict,
+        decision: Decision::Tier(t),
+        passed,
+    }
+}
+
+/// The `NetworkPolicy` layer's decision ([`Decision::NotSelected`] when it has none).
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one flow's worth of plain inputs"
+)]
+fn decide_policy(
+    repo: &Repository,
+    cache: &SelectorCache,
+    (labels, named): (&LabelSet, &NamedPorts),
+    dir: Direction,
+    (peer, peer_cidr): (Identity, Identity),
+    proto: u8,
+    port: u16,
+    opts: ComputeOptions,
+) -> DirectionTrace {
     let rules: Vec<&Rule> = repo.selecting(labels).filter(|r| r.applies(dir)).collect();
-    let done = |verdict, decision| DirectionTrace { verdict, decision };
+    let done = |verdict, decision| DirectionTrace {
+        verdict,
+        decision,
+        passed: None,
+    };
     if rules.is_empty() {
         return done(Verdict::Allow, Decision::NotSelected);
     }

@@ -1,7 +1,7 @@
 //! The golden corpus of `weft_policy::compiler`: a fixed set of policies (the rule shapes the
 //! engine computes: L3 and L4 peers, port ranges, named ports of the endpoint and of its peers,
 //! entities, CIDRs with exceptions, ipBlock, denies over allows, default deny, both directions,
-//! SCTP and any protocol) over a fixed set of endpoints, computed with each
+//! SCTP and any protocol, `ClusterNetworkPolicy` tiers) over a fixed set of endpoints, computed with each
 //! `ComputeOptions` value, and digested. The digest names identities by what they stand for
 //! (label set, prefix), not by number: allocation order is not the computation.
 //!
@@ -123,6 +123,52 @@ spec:
     ports: [{port: 9090, protocol: TCP}]
 ",
     ),
+    (
+        "cnp-tiers.yaml",
+        r#"
+apiVersion: policy.networking.k8s.io/v1beta1
+kind: ClusterNetworkPolicy
+metadata: {name: admin-web}
+spec:
+  tier: Admin
+  priority: 10
+  subject:
+    pods: {namespaceSelector: {}, podSelector: {matchLabels: {app: web}}}
+  ingress:
+  - name: pass-client
+    action: Pass
+    from: [{pods: {namespaceSelector: {}, podSelector: {matchLabels: {app: client}}}}]
+    protocols: [{tcp: {destinationPort: {range: {start: 8000, end: 8100}}}}]
+  - name: deny-payments
+    action: Deny
+    from: [{namespaces: {matchLabels: {kubernetes.io/metadata.name: payments}}}]
+  - name: accept-all-http
+    action: Accept
+    from: [{namespaces: {}}]
+    protocols: [{tcp: {destinationPort: {number: 8080}}}, {destinationNamedPort: dns}]
+  egress:
+  - name: deny-net
+    action: Deny
+    to: [{networks: ["10.0.0.0/16", "0.0.0.0/0"]}]
+    protocols: [{udp: {destinationPort: {number: 53}}}, {sctp: {destinationPort: {number: 9000}}}]
+---
+apiVersion: policy.networking.k8s.io/v1beta1
+kind: ClusterNetworkPolicy
+metadata: {name: baseline-default}
+spec:
+  tier: Baseline
+  priority: 5
+  subject:
+    namespaces: {}
+  ingress:
+  - name: accept-monitoring
+    action: Accept
+    from: [{namespaces: {matchLabels: {kubernetes.io/metadata.name: monitoring}}}]
+  - name: deny-rest
+    action: Deny
+    from: [{namespaces: {}}]
+"#,
+    ),
 ];
 
 /// (name, namespace, labels, named ports).
@@ -224,8 +270,13 @@ fn computed_corpus() -> Vec<String> {
         let opts = ComputeOptions { allow_from_host };
         for (name, labels, named) in &endpoints {
             let p = compute_with_ports(labels, named, &repo, &cache, &opts);
+            let tiers = if p.tiers.is_empty() {
+                String::new()
+            } else {
+                format!(" tiers={:?}", p.tiers)
+            };
             lines.push(format!(
-                "{name} allow_from_host={allow_from_host} ingress_enforced={} egress_enforced={}",
+                "{name} allow_from_host={allow_from_host} ingress_enforced={} egress_enforced={}{tiers}",
                 p.ingress_enforced, p.egress_enforced
             ));
             for (e, v) in &p.entries {
@@ -234,8 +285,12 @@ fn computed_corpus() -> Vec<String> {
                     Direction::Egress => "out",
                 };
                 let verdict = match v {
-                    Verdict::Allow => "allow",
-                    Verdict::Deny => "deny",
+                    Verdict::Allow => "allow".to_owned(),
+                    Verdict::Deny => "deny".to_owned(),
+                    Verdict::Tier(t) => format!(
+                        "{} {} priority={} rule={}",
+                        e.tier, t.action, t.priority, t.rule
+                    ),
                 };
                 lines.push(format!(
                     "  {dir} {} proto={} ports={}-{} {verdict}",
@@ -270,7 +325,14 @@ fn the_corpus_exercises_every_shape_it_claims() {
         "out labels:k8s:app=web,k8s:io.cilium.k8s.namespace.labels.kubernetes.io/metadata.name=default,\
          k8s:io.kubernetes.pod.namespace=default proto=17 ports=5353-5353 allow",
         "prod-client allow_from_host=true ingress_enforced=true egress_enforced=true",
-        "unselected allow_from_host=false ingress_enforced=false egress_enforced=false",
+        "unselected allow_from_host=false ingress_enforced=false egress_enforced=false tiers=",
+        // ClusterNetworkPolicy tiers: each action, both tiers, networks by address.
+        "Admin Pass priority=10 rule=0",
+        "Admin Deny priority=10 rule=1",
+        "Admin Accept priority=10 rule=2",
+        "Baseline Accept priority=5 rule=0",
+        "Baseline Deny priority=5 rule=1",
+        "by-ip:cidr:10.0.0.0/16 proto=17 ports=53-53 Admin Deny",
     ] {
         assert!(
             text.contains(needle),

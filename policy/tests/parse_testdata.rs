@@ -429,6 +429,10 @@ fn invalid_files_fail_with_clear_errors() {
         ),
         ("kind-pod.yaml", r#"kind: unsupported kind "Pod""#),
         (
+            "cnp-nodes-peer.yaml",
+            r#"ClusterNetworkPolicy "to-control-plane": spec.egress[0].to[0].nodes: not supported yet: nodes peers"#,
+        ),
+        (
             "second-doc-bad.yaml",
             r#"document 1, NetworkPolicy "default/broken": spec.egress[0].to[0].ipBlock.cidr: "not-a-cidr" is not a CIDR"#,
         ),

@@ -177,3 +177,45 @@ probe_change() {
   PROBE_ERROR="no packet through 10 s after the change ($first)"
   return 1
 }
+
+# bench_gen_cnps N VARIANT: N ClusterNetworkPolicies (policy.networking.k8s.io/v1beta1, a YAML
+# List) on stdout, named bench-cnp-I. Mixed tiers (3/5 Admin, 2/5 Baseline), priorities spread
+# over 0..99 (+ VARIANT: another VARIANT moves every priority), subjects by app over the bench
+# pods' labels, three rules each: Admin — Deny TCP 2000+I from one app, Pass from one tier,
+# Accept from every namespace on TCP 8080; Baseline — Deny egress to a /24 outside the pod CIDR,
+# Accept egress to one app, Deny ingress from one zone on UDP 5000-5099. No rule names TCP 9090,
+# ICMP or the srv/cli pair (role=bsrv/bcli) of bench-policy's one-rule change.
+bench_gen_cnps() {
+  python3 - "$1" "$2" <<'PY'
+import sys, yaml
+n, v = int(sys.argv[1]), int(sys.argv[2])
+def pods(sel):
+    return {"pods": {"namespaceSelector": {}, "podSelector": {"matchLabels": sel}}}
+def tcp(p):
+    return [{"tcp": {"destinationPort": {"number": p}}}]
+items = []
+for i in range(n):
+    admin = i % 5 < 3
+    spec = {"tier": "Admin" if admin else "Baseline",
+            "priority": (i * 7) % 100 + v,
+            "subject": pods({"app": f"a{i % 25}"})}
+    if admin:
+        spec["ingress"] = [
+            {"name": "deny-app", "action": "Deny", "from": [pods({"app": f"a{(i * 3) % 25}"})], "protocols": tcp(2000 + i)},
+            {"name": "pass-tier", "action": "Pass", "from": [pods({"tier": f"t{i % 3}"})]},
+            {"name": "accept-ns", "action": "Accept", "from": [{"namespaces": {}}], "protocols": tcp(8080)},
+        ]
+    else:
+        spec["egress"] = [
+            {"name": "deny-net", "action": "Deny", "to": [{"networks": [f"172.31.{i % 256}.0/24"]}]},
+            {"name": "accept-app", "action": "Accept", "to": [pods({"app": f"a{(i * 7) % 25}"})]},
+        ]
+        spec["ingress"] = [
+            {"name": "deny-zone", "action": "Deny", "from": [pods({"zone": f"z{i % 2}"})],
+             "protocols": [{"udp": {"destinationPort": {"range": {"start": 5000, "end": 5099}}}}]},
+        ]
+    items.append({"apiVersion": "policy.networking.k8s.io/v1beta1", "kind": "ClusterNetworkPolicy",
+                  "metadata": {"name": f"bench-cnp-{i}"}, "spec": spec})
+yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": items}, sys.stdout, sort_keys=False)
+PY
+}

@@ -67,6 +67,16 @@ reaches() { local r; r=$(connect "$@"); [ "$r" = ok ] || { echo "$1/$2 -> $3:$4:
 # dropped NS POD IP PORT: the connection times out (a drop), not refused and not a probe error.
 dropped() { local r; r=$(connect "$@"); [ "$r" = TIMEOUT ] || { echo "$1/$2 -> $3:$4: $r (expected a drop: TIMEOUT)"; return 1; }; }
 
+# The manager's process on the node: in the node's netns, running weft-manager.
+manager_pids() {
+  local p n
+  n=$(cl_netns_id)
+  for p in /proc/[0-9]*; do
+    [ "$(readlink "$p/ns/net" 2>/dev/null)" = "$n" ] || continue
+    [ "$(basename "$(readlink "$p/exe" 2>/dev/null)")" = weft-manager ] && echo "${p#/proc/}"
+  done
+}
+
 # The Weft endpoint of pod NS/NAME (JSON), from the manager's API in the DaemonSet's pod.
 endpoint_of() {
   weftctl_ -o json endpoint list | jq -ce --arg ns "$1" --arg p "$2" \

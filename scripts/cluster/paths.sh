@@ -3,12 +3,13 @@
 #
 #   $CLUSTER_BIN     every binary by its plain name: kube-apiserver kube-controller-manager
 #                    kube-scheduler kubelet kube-proxy kubectl e2e.test agnhost etcd etcdctl
-#                    containerd containerd-shim-runc-v2 ctr runc prometheus (symlinks into the
-#                    cache, made by scripts/cluster/build for exactly the versions in
-#                    scripts/cluster/versions)
+#                    containerd containerd-shim-runc-v2 ctr runc prometheus
+#                    netpol-conformance.test netpol-conformance-1node.test agnhost-netpol
+#                    (symlinks into the cache, made by scripts/cluster/build for exactly the
+#                    versions in scripts/cluster/versions)
 #   $CLUSTER_IMAGES  OCI image-layout tarballs made by scripts/cluster/images, one per image
-#                    (pause.tar, agnhost.tar, busybox.tar), named inside as $PAUSE_IMAGE etc.:
-#                    `ctr -n k8s.io images import FILE` for each
+#                    (pause.tar, agnhost.tar, busybox.tar, agnhost-netpol.tar), named inside as
+#                    $PAUSE_IMAGE etc.: `ctr -n k8s.io images import FILE` for each
 #   $CLUSTER_NETPOL_API_DIR  sigs.k8s.io/network-policy-api at $NETWORK_POLICY_API_VERSION
 #                    (config/crd/..., conformance/...), read-only in the Go module cache
 #

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The bounded part of the real-cluster tests that the README's test command runs: a cluster of
 # its own (scripts/cluster/up, named after this run), a handful of the upstream NetworkPolicy
-# and Networking e2e tests (Kubernetes' e2e.test, unmodified), the real-cluster checks
+# and Networking e2e tests (Kubernetes' e2e.test, unmodified), three of the network-policy-api
+# ClusterNetworkPolicy conformance tests, the real-cluster checks
 # (scripts/cluster/checks) and scripts/cluster/down, which runs even when a step fails. The
 # components and images come from scripts/cluster/build and scripts/cluster/images, cached under
 # /var/cache/weft-cluster (the first run on a machine builds them). The whole upstream suite is
@@ -61,6 +62,19 @@ read -r p f < <(sed -E 's/^e2e: ([0-9]+) passed, ([0-9]+) failed.*/\1 \2/' <<<"$
 [ "$((p + f))" -ge 8 ] || { echo "  FAIL the focus selected $((p + f)) tests, expected 8"; f=$((f + 1)); }
 passed=$((passed + p)) failed=$((failed + f))
 
+# A few of the network-policy-api conformance tests (ClusterNetworkPolicy, the suite's test code
+# unmodified; scripts/cluster/netpol-conformance): priorities and Pass into the Baseline tier,
+# Admin and Baseline tiers with NetworkPolicy between them, and TCP rules of the Baseline tier.
+NETPOL_RUN='^(CNPAdminTierPriorityField|CNPAdminTierIntegration|CNPBaselineTierIngressTCP)$'
+step "network-policy-api conformance tests (scripts/cluster/netpol-conformance)"
+bash "$root/scripts/cluster/netpol-conformance" --run "$NETPOL_RUN" --out "$out/netpol" | grep -E '^(PASS|FAIL|SKIP|  )|^netpol-conformance:'
+line=$(grep -E '^netpol-conformance: [0-9]+ passed, [0-9]+ failed' "$out/netpol/summary.txt" 2>/dev/null)
+if [ -z "$line" ]; then
+  fatal "the conformance tests gave no summary (output: $out/netpol)"
+fi
+read -r p f < <(sed -E 's/^netpol-conformance: ([0-9]+) passed, ([0-9]+) failed.*/\1 \2/' <<<"$line")
+[ "$((p + f))" -ge 3 ] || { echo "  FAIL the --run selected $((p + f)) tests, expected 3"; f=$((f + 1)); }
+passed=$((passed + p)) failed=$((failed + f))
 step "real-cluster checks (scripts/cluster/checks)"
 bash "$root/scripts/cluster/checks" | tee "$out/checks.log"
 line=$(grep -E '^checks: [0-9]+ passed, [0-9]+ failed$' "$out/checks.log")

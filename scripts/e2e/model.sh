@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Model-based test (issue #13): random sequences of pod adds and deletes, label changes,
 # policy imports, replacements and deletes (endpoint selectors, CIDRs naming pod IPs, pools
-# with except, entities, denies, port ranges, Kubernetes ipBlocks) and kill -9 of the manager,
+# with except, entities, denies, port ranges, Kubernetes ipBlocks, ClusterNetworkPolicies of
+# both tiers with Accept, Deny and Pass rules) and kill -9 of the manager,
 # between steps and in the middle of an import. After every step:
 # - `weftctl map verify`: the endpoints, policy and ipcache maps equal a from-scratch
 #   computation of the control plane's state;
@@ -194,7 +195,67 @@ k8s_policy() {
     "$name" "$subject" "$CIDR" "$POD_IP" "$port"
 }
 
-# policy_file NAME RULES → FILE with RULES random rules (Cilium) or one NetworkPolicy; KIND.
+# A ClusterNetworkPolicy named $1 (policy.networking.k8s.io, tier Admin or Baseline) with 1-3
+# rules of random action, direction, peers (pods by app, every namespace, a pod's address, the
+# pool, everything) and ports, on stdout.
+cnp_policy() {
+  local name=$1 n i dir key peer ports subject
+  pick Admin Admin Baseline
+  printf 'apiVersion: policy.networking.k8s.io/v1beta1\nkind: ClusterNetworkPolicy\nmetadata:\n  name: %s\nspec:\n  tier: %s\n' "$name" "$PICK"
+  rnd 4
+  printf '  priority: %s\n' "$R"
+  rnd 3
+  if [ "$R" = 0 ]; then
+    subject='    namespaces: {}'
+  else
+    pick "${APPS[@]}"
+    subject="    pods:
+      namespaceSelector: {}
+      podSelector: {matchLabels: {app: $PICK}}"
+  fi
+  printf '  subject:\n%s\n' "$subject"
+  pick ingress egress
+  dir=$PICK
+  case $dir in ingress) key=from ;; *) key=to ;; esac
+  printf '  %s:\n' "$dir"
+  rnd 3
+  n=$((1 + R))
+  for ((i = 0; i < n; i++)); do
+    pick Accept Deny Pass
+    printf '  - name: %s-%s\n    action: %s\n    %s:\n' "$dir" "$i" "$PICK" "$key"
+    # Networks are egress peers only.
+    if [ "$dir" = egress ]; then rnd 6; else rnd 3; fi
+    case $R in
+      0 | 1)
+        pick "${APPS[@]}"
+        peer="    - pods: {namespaceSelector: {}, podSelector: {matchLabels: {app: $PICK}}}"
+        ;;
+      2) peer='    - namespaces: {}' ;;
+      3)
+        some_pod_ip
+        peer="    - networks: [\"$POD_IP/32\"]"
+        ;;
+      4) peer="    - networks: [\"$CIDR\"]" ;;
+      5) peer='    - networks: ["0.0.0.0/0"]' ;;
+    esac
+    printf '%s\n' "$peer"
+    rnd 3
+    case $R in
+      0) ports="" ;;
+      1)
+        pick "${PORTS[@]}"
+        ports="    protocols:
+    - tcp: {destinationPort: {number: $PICK}}"
+        ;;
+      2) ports='    protocols:
+    - tcp: {destinationPort: {range: {start: 8000, end: 8010}}}' ;;
+    esac
+    [ -z "$ports" ] || printf '%s\n' "$ports"
+  done
+}
+
+# policy_file NAME RULES → FILE with RULES random rules (Cilium), one NetworkPolicy or one
+# ClusterNetworkPolicy; KIND.
 policy_file() {
   local name=$1 n=$2 i
   FILE=$WEFT_TMP/policy-$STEP
@@ -202,6 +263,11 @@ policy_file() {
   if [ "$n" = 1 ] && [ "$R" = 0 ]; then
     FILE+=.yaml KIND=k8s
     k8s_policy "$name" >"$FILE"
+    return
+  fi
+  if [ "$n" != 20 ] && [ "$R" = 1 ]; then
+    FILE+=.yaml KIND=cnp
+    cnp_policy "$name" >"$FILE"
     return
   fi
   FILE+=.json KIND=cilium
@@ -219,7 +285,7 @@ delete_policy() {
   local name=$1
   case ${POLICY[$name]:-} in
     cilium) weftctl policy delete --labels "name=$name" >/dev/null ;;
-    k8s) weftctl policy delete --labels "io.cilium.k8s.policy.name=$name" >/dev/null ;;
+    k8s | cnp) weftctl policy delete --labels "io.cilium.k8s.policy.name=$name" >/dev/null ;;
     *) return 0 ;;
   esac || fail "delete of policy $name failed"
   unset "POLICY[$name]"

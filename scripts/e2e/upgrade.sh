@@ -90,8 +90,11 @@ weft_start_manager "${START[@]}"
 after=$(gens)
 echo "   policy_gen before: $before (then slot $S1 at $OLD_GEN by the older build); after: $after"
 echo "   $(last_other | sed 's/.*INFO //')"
-check "the restart says 3 slots were written by another policy compiler (policy v0)" \
-  matches -E 'slots=3 written_by="?policy v0 encoding v[0-9]+"? ' <<<"$(last_other)"
+# This build's versions, from its own log line: the older build is one version behind in what it
+# plays (dp_helper old-build: version - 1).
+read -r POLICY_V ENCODING_V < <(sed -nE 's/.*this_build="?policy v([0-9]+) encoding v([0-9]+).*/\1 \2/p' <<<"$(last_other)")
+check "the restart says 3 slots were written by another policy compiler (policy v$((POLICY_V - 1)), encoding v$ENCODING_V)" \
+  matches -E "slots=3 written_by=\"?policy v$((POLICY_V - 1)) encoding v$ENCODING_V\"? " <<<"$(last_other)"
 check "same encoding: no slot read back" test "$(field read_back)" = 0
 check "app1's slot (the one that differs) was rewritten" test "$(gen_of "$after" "$S1")" -gt "$OLD_GEN"
 check "app2's and app3's slots (computed the same) were not" \
@@ -123,7 +126,7 @@ untrusted_round() {
 
 echo "== round 2: another encoding wrote app3's slot $S3 with one more allow (app1 tcp/9998)"
 untrusted_round encoding "$S3:$ID1:9998" app3 app1 "$APP3" "older build" \
-  'slots=3 written_by="?policy v[0-9]+ encoding v0"? .*read_back=3' "with another encoding (v0), all read back"
+  "slots=3 written_by=\"?policy v$POLICY_V encoding v$((ENCODING_V - 1))\"? .*read_back=3" "with another encoding (v$((ENCODING_V - 1))), all read back"
 
 echo "== round 3: a build from before the compiler stamp wrote app2's slot $S2 with one more allow (app1 tcp/9997)"
 untrusted_round unversioned "$S2:$ID1:9997" app2 app1 "$APP2" "unversioned build" \

@@ -120,6 +120,7 @@ pub fn policy_table(v: &Value) -> String {
             vec![
                 i.to_string(),
                 origin_of(&r["labels"]).into(),
+                tier_of(&r["tier"]),
                 labels_of(&r["labels"]),
                 serde_json::to_string(&r["endpoint_selector"]).unwrap_or_default(),
                 format!("{}/{}", count("ingress"), count("ingress_deny")),
@@ -158,17 +159,69 @@ pub fn policy_table(v: &Value) -> String {
         )
     };
     format!(
-        "Revision: {}\n{}{rejected}{partial}",
+        "Revision: {}\n{}{}{rejected}{partial}",
         s(&v["revision"]),
         table::render(
             &[
                 "#",
                 "ORIGIN",
+                "TIER",
                 "LABELS",
                 "SELECTOR",
                 "INGRESS(allow/deny)",
                 "EGRESS(allow/deny)"
             ],
+            &rows
+        ),
+        tiered_table(&v["cluster_network_policies"]),
+    )
+}
+
+/// A `ClusterNetworkPolicy` rule's place: `admin 10 ingress[0] Deny "name"`; `-` for other rules.
+fn tier_of(t: &Value) -> String {
+    if t.is_null() {
+        return "-".into();
+    }
+    let name = t["name"].as_str().filter(|n| !n.is_empty());
+    format!(
+        "{} {} {}[{}] {}{}",
+        s(&t["tier"]),
+        s(&t["priority"]),
+        s(&t["direction"]),
+        s(&t["index"]),
+        s(&t["action"]),
+        name.map(|n| format!(" {n:?}")).unwrap_or_default()
+    )
+}
+
+/// The `ClusterNetworkPolicy` objects the watchers took, accepted or not (`cluster_network_policies`).
+fn tiered_table(v: &Value) -> String {
+    let rows: Vec<Vec<String>> = v
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|p| {
+            vec![
+                s(&p["name"]),
+                s(&p["tier"]),
+                s(&p["priority"]),
+                s(&p["rules"]),
+                s(&p["status"]),
+                p["message"]
+                    .as_str()
+                    .filter(|m| !m.is_empty())
+                    .unwrap_or("-")
+                    .to_owned(),
+            ]
+        })
+        .collect();
+    if rows.is_empty() {
+        return String::new();
+    }
+    format!(
+        "\nClusterNetworkPolicies (a rejected one's previous rules, if any, stay in force):\n{}",
+        table::render(
+            &["NAME", "TIER", "PRIORITY", "RULES", "STATUS", "DETAIL"],
             &rows
         )
     )
@@ -376,7 +429,7 @@ pub fn event_line(e: &Value) -> String {
         Some(58) => "icmpv6".into(),
         other => format!("proto {}", other.unwrap_or(0)),
     };
-    format!(
+    let mut line = format!(
         "drop ({}) endpoint {} {} {} {} -> {} identity {} -> {}",
         s(&e["reason"]),
         s(&e["endpoint_id"]),
@@ -386,12 +439,106 @@ pub fn event_line(e: &Value) -> String {
         sock(&e["dst_ip"], &e["dst_port"]),
         s(&e["src_identity"]),
         s(&e["dst_identity"]),
-    )
+    );
+    // A ClusterNetworkPolicy rule's drop: which one.
+    if !e["tier"].is_null() {
+        use std::fmt::Write;
+        // Writing to a String cannot fail.
+        let _ = write!(
+            line,
+            " tier {} priority {} rule {}",
+            s(&e["tier"]),
+            s(&e["priority"]),
+            s(&e["rule"])
+        );
+        if !e["policy"].is_null() {
+            let _ = write!(line, " ({})", s(&e["policy"]));
+        }
+    }
+    line
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn policy_list_shows_cluster_network_policies_with_tier_and_priority() {
+        let v = serde_json::json!({
+            "revision": 9,
+            "rules": [
+                {"labels": ["k8s:io.cilium.k8s.policy.derived-from=ClusterNetworkPolicy",
+                            "k8s:io.weft.policy.origin=cluster"],
+                 "tier": {"tier": "admin", "priority": 10, "direction": "egress", "index": 1,
+                          "action": "Deny", "name": "no-metadata"}},
+                {"labels": ["unspec:name=l3-rule"]},
+            ],
+            "cluster_network_policies": [
+                {"name": "protect", "tier": "Admin", "priority": 10, "rules": 3,
+                 "status": "Accepted", "message": ""},
+                {"name": "broken", "tier": "Baseline", "priority": 5, "rules": null,
+                 "status": "Rejected", "message": "spec.egress[0].to[0].nodes: not supported yet"},
+            ],
+        });
+        let out = policy_table(&v);
+        let lines: Vec<&str> = out.lines().collect();
+        assert!(lines[1].contains("TIER"), "{out}");
+        assert!(
+            lines[2].contains(r#"admin 10 egress[1] Deny "no-metadata""#),
+            "{out}"
+        );
+        assert!(lines[3].contains(" - "), "{out}");
+        let cnps: Vec<&str> = out
+            .lines()
+            .skip_while(|l| !l.starts_with("ClusterNetworkPolicies"))
+            .collect();
+        assert!(
+            cnps[1].contains("PRIORITY") && cnps[1].contains("STATUS"),
+            "{out}"
+        );
+        let row = |name: &str| {
+            cnps.iter()
+                .find(|l| l.starts_with(name))
+                .copied()
+                .unwrap_or("")
+        };
+        let protect: Vec<&str> = row("protect").split_whitespace().collect();
+        assert_eq!(
+            protect,
+            ["protect", "Admin", "10", "3", "Accepted", "-"],
+            "{out}"
+        );
+        let broken = row("broken");
+        assert!(
+            broken.contains("Baseline")
+                && broken.contains("Rejected")
+                && broken.contains("nodes: not supported yet"),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn a_tier_drop_line_names_its_rule_and_policy() {
+        let mut e = serde_json::json!({
+            "reason": "admin-deny", "endpoint_id": 101, "direction": "ingress", "proto": 6,
+            "src_ip": "10.0.0.10", "src_port": 41000, "dst_ip": "10.0.0.11", "dst_port": 8080,
+            "src_identity": 1000, "dst_identity": 1001,
+        });
+        let plain = event_line(&e);
+        assert!(plain.ends_with("identity 1000 -> 1001"), "{plain}");
+        e["tier"] = "Admin".into();
+        e["priority"] = 10.into();
+        e["rule"] = 1.into();
+        assert_eq!(
+            event_line(&e),
+            format!("{plain} tier Admin priority 10 rule 1")
+        );
+        e["policy"] = "block-ssh/ssh".into();
+        assert_eq!(
+            event_line(&e),
+            format!("{plain} tier Admin priority 10 rule 1 (block-ssh/ssh)")
+        );
+    }
 
     #[test]
     fn policy_list_tells_cluster_rules_from_imported_ones_and_shows_rejections() {

@@ -95,6 +95,11 @@ pub struct Cli {
     /// (cilium.io/v2; their CRDs must be installed: conf/k8s/) [default: true].
     #[arg(long)]
     pub k8s_cilium_policies: Option<bool>,
+    /// In Kubernetes mode, also follow `ClusterNetworkPolicy` objects (policy.networking.k8s.io/v1beta1,
+    /// admin and baseline tiers; their CRD is installed from conf/k8s/) and write their status
+    /// [default: true].
+    #[arg(long)]
+    pub k8s_cluster_network_policies: Option<bool>,
     /// Once ready, copy weft-cni (beside this binary) into this CNI bin dir as `weft`.
     #[arg(long, requires = "install_cni_conf")]
     pub install_cni_bin: Option<PathBuf>,
@@ -221,6 +226,8 @@ pub struct K8sSettings {
     pub kubeconfig: Option<PathBuf>,
     /// Follow the cilium.io/v2 policy kinds too.
     pub cilium_policies: bool,
+    /// Follow `ClusterNetworkPolicy` too.
+    pub cluster_network_policies: bool,
 }
 
 fn hostname() -> String {
@@ -284,6 +291,7 @@ impl Config {
             config.k8s = Some(K8sSettings {
                 kubeconfig: s.kubeconfig,
                 cilium_policies: s.k8s_cilium_policies.unwrap_or(true),
+                cluster_network_policies: s.k8s_cluster_network_policies.unwrap_or(true),
             });
         }
         if config.node_name.is_empty() {
@@ -414,14 +422,21 @@ mod tests {
     fn k8s_mode_from_file_or_kubeconfig_flag() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("m.toml");
-        std::fs::write(&file, "k8s = true\nk8s_cilium_policies = false\n").unwrap();
+        std::fs::write(
+            &file,
+            "k8s = true\nk8s_cilium_policies = false\nk8s_cluster_network_policies = false\n",
+        )
+        .unwrap();
         let cli = Cli::parse_from(["weft-manager", "--config", file.to_str().unwrap()]);
         let k = Config::resolve(cli).unwrap().k8s.unwrap();
-        assert_eq!((k.kubeconfig, k.cilium_policies), (None, false));
+        assert_eq!(
+            (k.kubeconfig, k.cilium_policies, k.cluster_network_policies),
+            (None, false, false)
+        );
         let cli = Cli::parse_from(["weft-manager", "--kubeconfig", "/k/config"]);
         let k = Config::resolve(cli).unwrap().k8s.unwrap();
         assert_eq!(k.kubeconfig, Some(PathBuf::from("/k/config")));
-        assert!(k.cilium_policies);
+        assert!(k.cilium_policies && k.cluster_network_policies);
         let cli = Cli::parse_from(["weft-manager"]);
         assert_eq!(Config::resolve(cli).unwrap().k8s, None);
     }

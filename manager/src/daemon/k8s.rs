@@ -90,7 +90,10 @@ pub async fn start(
     manager.set_k8s_cache(watchers.cache.clone());
     manager.prom().set_watch_stats(watchers.stats.clone());
     // The tasks run until the runtime stops.
-    drop(watchers.spawn(conn.settings.cilium_policies));
+    drop(watchers.spawn(weft_k8s::watch::Optional {
+        cilium: conn.settings.cilium_policies,
+        cluster_network_policies: conn.settings.cluster_network_policies,
+    }));
     watchers
 }
 

@@ -5,7 +5,7 @@ use super::events::EventReader;
 use super::progpin;
 use super::state::{Maps, endpoint_info, filter_error, ignore_missing, ipcache_key};
 use super::types::{
-    DatapathConfig, DropEvent, EndpointDatapath, KernelEndpoint, KernelState, MapSummary,
+    DatapathConfig, DropEvent, EndpointDatapath, KernelEndpoint, KernelState, MapSummary, SlotFlags,
 };
 use super::{Datapath, attach, bpffs, dump};
 use crate::node::ipcache::Value as IpcacheValue;
@@ -254,9 +254,13 @@ impl Datapath for BpfDatapath {
         self.lock().switch_slot(endpoint_id, slot)
     }
 
-    fn restore_slot_flags(&self, slot: u32, ingress_enforced: bool, egress_enforced: bool) {
-        self.lock()
-            .restore_slot_flags(slot, ingress_enforced, egress_enforced);
+    fn restore_slot_flags(&self, slot: u32, flags: SlotFlags) {
+        self.lock().restore_slot_flags(
+            slot,
+            flags.ingress_enforced,
+            flags.egress_enforced,
+            flags.tiers,
+        );
     }
 
     fn release_slot(&self, slot: u32) -> Result<(), DatapathError> {
@@ -351,6 +355,7 @@ impl Datapath for BpfDatapath {
                     policy_id: e.policy_id,
                     ingress_enforced: e.flags & abi::EP_INGRESS_ENFORCED != 0,
                     egress_enforced: e.flags & abi::EP_EGRESS_ENFORCED != 0,
+                    tiers: super::encode::tier_flags(e.flags),
                     mac: e.mac,
                     ips,
                 },

@@ -1,5 +1,6 @@
 //! `weftctl map list` / `map dump`: map summaries and decoded entries.
 
+use super::encode::tier_of;
 use super::error::DatapathError;
 use super::state::Maps;
 use super::types::{MapSummary, addr_from, direction_name, drop_reason_name};
@@ -13,9 +14,40 @@ use weft_ebpf::{self as abi, map_names as names};
 fn verdict(v: u8) -> &'static str {
     match v {
         abi::VERDICT_ALLOW => "allow",
-        abi::VERDICT_DENY => "deny",
+        abi::VERDICT_DENY | abi::VERDICT_TIER_DENY => "deny",
+        abi::VERDICT_TIER_PASS => "pass",
+        abi::VERDICT_TIER_ACCEPT => "accept",
         _ => "unknown",
     }
+}
+
+/// One decoded `policy` entry: `NetworkPolicy` entries as before tiers; a `ClusterNetworkPolicy`
+/// tier entry also names its tier and its rule's priority and index.
+fn policy_entry(k: &Key<abi::PolicyKey>, v: abi::PolicyValue) -> Value {
+    let d = k.data();
+    let any_proto = k.prefix_len() < abi::POLICY_PROTO_PREFIX;
+    let (lo, hi) = if any_proto {
+        (0, u16::MAX)
+    } else {
+        port_range(k.prefix_len(), d.dport)
+    };
+    let mut e = json!({
+        "policy_id": d.policy_id,
+        "identity": d.identity,
+        "direction": direction_name(d.direction & abi::POLICY_DIR_MASK),
+        "proto": if any_proto { 0 } else { d.proto },
+        "port_lo": lo,
+        "port_hi": hi,
+        "verdict": verdict(v.verdict),
+    });
+    let tier = d.direction >> abi::POLICY_TIER_SHIFT;
+    if let (true, Some(fields)) = (tier != abi::TIER_POLICY, e.as_object_mut()) {
+        let name = tier_of(tier).map_or_else(|| format!("unknown-{tier}"), |t| t.to_string());
+        fields.insert("tier".into(), json!(name));
+        fields.insert("priority".into(), json!(v.priority));
+        fields.insert("rule".into(), json!(v.rule));
+    }
+    e
 }
 
 pub(crate) fn list(maps: &Maps, pin_dir: &Path) -> Vec<MapSummary> {
@@ -57,12 +89,27 @@ fn endpoints(maps: &Maps) -> Result<Vec<Value>, DatapathError> {
             "policy_id": e.policy_id,
             "ingress_enforced": e.flags & abi::EP_INGRESS_ENFORCED != 0,
             "egress_enforced": e.flags & abi::EP_EGRESS_ENFORCED != 0,
+            "tiers": tier_names(e.flags),
             "mac": weft_api::MacAddr::new(e.mac).to_string(),
             "ipv4": (e.flags & abi::EP_HAS_IPV4 != 0).then(|| IpAddr::from(e.ipv4).to_string()),
             "ipv6": (e.flags & abi::EP_HAS_IPV6 != 0).then(|| IpAddr::from(e.ipv6).to_string()),
         }));
     }
     Ok(out)
+}
+
+/// The tiers an `endpoints` entry looks up, e.g. `["admin-ingress", "baseline-egress"]`.
+fn tier_names(flags: u32) -> Vec<&'static str> {
+    [
+        (abi::EP_ADMIN_INGRESS, "admin-ingress"),
+        (abi::EP_ADMIN_EGRESS, "admin-egress"),
+        (abi::EP_BASELINE_INGRESS, "baseline-ingress"),
+        (abi::EP_BASELINE_EGRESS, "baseline-egress"),
+    ]
+    .into_iter()
+    .filter(|(bit, _)| flags & bit != 0)
+    .map(|(_, name)| name)
+    .collect()
 }
 
 /// The prefix an ipcache key stands for (`None` for a key no manager writes).
@@ -103,22 +150,7 @@ fn policy(maps: &Maps) -> Result<Vec<Value>, DatapathError> {
     let mut out = Vec::new();
     for item in &maps.policy {
         let (k, v) = item.map_err(DatapathError::map(names::POLICY))?;
-        let d = k.data();
-        let any_proto = k.prefix_len() < abi::POLICY_PROTO_PREFIX;
-        let (lo, hi) = if any_proto {
-            (0, u16::MAX)
-        } else {
-            port_range(k.prefix_len(), d.dport)
-        };
-        out.push(json!({
-            "policy_id": d.policy_id,
-            "identity": d.identity,
-            "direction": direction_name(d.direction),
-            "proto": if any_proto { 0 } else { d.proto },
-            "port_lo": lo,
-            "port_hi": hi,
-            "verdict": verdict(v.verdict),
-        }));
+        out.push(policy_entry(&k, v));
     }
     Ok(out)
 }
@@ -216,8 +248,50 @@ pub(crate) fn dump(maps: &Maps, name: &str) -> Result<Vec<Value>, DatapathError>
 
 #[cfg(test)]
 mod tests {
-    use super::{close_state, port_range};
+    use super::{close_state, policy_entry, port_range, tier_names};
+    use aya::maps::lpm_trie::Key;
     use weft_ebpf as abi;
+
+    #[test]
+    fn tier_entries_name_their_tier_action_priority_and_rule() {
+        let key = |direction| {
+            Key::new(
+                abi::POLICY_FULL_PREFIX,
+                abi::PolicyKey {
+                    policy_id: 3,
+                    identity: 300,
+                    direction,
+                    proto: 6,
+                    dport: 80u16.to_be(),
+                },
+            )
+        };
+        let tiered = abi::PolicyValue {
+            verdict: abi::VERDICT_TIER_PASS,
+            rule: 4,
+            priority: 20,
+        };
+        let e = policy_entry(
+            &key(abi::policy_direction(abi::DIR_EGRESS, abi::TIER_BASELINE)),
+            tiered,
+        );
+        assert_eq!(
+            e,
+            serde_json::json!({"policy_id": 3, "identity": 300, "direction": "egress",
+                "proto": 6, "port_lo": 80, "port_hi": 80, "verdict": "pass",
+                "tier": "Baseline", "priority": 20, "rule": 4})
+        );
+        let e = policy_entry(
+            &key(abi::DIR_EGRESS),
+            abi::PolicyValue::verdict(abi::VERDICT_DENY),
+        );
+        assert_eq!(e["verdict"], "deny");
+        assert!(e.get("tier").is_none(), "{e}");
+        assert_eq!(
+            tier_names(abi::EP_ADMIN_INGRESS | abi::EP_BASELINE_EGRESS | abi::EP_HAS_IPV4),
+            ["admin-ingress", "baseline-egress"]
+        );
+    }
 
     #[test]
     fn close_state_names_each_side() {

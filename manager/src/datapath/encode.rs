@@ -6,15 +6,26 @@
 //! prefix over the high bits of the big-endian port. The datapath looks up the packet's exact
 //! identity and identity 0, each with a full-length key.
 //!
-//! Deny beats allow: an LPM lookup returns only the longest matching block, so a narrow allow
-//! inside a broad deny would win. Aligned blocks are either nested or disjoint, so the encoder
-//! stores every block that lies inside a deny block of the same (slot, identity, direction)
-//! as a deny. Then, per identity, the longest match is deny exactly when some deny covers the
-//! packet; across the two identities the datapath lets a deny from either win.
+//! `NetworkPolicy` layer: deny beats allow. An LPM lookup returns only the longest matching
+//! block, so a narrow allow inside a broad deny would win. Aligned blocks are either nested or
+//! disjoint, so the encoder stores every block that lies inside a deny block of the same (slot,
+//! identity, direction) as a deny. Then, per identity, the longest match is deny exactly when
+//! some deny covers the packet; across the two identities the datapath lets a deny from either
+//! win.
+//!
+//! `ClusterNetworkPolicy` tiers: the direction byte carries the tier (`abi::policy_direction`),
+//! the value the action and the rule's precedence (priority, rule index). The computation made
+//! a tier's entries disjoint per identity and protocol, so they are encoded as they are; the
+//! datapath takes the entry of smallest precedence across the identities a packet matches.
+//! [`lookup`] is the userspace mirror of the datapath's decision.
 
 use std::collections::{BTreeMap, HashMap};
-use weft_ebpf::{self as abi, PolicyKey};
-use weft_policy::mapstate::{Direction, EndpointPolicy, PolicyEntry, Verdict};
+use weft_ebpf::{self as abi, PolicyKey, PolicyValue};
+use weft_policy::mapstate::{
+    Direction, EndpointPolicy, PolicyEntry, Tier, TierAction, TierFlags, TierVerdict, Verdict,
+};
+
+pub mod lookup;
 
 /// Version of what this module makes of a computed policy: the `policy` trie entries (key
 /// layout, port blocks, deny carving, verdict values), the enforcement flag bits and the slot
@@ -23,11 +34,16 @@ use weft_policy::mapstate::{Direction, EndpointPolicy, PolicyEntry, Verdict};
 /// the datapath's C code reads the `policy` map; the test
 /// `a_change_of_the_encoding_comes_with_a_new_encoding_version` (encode/tests.rs) fails on a
 /// change of the encoding without a new line in [`POLICY_ENCODING_GOLDENS`].
-pub const POLICY_ENCODING_VERSION: u32 = 1;
+pub const POLICY_ENCODING_VERSION: u32 = 2;
 
 /// `(version, digest of the golden corpus encoded by that version)`, oldest first; the last
 /// line is [`POLICY_ENCODING_VERSION`]'s. Append a line with each bump; never edit a past one.
-pub const POLICY_ENCODING_GOLDENS: &[(u32, u64)] = &[(1, 0xe8d7_f464_341e_0eaa)];
+pub const POLICY_ENCODING_GOLDENS: &[(u32, u64)] = &[
+    (1, 0xe8d7_f464_341e_0eaa),
+    // ClusterNetworkPolicy tiers: the tier in the key's direction byte, action and precedence
+    // in the value, the tier flags in the entry flags and the slot digest.
+    (2, 0xbe9e_4995_400d_3d77),
+];
 
 /// One LPM entry of the `policy` map: prefix length and key data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -39,14 +55,93 @@ pub struct PolicyBlock {
     pub prefix_len: u32,
 }
 
-/// Encoded policy of a slot: block → `VERDICT_ALLOW` or `VERDICT_DENY`.
-pub type Encoded = BTreeMap<PolicyBlock, u8>;
+/// Encoded policy of a slot: block → value (`VERDICT_ALLOW` or `VERDICT_DENY` in the
+/// `NetworkPolicy` layer; a tier action with its rule's precedence in the tiers).
+pub type Encoded = BTreeMap<PolicyBlock, PolicyValue>;
 
 pub(crate) fn dir_byte(d: Direction) -> u8 {
     match d {
         Direction::Ingress => abi::DIR_INGRESS,
         Direction::Egress => abi::DIR_EGRESS,
     }
+}
+
+/// The `TIER_*` code of a layer.
+pub(crate) fn tier_byte(t: Tier) -> u8 {
+    match t {
+        Tier::Policy => abi::TIER_POLICY,
+        Tier::Admin => abi::TIER_ADMIN,
+        Tier::Baseline => abi::TIER_BASELINE,
+    }
+}
+
+/// The layer of a `TIER_*` code (`None`: no layer this build knows).
+pub(crate) fn tier_of(code: u8) -> Option<Tier> {
+    match code {
+        abi::TIER_POLICY => Some(Tier::Policy),
+        abi::TIER_ADMIN => Some(Tier::Admin),
+        abi::TIER_BASELINE => Some(Tier::Baseline),
+        _ => None,
+    }
+}
+
+/// The value of a tier entry: its action and precedence.
+pub(crate) fn tier_value(t: TierVerdict) -> PolicyValue {
+    PolicyValue {
+        verdict: match t.action {
+            TierAction::Deny => abi::VERDICT_TIER_DENY,
+            TierAction::Pass => abi::VERDICT_TIER_PASS,
+            TierAction::Accept => abi::VERDICT_TIER_ACCEPT,
+        },
+        rule: t.rule,
+        priority: t.priority,
+    }
+}
+
+/// The tier verdict a value stands for (`None`: not a tier value).
+pub(crate) fn tier_verdict(v: PolicyValue) -> Option<TierVerdict> {
+    let action = match v.verdict {
+        abi::VERDICT_TIER_DENY => TierAction::Deny,
+        abi::VERDICT_TIER_PASS => TierAction::Pass,
+        abi::VERDICT_TIER_ACCEPT => TierAction::Accept,
+        _ => return None,
+    };
+    Some(TierVerdict {
+        priority: v.priority,
+        rule: v.rule,
+        action,
+    })
+}
+
+/// The value of an entry of `tier`. The contract gives `NetworkPolicy` entries allow or deny
+/// and tier entries a [`Verdict::Tier`]; an entry breaking it is encoded fail-closed where it
+/// could let something through: a tier verdict in the `NetworkPolicy` layer as allow (accept) or
+/// deny (deny, pass: a pass has no meaning there), an allow or deny in a tier as the last rule
+/// of the lowest priority.
+fn value_of(tier: Tier, verdict: Verdict) -> PolicyValue {
+    match (tier, verdict) {
+        (Tier::Policy, Verdict::Allow) => PolicyValue::verdict(abi::VERDICT_ALLOW),
+        (Tier::Policy, Verdict::Deny) => PolicyValue::verdict(abi::VERDICT_DENY),
+        (Tier::Policy, Verdict::Tier(t)) => PolicyValue::verdict(match t.action {
+            TierAction::Accept => abi::VERDICT_ALLOW,
+            TierAction::Deny | TierAction::Pass => abi::VERDICT_DENY,
+        }),
+        (Tier::Admin | Tier::Baseline, Verdict::Tier(t)) => tier_value(t),
+        (Tier::Admin | Tier::Baseline, Verdict::Allow | Verdict::Deny) => tier_value(TierVerdict {
+            priority: u16::MAX,
+            rule: u8::MAX,
+            action: if verdict == Verdict::Allow {
+                TierAction::Accept
+            } else {
+                TierAction::Deny
+            },
+        }),
+    }
+}
+
+/// True for a value of the `NetworkPolicy` layer.
+fn is_policy_layer(v: PolicyValue) -> bool {
+    v.verdict == abi::VERDICT_ALLOW || v.verdict == abi::VERDICT_DENY
 }
 
 /// Splits `[lo, hi]` into aligned blocks `(start, log2 size)`, largest first from `lo`.
@@ -98,20 +193,23 @@ pub fn encode_policy(policy_id: u32, policy: &EndpointPolicy) -> Encoded {
 pub fn encode_entries(policy_id: u32, entries: &BTreeMap<PolicyEntry, Verdict>) -> Encoded {
     let mut out = Encoded::new();
     for (entry, verdict) in entries {
-        let verdict = match verdict {
-            Verdict::Allow => abi::VERDICT_ALLOW,
-            Verdict::Deny => abi::VERDICT_DENY,
-        };
+        let value = value_of(entry.tier, *verdict);
         let key = PolicyKey {
             policy_id,
             identity: entry.identity,
-            direction: dir_byte(entry.direction),
+            direction: abi::policy_direction(dir_byte(entry.direction), tier_byte(entry.tier)),
             proto: entry.proto,
             dport: 0,
         };
         let mut add = |b: PolicyBlock| {
-            let v = out.entry(b).or_insert(verdict);
-            *v = (*v).max(verdict); // VERDICT_DENY > VERDICT_ALLOW
+            let v = out.entry(b).or_insert(value);
+            *v = if is_policy_layer(value) {
+                // VERDICT_DENY > VERDICT_ALLOW: deny wins.
+                (*v).max(value)
+            } else {
+                // Disjoint by contract; were two the same block, the first in precedence.
+                std::cmp::min_by_key(*v, value, PolicyValue::precedence)
+            };
         };
         if entry.proto == 0 {
             // Any protocol: ports are meaningless (the contract says they must be "any").
@@ -133,8 +231,9 @@ pub fn encode_entries(policy_id: u32, entries: &BTreeMap<PolicyEntry, Verdict>) 
     }
     // Only a deny of the same identity and direction can cover an allow block: grouping them
     // keeps this pass linear in practice (a policy has thousands of allows, few denies each).
+    // Tier values are neither: the carving is the NetworkPolicy layer's alone.
     let mut denies: HashMap<(u32, u8), Vec<PolicyBlock>> = HashMap::new();
-    for (b, _) in out.iter().filter(|&(_, &v)| v == abi::VERDICT_DENY) {
+    for (b, _) in out.iter().filter(|&(_, v)| v.verdict == abi::VERDICT_DENY) {
         denies
             .entry((b.key.identity, b.key.direction))
             .or_default()
@@ -144,67 +243,27 @@ pub fn encode_entries(policy_id: u32, entries: &BTreeMap<PolicyEntry, Verdict>) 
         return out;
     }
     for (b, v) in &mut out {
-        if *v == abi::VERDICT_ALLOW
+        if v.verdict == abi::VERDICT_ALLOW
             && denies
                 .get(&(b.key.identity, b.key.direction))
                 .is_some_and(|ds| ds.iter().any(|d| contains(d, b)))
         {
-            *v = abi::VERDICT_DENY;
+            *v = PolicyValue::verdict(abi::VERDICT_DENY);
         }
     }
     out
 }
 
-/// Userspace mirror of the datapath's lookup (`policy_verdict` in `weft_tc.c`): the verdict for a
-/// packet, or `None` when nothing matches (default deny when enforced). `port` is host order.
-#[must_use]
-pub fn lookup_encoded(
-    encoded: &Encoded,
-    identity: u32,
-    direction: Direction,
-    proto: u8,
-    port: u16,
-) -> Option<Verdict> {
-    let longest = |id: u32| {
-        encoded
-            .iter()
-            .filter(|(b, _)| {
-                b.key.identity == id
-                    && b.key.direction == dir_byte(direction)
-                    && contains(
-                        b,
-                        &PolicyBlock {
-                            prefix_len: abi::POLICY_FULL_PREFIX,
-                            key: PolicyKey {
-                                proto,
-                                dport: port.to_be(),
-                                ..b.key
-                            },
-                        },
-                    )
-            })
-            .max_by_key(|(b, _)| b.prefix_len)
-            .map(|(_, v)| *v)
-    };
-    let exact = longest(identity);
-    if exact == Some(abi::VERDICT_DENY) {
-        return Some(Verdict::Deny);
-    }
-    match longest(0).or(exact)? {
-        abi::VERDICT_DENY => Some(Verdict::Deny),
-        _ => Some(Verdict::Allow),
-    }
-}
-
-/// A digest of a slot's contents (its blocks and enforcement flags) that stays the same across
-/// builds (it is persisted): FNV-1a over the key bytes, prefix lengths and verdicts, in order.
+/// A digest of a slot's contents (its blocks and its enforcement and tier flags) that stays the
+/// same across builds (it is persisted): FNV-1a over the key bytes, prefix lengths and values,
+/// in order.
 #[must_use]
 pub fn digest(encoded: &Encoded, flags: u32) -> u64 {
     digest_sorted(encoded.iter().map(|(b, v)| (*b, *v)), flags)
 }
 
 /// The [`digest`] of entries given in key order.
-fn digest_sorted(entries: impl Iterator<Item = (PolicyBlock, u8)>, flags: u32) -> u64 {
+fn digest_sorted(entries: impl Iterator<Item = (PolicyBlock, PolicyValue)>, flags: u32) -> u64 {
     let mut d = Digest::new(flags);
     for (b, v) in entries {
         d.add(&b, v);
@@ -227,12 +286,18 @@ impl Digest {
         self.0.feed(bytes);
     }
 
-    pub(crate) fn add(&mut self, b: &PolicyBlock, verdict: u8) {
+    pub(crate) fn add(&mut self, b: &PolicyBlock, v: PolicyValue) {
         self.feed(&b.prefix_len.to_le_bytes());
         self.feed(&b.key.identity.to_le_bytes());
         self.feed(&[b.key.direction, b.key.proto]);
         self.feed(&b.key.dport.to_le_bytes());
-        self.feed(&[verdict]);
+        self.feed(&[v.verdict]);
+        // Only a tier value has a precedence; the verdict says whether one follows, and a
+        // NetworkPolicy slot digests as it did before tiers.
+        if !is_policy_layer(v) {
+            self.feed(&[v.rule]);
+            self.feed(&v.priority.to_le_bytes());
+        }
     }
 
     pub(crate) fn finish(&self) -> u64 {
@@ -246,27 +311,55 @@ pub fn policy_digest(policy: &EndpointPolicy) -> u64 {
     digest(&encode_policy(0, policy), enforcement_flags(policy))
 }
 
-/// The `endpoints` entry's enforcement bits of `policy`.
+/// The `endpoints` entry's policy bits of `policy`: enforcement and tier flags.
 pub(crate) fn enforcement_flags(policy: &EndpointPolicy) -> u32 {
-    flag_bits(policy.ingress_enforced, policy.egress_enforced)
+    flag_bits(
+        policy.ingress_enforced,
+        policy.egress_enforced,
+        policy.tiers,
+    )
 }
 
-/// The `endpoints` entry's enforcement bits.
-pub(crate) fn flag_bits(ingress: bool, egress: bool) -> u32 {
-    let mut flags = 0;
-    if ingress {
-        flags |= abi::EP_INGRESS_ENFORCED;
+/// Every bit of an `endpoints` entry's flags that is the slot's (not the endpoint's own).
+pub(crate) const SLOT_FLAGS: u32 = abi::EP_INGRESS_ENFORCED
+    | abi::EP_EGRESS_ENFORCED
+    | abi::EP_ADMIN_INGRESS
+    | abi::EP_ADMIN_EGRESS
+    | abi::EP_BASELINE_INGRESS
+    | abi::EP_BASELINE_EGRESS;
+
+/// The `endpoints` entry's policy bits.
+pub(crate) fn flag_bits(ingress: bool, egress: bool, tiers: TierFlags) -> u32 {
+    [
+        (ingress, abi::EP_INGRESS_ENFORCED),
+        (egress, abi::EP_EGRESS_ENFORCED),
+        (tiers.admin_ingress, abi::EP_ADMIN_INGRESS),
+        (tiers.admin_egress, abi::EP_ADMIN_EGRESS),
+        (tiers.baseline_ingress, abi::EP_BASELINE_INGRESS),
+        (tiers.baseline_egress, abi::EP_BASELINE_EGRESS),
+    ]
+    .into_iter()
+    .filter(|(on, _)| *on)
+    .fold(0, |flags, (_, bit)| flags | bit)
+}
+
+/// The tier flags an `endpoints` entry's flags hold.
+pub(crate) fn tier_flags(flags: u32) -> TierFlags {
+    TierFlags {
+        admin_ingress: flags & abi::EP_ADMIN_INGRESS != 0,
+        admin_egress: flags & abi::EP_ADMIN_EGRESS != 0,
+        baseline_ingress: flags & abi::EP_BASELINE_INGRESS != 0,
+        baseline_egress: flags & abi::EP_BASELINE_EGRESS != 0,
     }
-    if egress {
-        flags |= abi::EP_EGRESS_ENFORCED;
-    }
-    flags
 }
 
 /// What to change to go from `old` to `new`: upserts (new or changed) to write first, then the
 /// stale blocks to remove.
 #[must_use]
-pub(crate) fn diff(old: &Encoded, new: &Encoded) -> (Vec<(PolicyBlock, u8)>, Vec<PolicyBlock>) {
+pub(crate) fn diff(
+    old: &Encoded,
+    new: &Encoded,
+) -> (Vec<(PolicyBlock, PolicyValue)>, Vec<PolicyBlock>) {
     // Both maps iterate in key order: one merge pass instead of a lookup per block.
     let (mut upserts, mut removes) = (Vec::new(), Vec::new());
     let (mut o, mut n) = (old.iter().peekable(), new.iter().peekable());

@@ -1,7 +1,7 @@
 //! In-memory [`Datapath`] for unit tests of the rest of the manager: records every call and
 //! keeps the state a real datapath would (attached endpoints, policies, ipcache).
 
-use super::types::{DropEvent, EndpointDatapath, MapSummary};
+use super::types::{DropEvent, EndpointDatapath, MapSummary, SlotFlags};
 use super::{Datapath, DatapathError};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
@@ -48,11 +48,11 @@ struct State {
     endpoints: BTreeMap<u32, EndpointDatapath>,
     /// Policy per slot.
     policies: BTreeMap<u32, EndpointPolicy>,
-    /// The enforcement flags in each endpoint's kernel entry (ingress, egress).
-    entry_flags: BTreeMap<u32, (bool, bool)>,
+    /// The enforcement and tier flags in each endpoint's kernel entry.
+    entry_flags: BTreeMap<u32, SlotFlags>,
     /// What the datapath process knows of each slot's flags: like the real one's, lost with
     /// the process ([`FakeDatapath::reopen`]) except where a member's entry has them.
-    slot_flags: BTreeMap<u32, (bool, bool)>,
+    slot_flags: BTreeMap<u32, SlotFlags>,
     generations: BTreeMap<u32, u64>,
     ipcache: BTreeMap<ipnet::IpNet, crate::node::ipcache::Value>,
     lb: super::LbTable,
@@ -78,7 +78,7 @@ impl State {
     }
 
     /// The flags an entry pointing at `slot` gets: unknown ones are none, as in the kernel.
-    fn flags_of(&self, slot: u32) -> (bool, bool) {
+    fn flags_of(&self, slot: u32) -> SlotFlags {
         self.slot_flags.get(&slot).copied().unwrap_or_default()
     }
 }
@@ -138,7 +138,7 @@ impl FakeDatapath {
     /// slot flags comes from the endpoints' entries only.
     pub fn reopen(&self) {
         let mut s = self.state();
-        let known: BTreeMap<u32, (bool, bool)> = s
+        let known: BTreeMap<u32, SlotFlags> = s
             .endpoints
             .values()
             .filter_map(|ep| Some((ep.policy_id, *s.entry_flags.get(&ep.endpoint_id)?)))
@@ -277,7 +277,7 @@ impl Datapath for FakeDatapath {
         let mut s = self.state();
         s.calls.push(FakeCall::ApplyPolicy(slot));
         s.policies.insert(slot, policy.clone());
-        let flags = (policy.ingress_enforced, policy.egress_enforced);
+        let flags = SlotFlags::of(policy);
         s.slot_flags.insert(slot, flags);
         let members: Vec<u32> = s
             .endpoints
@@ -332,11 +332,8 @@ impl Datapath for FakeDatapath {
         Ok(())
     }
 
-    fn restore_slot_flags(&self, slot: u32, ingress_enforced: bool, egress_enforced: bool) {
-        self.state()
-            .slot_flags
-            .entry(slot)
-            .or_insert((ingress_enforced, egress_enforced));
+    fn restore_slot_flags(&self, slot: u32, flags: SlotFlags) {
+        self.state().slot_flags.entry(slot).or_insert(flags);
     }
 
     fn slot_generations(&self) -> Result<BTreeMap<u32, u64>, DatapathError> {
@@ -411,7 +408,7 @@ impl Datapath for FakeDatapath {
             .endpoints
             .values()
             .map(|ep| {
-                let (ingress_enforced, egress_enforced) = s
+                let flags = s
                     .entry_flags
                     .get(&ep.endpoint_id)
                     .copied()
@@ -422,8 +419,9 @@ impl Datapath for FakeDatapath {
                         ifindex: ep.host_ifindex,
                         identity: ep.identity,
                         policy_id: ep.policy_id,
-                        ingress_enforced,
-                        egress_enforced,
+                        ingress_enforced: flags.ingress_enforced,
+                        egress_enforced: flags.egress_enforced,
+                        tiers: flags.tiers,
                         mac: ep.pod_mac,
                         ips: ep.ips.clone(),
                     },

@@ -27,15 +27,16 @@ pub use seam::{Datapath, PROGRAMS_LOADED, PROGRAMS_REUSED};
 
 pub(crate) use bpffs::ensure as ensure_bpffs;
 pub use encode::Encoded;
+pub use encode::lookup::{Decision, Peer, lookup_encoded, policy_layer, tier_entry};
 pub use encode::{
     POLICY_ENCODING_GOLDENS, POLICY_ENCODING_VERSION, PolicyBlock, digest, encode_entries,
-    encode_policy, lookup_encoded, policy_digest,
+    encode_policy, policy_digest,
 };
 pub use error::DatapathError;
 pub use fake::{FakeCall, FakeDatapath};
 pub use types::{
     DatapathConfig, DropEvent, EndpointDatapath, KernelEndpoint, KernelState, LbTable, MapSummary,
-    drop_reason_name,
+    SlotFlags, TierRule, drop_reason_name,
 };
 
 #[cfg(test)]

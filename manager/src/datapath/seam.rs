@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use weft_policy::mapstate::{EndpointPolicy, PolicyEntry, Verdict};
 
 use super::error::DatapathError;
-use super::types::{DropEvent, EndpointDatapath, KernelState, MapSummary};
+use super::types::{DropEvent, EndpointDatapath, KernelState, MapSummary, SlotFlags};
 
 /// [`Datapath::programs`]: reused from the pins of an earlier manager (same object and maps).
 pub const PROGRAMS_REUSED: &str = "reused";
@@ -81,7 +81,7 @@ pub trait Datapath: Send + Sync {
     /// entries, the only place the kernel has them, so a slot kept idle across a restart has
     /// none until told; the next endpoint pointed at it gets them. Flags the kernel's entries
     /// gave it already are kept.
-    fn restore_slot_flags(&self, slot: u32, ingress_enforced: bool, egress_enforced: bool);
+    fn restore_slot_flags(&self, slot: u32, flags: SlotFlags);
 
     /// Removes every entry of a slot no endpoint points at any more, then its generation.
     fn release_slot(&self, slot: u32) -> Result<(), DatapathError>;

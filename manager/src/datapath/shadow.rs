@@ -7,7 +7,7 @@
 
 use super::encode::{Encoded, PolicyBlock};
 use std::collections::BTreeMap;
-use weft_ebpf::{self as abi, PolicyKey};
+use weft_ebpf::{self as abi, PolicyKey, PolicyValue};
 
 /// One entry without its slot id (the shadow's key) and with a one-byte prefix length (the
 /// trie's keys have 96 bits of data: the kernel refuses longer prefixes).
@@ -15,16 +15,20 @@ use weft_ebpf::{self as abi, PolicyKey};
 struct Entry {
     identity: u32,
     dport: u16,
-    /// direction, proto, prefix length, verdict: in the order of [`BYTE_FLAGS`].
-    bytes: [u8; 4],
+    /// A tier entry's priority (0 in the `NetworkPolicy` layer).
+    priority: u16,
+    /// direction, proto, prefix length, verdict, rule: in the order of [`BYTE_FLAGS`].
+    bytes: [u8; 5],
 }
 
 const _: () = assert!(abi::POLICY_FULL_PREFIX <= u8::MAX as u32);
 
 // The flag byte: which fields differ from the previous entry (the first is compared with
-// all zeros). The port step always follows, as a varint.
+// all zeros). The port step always follows, as a varint. NetworkPolicy entries never change
+// rule or priority (both 0): tiers cost nothing where there are none.
 const IDENTITY: u8 = 1;
-const BYTE_FLAGS: [u8; 4] = [2, 4, 8, 16];
+const BYTE_FLAGS: [u8; 5] = [2, 4, 8, 16, 32];
+const PRIORITY: u8 = 64;
 
 /// A slot's installed entries, in key order.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -37,19 +41,21 @@ impl Shadow {
     }
 
     /// Encodes entries given in key order (`hint`: about how many).
-    fn pack_sorted(entries: impl Iterator<Item = (PolicyBlock, u8)>, hint: usize) -> Self {
+    fn pack_sorted(entries: impl Iterator<Item = (PolicyBlock, PolicyValue)>, hint: usize) -> Self {
         let mut out = Vec::with_capacity(hint * 4);
         let mut prev = Entry::default();
-        for (b, verdict) in entries {
+        for (b, v) in entries {
             let e = Entry {
                 identity: b.key.identity,
                 dport: b.key.dport,
+                priority: v.priority,
                 // Never saturates: see `Entry`.
                 bytes: [
                     b.key.direction,
                     b.key.proto,
                     u8::try_from(b.prefix_len).unwrap_or(u8::MAX),
-                    verdict,
+                    v.verdict,
+                    v.rule,
                 ],
             };
             let changed = BYTE_FLAGS.iter().zip(e.bytes).zip(prev.bytes);
@@ -58,6 +64,9 @@ impl Shadow {
             } else {
                 IDENTITY
             };
+            if e.priority != prev.priority {
+                flags |= PRIORITY;
+            }
             for ((flag, now), before) in changed.clone() {
                 if now != before {
                     flags |= flag;
@@ -73,6 +82,9 @@ impl Shadow {
                     .filter(|&((flag, _), _)| flags & flag != 0)
                     .map(|((_, now), _)| now),
             );
+            if flags & PRIORITY != 0 {
+                out.extend(e.priority.to_le_bytes());
+            }
             // Ports are in network byte order: the next port's step is in the high byte.
             put_varint(
                 &mut out,
@@ -89,17 +101,26 @@ impl Shadow {
     }
 
     /// The entries of `slot`, in key order, without building a map.
-    pub(crate) fn iter(&self, slot: u32) -> impl Iterator<Item = (PolicyBlock, u8)> + '_ {
+    pub(crate) fn iter(&self, slot: u32) -> impl Iterator<Item = (PolicyBlock, PolicyValue)> + '_ {
         self.entries().map(move |e| {
-            let [.., verdict] = e.bytes;
-            (block(slot, &e), verdict)
+            let [.., verdict, rule] = e.bytes;
+            let value = PolicyValue {
+                verdict,
+                rule,
+                priority: e.priority,
+            };
+            (block(slot, &e), value)
         })
     }
 
-    /// These entries with `changes` applied (`Some`: the entry's new verdict, `None`: removed),
+    /// These entries with `changes` applied (`Some`: the entry's new value, `None`: removed),
     /// in one pass over both: a write changing a few entries of a large slot never decodes the
     /// slot into a map (docs/BENCHMARKS.md, "one-rule change").
-    pub(crate) fn merged(&self, slot: u32, changes: &BTreeMap<PolicyBlock, Option<u8>>) -> Self {
+    pub(crate) fn merged(
+        &self,
+        slot: u32,
+        changes: &BTreeMap<PolicyBlock, Option<PolicyValue>>,
+    ) -> Self {
         self.merged_with(slot, changes, |_| {})
     }
 
@@ -107,8 +128,8 @@ impl Shadow {
     pub(crate) fn merged_with(
         &self,
         slot: u32,
-        changes: &BTreeMap<PolicyBlock, Option<u8>>,
-        each: impl FnMut(&(PolicyBlock, u8)),
+        changes: &BTreeMap<PolicyBlock, Option<PolicyValue>>,
+        each: impl FnMut(&(PolicyBlock, PolicyValue)),
     ) -> Self {
         let mut base = self.iter(slot).peekable();
         let mut changes = changes.iter().peekable();
@@ -152,6 +173,11 @@ impl Shadow {
                     *field = bytes.next().unwrap_or_default();
                 }
             }
+            if flags & PRIORITY != 0 {
+                let lo = bytes.next().unwrap_or_default();
+                let hi = bytes.next().unwrap_or_default();
+                e.priority = u16::from_le_bytes([lo, hi]);
+            }
             // The step was a u16: truncating gives it back.
             #[allow(clippy::cast_possible_truncation)]
             let step = (get_varint(&mut bytes) as u16).swap_bytes();
@@ -163,7 +189,7 @@ impl Shadow {
 }
 
 fn block(slot: u32, e: &Entry) -> PolicyBlock {
-    let [direction, proto, prefix_len, _] = e.bytes;
+    let [direction, proto, prefix_len, ..] = e.bytes;
     PolicyBlock {
         key: PolicyKey {
             policy_id: slot,
@@ -206,7 +232,11 @@ mod tests {
     use super::*;
     use crate::datapath::encode::encode_entries;
     use std::collections::BTreeMap;
-    use weft_policy::mapstate::{Direction, PolicyEntry, Verdict};
+    use weft_policy::mapstate::{Direction, PolicyEntry, Tier, TierAction, TierVerdict, Verdict};
+
+    fn v(verdict: u8) -> PolicyValue {
+        PolicyValue::verdict(verdict)
+    }
 
     #[test]
     fn pack_then_unpack_gives_the_same_entries() {
@@ -216,18 +246,13 @@ mod tests {
             .enumerate()
         {
             let identity = u32::try_from(i).unwrap() * 1000 + 7;
+            let direction = if i % 2 == 0 {
+                Direction::Ingress
+            } else {
+                Direction::Egress
+            };
             entries.insert(
-                PolicyEntry {
-                    identity,
-                    direction: if i % 2 == 0 {
-                        Direction::Ingress
-                    } else {
-                        Direction::Egress
-                    },
-                    proto: 6,
-                    port_lo: lo,
-                    port_hi: hi,
-                },
+                PolicyEntry::new(direction, identity, 6, lo, hi),
                 if i == 3 {
                     Verdict::Deny
                 } else {
@@ -236,15 +261,31 @@ mod tests {
             );
         }
         entries.insert(
-            PolicyEntry {
-                identity: 0,
-                direction: Direction::Egress,
-                proto: 0,
-                port_lo: 0,
-                port_hi: 65535,
-            },
+            PolicyEntry::new(Direction::Egress, 0, 0, 0, 65535),
             Verdict::Allow,
         );
+        // Tier entries: their action and precedence come back too.
+        for (n, (tier, identity, lo, hi)) in [
+            (Tier::Admin, 7, 80, 80),
+            (Tier::Admin, 7, 81, 90),
+            (Tier::Baseline, 0, 0, 65535),
+            (Tier::Admin, 2007, 443, 443),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let n = u8::try_from(n).unwrap();
+            let action =
+                [TierAction::Deny, TierAction::Pass, TierAction::Accept][usize::from(n % 3)];
+            entries.insert(
+                PolicyEntry::new(Direction::Ingress, identity, 6, lo, hi).in_tier(tier),
+                Verdict::Tier(TierVerdict {
+                    priority: 1000 - u16::from(n) * 300,
+                    rule: n * 7,
+                    action,
+                }),
+            );
+        }
         let encoded = encode_entries(42, &entries);
         assert!(
             encoded.len() > entries.len(),
@@ -276,7 +317,7 @@ mod tests {
             .map(|(identity, port)| {
                 (
                     raw(identity, 0, 6, port.to_be(), abi::POLICY_FULL_PREFIX),
-                    1,
+                    v(1),
                 )
             })
             .collect()
@@ -298,7 +339,12 @@ mod tests {
         .enumerate()
         {
             let i = u8::try_from(i).unwrap();
-            encoded.insert(raw(identity, i % 2, 6 + i, dport, 72 + u32::from(i)), i);
+            let value = PolicyValue {
+                verdict: i,
+                rule: 255 - i,
+                priority: u16::MAX - u16::from(i) * 0x1111,
+            };
+            encoded.insert(raw(identity, i % 2, 6 + i, dport, 72 + u32::from(i)), value);
         }
         let shadow = Shadow::pack(&encoded);
         assert_eq!(shadow.unpack(9), encoded);
@@ -329,7 +375,7 @@ mod tests {
         // first, between two and after the last entry, and a removal of what is not there.
         changes.insert(
             raw(256, 0, 6, 8000u16.to_be(), abi::POLICY_FULL_PREFIX),
-            Some(2),
+            Some(v(2)),
         );
         changes.insert(
             raw(256, 0, 6, 8001u16.to_be(), abi::POLICY_FULL_PREFIX),
@@ -345,10 +391,16 @@ mod tests {
         );
         changes.insert(
             raw(1, 1, 17, 53u16.to_be(), abi::POLICY_FULL_PREFIX),
-            Some(1),
+            Some(v(1)),
         );
-        changes.insert(raw(300, 1, 6, 0, 80), Some(2));
-        changes.insert(raw(u32::MAX, 1, 6, 0, 72), Some(1));
+        changes.insert(raw(300, 1, 6, 0, 80), Some(v(2)));
+        let tiered = PolicyValue {
+            verdict: abi::VERDICT_TIER_PASS,
+            rule: 3,
+            priority: 999,
+        };
+        changes.insert(raw(300, 0x11, 6, 0, 80), Some(tiered));
+        changes.insert(raw(u32::MAX, 1, 6, 0, 72), Some(v(1)));
         changes.insert(raw(5000, 0, 6, 0, 72), None);
         let mut expected = encoded.clone();
         for (block, change) in &changes {

@@ -3,7 +3,8 @@
 
 use super::batch;
 use super::encode::{
-    Digest, Encoded, PolicyBlock, diff, encode_entries, encode_policy, enforcement_flags, flag_bits,
+    Digest, Encoded, PolicyBlock, SLOT_FLAGS, diff, encode_entries, encode_policy,
+    enforcement_flags, flag_bits,
 };
 use super::error::DatapathError;
 use super::shadow::Shadow;
@@ -14,7 +15,7 @@ use aya::maps::{HashMap as BpfHash, MapData, MapError, PerCpuHashMap};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 use weft_ebpf::{self as abi, map_names as names};
-use weft_policy::mapstate::{EndpointPolicy, PolicyEntry, Verdict, reserved};
+use weft_policy::mapstate::{EndpointPolicy, PolicyEntry, TierFlags, Verdict, reserved};
 
 /// The two programs this manager attaches: the object's own (loaded and verified by this
 /// process, held by `Maps::ebpf`) or the ones a previous manager pinned for the same object.
@@ -72,7 +73,7 @@ pub(crate) struct Maps {
     /// Slots a previous run left in the trie whose entries were not read back (a restart that
     /// trusted them): read back together, with one dump, the first time one is written.
     pub(crate) unloaded: BTreeSet<u32>,
-    /// Enforcement flags per slot (copied into each member's `endpoints` entry).
+    /// Enforcement and tier flags per slot (copied into each member's `endpoints` entry).
     pub(crate) slot_flags: HashMap<u32, u32>,
     /// endpoint id → slot, mirrors the endpoints map.
     pub(crate) slot_of: HashMap<u32, u32>,
@@ -133,8 +134,6 @@ pub(crate) fn ipcache_key(prefix: ipnet::IpNet) -> Key<abi::IpcacheKey> {
         data,
     )
 }
-
-const ENFORCE_MASK: u32 = abi::EP_INGRESS_ENFORCED | abi::EP_EGRESS_ENFORCED;
 
 impl Maps {
     /// The program `name` (one of the two) this manager attaches.
@@ -209,7 +208,7 @@ impl Maps {
             })?;
         // The trie hands entries back in its own order: sorted first, each slot's run is
         // bulk-built into its map instead of inserted entry by entry.
-        let mut blocks: Vec<(PolicyBlock, u8)> = entries
+        let mut blocks: Vec<(PolicyBlock, abi::PolicyValue)> = entries
             .into_iter()
             .filter(|(key, _)| keep(key.data.policy_id))
             .map(|(key, value)| {
@@ -217,7 +216,7 @@ impl Maps {
                     key: key.data,
                     prefix_len: key.prefix_len,
                 };
-                (block, value.verdict)
+                (block, value)
             })
             .collect();
         blocks.sort_unstable();
@@ -239,7 +238,7 @@ impl Maps {
             self.by_id.insert(info.endpoint_id, ifindex);
             self.slot_of.insert(info.endpoint_id, info.policy_id);
             self.slot_flags
-                .insert(info.policy_id, info.flags & ENFORCE_MASK);
+                .insert(info.policy_id, info.flags & SLOT_FLAGS);
         }
         for item in self.policy_gen.keys() {
             self.unloaded
@@ -320,13 +319,19 @@ impl Maps {
     }
 
     /// See [`super::Datapath::restore_slot_flags`].
-    pub(crate) fn restore_slot_flags(&mut self, slot: u32, ingress: bool, egress: bool) {
+    pub(crate) fn restore_slot_flags(
+        &mut self,
+        slot: u32,
+        ingress: bool,
+        egress: bool,
+        tiers: TierFlags,
+    ) {
         self.slot_flags
             .entry(slot)
-            .or_insert(flag_bits(ingress, egress));
+            .or_insert(flag_bits(ingress, egress, tiers));
     }
 
-    /// Gives every member of `slot` the slot's enforcement flags.
+    /// Gives every member of `slot` the slot's enforcement and tier flags.
     fn set_slot_flags(&mut self, slot: u32, flags: u32) -> Result<(), DatapathError> {
         if self.slot_flags.insert(slot, flags) == Some(flags) {
             return Ok(());
@@ -339,7 +344,7 @@ impl Maps {
             .collect();
         for ep in members {
             self.rewrite_entry(ep, |info| {
-                info.flags = (info.flags & !ENFORCE_MASK) | flags;
+                info.flags = (info.flags & !SLOT_FLAGS) | flags;
             })?;
         }
         Ok(())
@@ -370,7 +375,7 @@ impl Maps {
         let flags = self.slot_flags.get(&slot).copied().unwrap_or(0);
         self.rewrite_entry(endpoint_id, |info| {
             info.policy_id = slot;
-            info.flags = (info.flags & !ENFORCE_MASK) | flags;
+            info.flags = (info.flags & !SLOT_FLAGS) | flags;
         })?;
         self.slot_of.insert(endpoint_id, slot);
         Ok(())
@@ -424,7 +429,7 @@ impl Maps {
         &mut self,
         slot: u32,
         base: &Shadow,
-        upserts: &[(PolicyBlock, u8)],
+        upserts: &[(PolicyBlock, abi::PolicyValue)],
         removes: &[PolicyBlock],
         flags: Option<u32>,
         generation: u64,
@@ -433,15 +438,11 @@ impl Maps {
         let result = (|| {
             self.set_generation(slot, 0)?;
             // Add-before-delete (Cilium #46927): the union of old and new never drops a packet
-            // that both allow; the encoding guarantees no deny block covers such a packet.
+            // that both allow; the encoding guarantees no deny block covers such a packet. The
+            // flags between the two: a tier's flag turns on once its entries are in, and off
+            // before they go.
             let keys: Vec<LpmKey> = upserts.iter().map(|(b, _)| LpmKey::of(b)).collect();
-            let values: Vec<abi::PolicyValue> = upserts
-                .iter()
-                .map(|&(_, verdict)| abi::PolicyValue {
-                    verdict,
-                    pad: [0; 3],
-                })
-                .collect();
+            let values: Vec<abi::PolicyValue> = upserts.iter().map(|&(_, v)| v).collect();
             let written = batch::update(self.policy_fd(), &keys, &values);
             upserts_done = written.as_ref().map_or_else(|e| e.done, |()| upserts.len());
             written.map_err(batch_error)?;
@@ -455,7 +456,7 @@ impl Maps {
             self.set_generation(slot, generation)
         })();
         // Upserts and removes are disjoint (`diff`); a remove is the later write.
-        let reached: BTreeMap<PolicyBlock, Option<u8>> = upserts
+        let reached: BTreeMap<PolicyBlock, Option<abi::PolicyValue>> = upserts
             .iter()
             .take(upserts_done)
             .map(|&(b, v)| (b, Some(v)))

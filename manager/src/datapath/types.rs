@@ -101,6 +101,30 @@ pub struct EndpointDatapath {
     pub pod_mac: [u8; 6],
 }
 
+/// The flags a policy slot gives its members' `endpoints` entries: enforcement per direction,
+/// and which `ClusterNetworkPolicy` tiers the datapath looks up.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SlotFlags {
+    /// Ingress `NetworkPolicy` enforced.
+    pub ingress_enforced: bool,
+    /// Egress `NetworkPolicy` enforced.
+    pub egress_enforced: bool,
+    /// Tiers with entries, per direction.
+    pub tiers: weft_policy::mapstate::TierFlags,
+}
+
+impl SlotFlags {
+    /// The flags `policy` gives its endpoints.
+    #[must_use]
+    pub fn of(policy: &weft_policy::mapstate::EndpointPolicy) -> Self {
+        Self {
+            ingress_enforced: policy.ingress_enforced,
+            egress_enforced: policy.egress_enforced,
+            tiers: policy.tiers,
+        }
+    }
+}
+
 /// One `endpoints` map entry as the kernel holds it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KernelEndpoint {
@@ -114,6 +138,8 @@ pub struct KernelEndpoint {
     pub ingress_enforced: bool,
     /// Egress policy enforced.
     pub egress_enforced: bool,
+    /// `ClusterNetworkPolicy` tiers looked up, per direction.
+    pub tiers: weft_policy::mapstate::TierFlags,
     /// Pod-side MAC.
     pub mac: [u8; 6],
     /// Pod addresses (one per family at most).
@@ -156,9 +182,17 @@ pub struct DropEvent {
     pub ifindex: u32,
     /// "ingress" (into the pod) or "egress" (out of the pod).
     pub direction: &'static str,
-    /// Why: "policy-deny" (an explicit deny), "policy-default" (no allow matched), "invalid"
-    /// (unparseable), "invalid-source" (the pod sent from an address that is not its own).
+    /// Why: "policy-deny" (an explicit deny), "policy-default" (no allow matched), "admin-deny"
+    /// and "baseline-deny" (a `ClusterNetworkPolicy` rule of that tier), "invalid" (unparseable),
+    /// "invalid-source" (the pod sent from an address that is not its own).
     pub reason: &'static str,
+    /// The `ClusterNetworkPolicy` rule that denied it ("admin-deny", "baseline-deny").
+    #[serde(skip_serializing_if = "Option::is_none", flatten)]
+    pub tier_rule: Option<TierRule>,
+    /// The `ClusterNetworkPolicy` that rule belongs to, when the manager could name it
+    /// (`weftctl monitor`); several when more than one has that tier, priority and rule index.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub policy: Option<String>,
     /// IP protocol number.
     pub proto: u8,
     /// Source address.
@@ -177,6 +211,18 @@ pub struct DropEvent {
     pub ts_ns: u64,
 }
 
+/// The `ClusterNetworkPolicy` rule behind a drop: its tier, its policy's priority and its index
+/// in the policy's ingress or egress list (the policy with that priority in that tier has it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct TierRule {
+    /// "Admin" or "Baseline".
+    pub tier: &'static str,
+    /// The policy's `spec.priority`.
+    pub priority: u16,
+    /// The rule's index.
+    pub rule: u8,
+}
+
 /// Stable name of a `REASON_*` value (metrics dumps and events).
 #[must_use]
 pub fn drop_reason_name(reason: u8) -> &'static str {
@@ -192,12 +238,16 @@ pub fn drop_reason_name(reason: u8) -> &'static str {
         abi::REASON_DROP_POLICY_DEFAULT => "policy-default",
         abi::REASON_DROP_INVALID => "invalid",
         abi::REASON_DROP_SPOOFED => "invalid-source",
+        abi::REASON_ALLOW_ADMIN => "allow-admin",
+        abi::REASON_DROP_ADMIN_DENY => "admin-deny",
+        abi::REASON_ALLOW_BASELINE => "allow-baseline",
+        abi::REASON_DROP_BASELINE_DENY => "baseline-deny",
         _ => "unknown",
     }
 }
 
 pub(crate) fn direction_name(direction: u8) -> &'static str {
-    if direction == abi::DIR_EGRESS {
+    if direction & abi::POLICY_DIR_MASK == abi::DIR_EGRESS {
         "egress"
     } else {
         "ingress"
@@ -219,6 +269,17 @@ impl From<&abi::DropEvent> for DropEvent {
             ifindex: e.ifindex,
             direction: direction_name(e.direction),
             reason: drop_reason_name(e.reason),
+            tier_rule: match e.tier {
+                abi::TIER_ADMIN => Some("Admin"),
+                abi::TIER_BASELINE => Some("Baseline"),
+                _ => None,
+            }
+            .map(|tier| TierRule {
+                tier,
+                priority: e.priority,
+                rule: e.rule,
+            }),
+            policy: None,
             proto: e.proto,
             src_ip: addr_from(e.family, &e.saddr),
             src_port: u16::from_be(e.sport),
@@ -262,7 +323,18 @@ impl fmt::Display for DropEvent {
             sock(self.dst_ip, self.dst_port),
             self.src_identity,
             self.dst_identity
-        )
+        )?;
+        if let Some(t) = &self.tier_rule {
+            write!(
+                f,
+                " tier {} priority {} rule {}",
+                t.tier, t.priority, t.rule
+            )?;
+        }
+        if let Some(p) = &self.policy {
+            write!(f, " ({p})")?;
+        }
+        Ok(())
     }
 }
 
@@ -298,6 +370,24 @@ mod tests {
         assert_eq!(
             DropEvent::from(&raw).src_ip,
             "10.0.0.1".parse::<IpAddr>().unwrap()
+        );
+        assert!(serde_json::to_value(&ev).unwrap().get("tier").is_none());
+        raw.reason = abi::REASON_DROP_ADMIN_DENY;
+        (raw.tier, raw.priority, raw.rule) = (abi::TIER_ADMIN, 30, 2);
+        let ev = DropEvent::from(&raw);
+        assert!(
+            ev.to_string()
+                .starts_with("drop (admin-deny) endpoint 9 ingress TCP 10.0.0.1:40000"),
+            "{ev}"
+        );
+        assert!(
+            ev.to_string().ends_with(" tier Admin priority 30 rule 2"),
+            "{ev}"
+        );
+        let json = serde_json::to_value(&ev).unwrap();
+        assert_eq!(
+            (&json["tier"], &json["priority"], &json["rule"]),
+            (&"Admin".into(), &30.into(), &2.into())
         );
     }
 }

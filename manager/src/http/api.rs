@@ -349,16 +349,20 @@ async fn verify(State(m): State<Shared>) -> Reply {
 /// Streams drop events as JSON lines until the client goes away.
 async fn monitor(State(m): State<Shared>) -> Response {
     let rx = m.datapath().subscribe_events();
-    let stream = futures::stream::unfold(rx, |mut rx| async move {
+    let stream = futures::stream::unfold((rx, m), |(mut rx, m)| async move {
         loop {
             match rx.recv().await {
-                Ok(ev) => {
+                Ok(mut ev) => {
+                    m.name_tier_drop(&mut ev);
                     let Ok(mut line) = serde_json::to_vec(&ev) else {
                         tracing::warn!("a drop event could not be encoded; skipped");
                         continue;
                     };
                     line.push(b'\n');
-                    return Some((Ok::<_, std::convert::Infallible>(Bytes::from(line)), rx));
+                    return Some((
+                        Ok::<_, std::convert::Infallible>(Bytes::from(line)),
+                        (rx, m),
+                    ));
                 }
                 Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
                     tracing::warn!(missed = n, "monitor client too slow; events skipped");

@@ -197,6 +197,9 @@ pub struct K8sPolicies {
     pub rejected: BTreeMap<String, i64>,
     /// Objects in force except rules that fail closed.
     pub partially_enforced: BTreeMap<String, i64>,
+    /// `ClusterNetworkPolicy` objects by (tier, status: `Accepted`, `PartiallyEnforced`,
+    /// `Rejected`).
+    pub cluster_network_policies: BTreeMap<(String, String), i64>,
 }
 
 /// The manager as `/metrics` and `/healthz` see it.

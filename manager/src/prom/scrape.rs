@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::AtomicU64;
 use weft_k8s::watch::WatchStats;
 
-use super::Snapshot;
+use super::{K8sPolicies, Snapshot};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct State {
@@ -21,6 +21,12 @@ struct State {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct Kind {
     kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TierStatus {
+    tier: String,
+    status: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -180,24 +186,44 @@ pub(super) fn collect(now: &Snapshot, watch: Option<&WatchStats>) -> Registry {
         watchers(w, &mut reg);
     }
     if let Some(k8s) = &now.k8s_policies {
-        gauge(
-            &mut reg,
-            "k8s_policies_rejected",
-            "Cluster policy objects whose current version was rejected (weftctl policy list shows why)",
-            k8s.rejected
-                .iter()
-                .map(|(kind, &n)| (Kind { kind: kind.clone() }, n)),
-        );
-        gauge(
-            &mut reg,
-            "k8s_policies_partially_enforced",
-            "Cluster policy objects in force except rules Weft cannot express, which fail closed (weftctl policy list shows which)",
-            k8s.partially_enforced
-                .iter()
-                .map(|(kind, &n)| (Kind { kind: kind.clone() }, n)),
-        );
+        k8s_policies(k8s, &mut reg);
     }
     reg
+}
+
+fn k8s_policies(k8s: &K8sPolicies, reg: &mut Registry) {
+    gauge(
+        reg,
+        "k8s_policies_rejected",
+        "Cluster policy objects whose current version was rejected (weftctl policy list shows why)",
+        k8s.rejected
+            .iter()
+            .map(|(kind, &n)| (Kind { kind: kind.clone() }, n)),
+    );
+    gauge(
+        reg,
+        "k8s_cluster_network_policies",
+        "ClusterNetworkPolicy objects by tier and status (Accepted, PartiallyEnforced, Rejected: weftctl policy list and the object's status.conditions say why)",
+        k8s.cluster_network_policies
+            .iter()
+            .map(|((tier, status), &n)| {
+                (
+                    TierStatus {
+                        tier: tier.clone(),
+                        status: status.clone(),
+                    },
+                    n,
+                )
+            }),
+    );
+    gauge(
+        reg,
+        "k8s_policies_partially_enforced",
+        "Cluster policy objects in force except rules Weft cannot express, which fail closed (weftctl policy list shows which)",
+        k8s.partially_enforced
+            .iter()
+            .map(|(kind, &n)| (Kind { kind: kind.clone() }, n)),
+    );
 }
 
 fn datapath(rows: &[serde_json::Value], reg: &mut Registry) {
@@ -276,6 +302,22 @@ fn watchers(w: &WatchStats, reg: &mut Registry) {
             .filter(|((_, t), _)| t == "partial")
             .map(|((kind, _), n)| (Kind { kind: kind.clone() }, *n)),
     );
+    for (name, help, n) in [
+        (
+            "k8s_policy_status_writes",
+            "ClusterNetworkPolicy status conditions written (only when they change)",
+            &w.status_writes,
+        ),
+        (
+            "k8s_policy_status_write_errors",
+            "ClusterNetworkPolicy status writes that failed (each retried with backoff)",
+            &w.status_write_errors,
+        ),
+    ] {
+        let c = Counter::<u64>::default();
+        c.inc_by(n.load(std::sync::atomic::Ordering::Relaxed));
+        reg.register(name, help, c);
+    }
     let lists = Counter::<u64>::default();
     lists.inc_by(w.lists.load(std::sync::atomic::Ordering::Relaxed));
     reg.register(

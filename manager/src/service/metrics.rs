@@ -9,11 +9,17 @@ use super::Manager;
 use crate::prom::{K8sPolicies, Metrics, Snapshot, Source};
 
 /// Policy kinds always exported (with 0 when there are none), so that a dashboard's series exist.
-const POLICY_KINDS: [&str; 3] = [
+const POLICY_KINDS: [&str; 4] = [
     "NetworkPolicy",
     "CiliumNetworkPolicy",
     "CiliumClusterwideNetworkPolicy",
+    "ClusterNetworkPolicy",
 ];
+
+/// `ClusterNetworkPolicy` tiers and statuses always exported (tier `invalid`: not Admin or
+/// Baseline, so rejected).
+const CNP_TIERS: [&str; 2] = ["Admin", "Baseline"];
+const CNP_STATUSES: [&str; 3] = ["Accepted", "PartiallyEnforced", "Rejected"];
 
 impl Source for Manager {
     fn metrics(&self) -> &Metrics {
@@ -85,7 +91,25 @@ impl Manager {
         let mut out = K8sPolicies {
             rejected: zero.clone(),
             partially_enforced: zero,
+            cluster_network_policies: CNP_TIERS
+                .iter()
+                .flat_map(|t| {
+                    CNP_STATUSES
+                        .iter()
+                        .map(|s| (((*t).to_owned(), (*s).to_owned()), 0))
+                })
+                .collect(),
         };
+        for p in cache.tiered() {
+            let tier = if CNP_TIERS.contains(&p.tier.as_str()) {
+                p.tier
+            } else {
+                "invalid".to_owned()
+            };
+            *out.cluster_network_policies
+                .entry((tier, p.status))
+                .or_default() += 1;
+        }
         let kind_of = |object: &str| {
             object
                 .split_whitespace()

@@ -11,6 +11,7 @@ mod endpoints;
 mod error;
 mod labels;
 mod metrics;
+mod monitor;
 mod policy_api;
 mod regen;
 mod trim;

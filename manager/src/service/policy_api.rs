@@ -215,11 +215,13 @@ impl Manager {
         let cache = self.k8s_cache.get();
         let rejected = cache.map(|c| c.rejected()).unwrap_or_default();
         let partial = cache.map(|c| c.partial()).unwrap_or_default();
+        let tiered = cache.map(|c| c.tiered()).unwrap_or_default();
         serde_json::json!({
             "revision": st.pol.repo().revision(),
             "rules": st.pol.repo().rules(),
             "rejected": rejected,
             "partial": partial,
+            "cluster_network_policies": tiered,
         })
     }
 
@@ -499,8 +501,8 @@ impl Manager {
             .into(),
             src_identity: src_id,
             dst_identity: dst_id,
-            egress: t.egress.map(|d| d.decision.to_string()),
-            ingress: t.ingress.map(|d| d.decision.to_string()),
+            egress: t.egress.map(|d| d.to_string()),
+            ingress: t.ingress.map(|d| d.to_string()),
         })
     }
 }

@@ -334,7 +334,12 @@ impl Manager {
         for &slot in &idle {
             st.slots.mark_idle(slot, now);
             if let Some(e) = st.slots.enforcement(slot) {
-                self.datapath.restore_slot_flags(slot, e.ingress, e.egress);
+                let flags = crate::datapath::SlotFlags {
+                    ingress_enforced: e.ingress,
+                    egress_enforced: e.egress,
+                    tiers: e.tiers,
+                };
+                self.datapath.restore_slot_flags(slot, flags);
             }
         }
         let read_back: BTreeSet<u32> = restored

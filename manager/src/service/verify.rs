@@ -153,15 +153,17 @@ fn check_endpoints(
             && k.identity == ep.identity
             && (k.ingress_enforced, k.egress_enforced)
                 == (policy.ingress_enforced, policy.egress_enforced)
+            && k.tiers == policy.tiers
             && k.ips.iter().all(|ip| ips.contains(ip));
         if !agrees {
             r.problems.push(format!(
-                "endpoint {}: endpoints entry {k:?} disagrees (identity {}, ifindex {:?}, enforced in/eg {}/{}, ips {ips:?})",
+                "endpoint {}: endpoints entry {k:?} disagrees (identity {}, ifindex {:?}, enforced in/eg {}/{}, tiers {:?}, ips {ips:?})",
                 ep.id,
                 ep.identity,
                 ep.host_ifindex,
                 policy.ingress_enforced,
-                policy.egress_enforced
+                policy.egress_enforced,
+                policy.tiers
             ));
         }
         let slot = k.policy_id;

@@ -13,7 +13,7 @@
 
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use weft_policy::mapstate::{EndpointPolicy, Identity};
+use weft_policy::mapstate::{EndpointPolicy, Identity, TierFlags};
 use weft_policy::rule::NamedPorts;
 
 use crate::store::{Store, StoreError};
@@ -47,15 +47,19 @@ impl SlotKey {
     }
 }
 
-/// A slot's enforcement flags: whether its members' ingress and egress are policed at all.
-/// The kernel keeps them only in its members' `endpoints` entries, so a slot kept without
-/// members across a restart has them from its record alone.
+/// A slot's enforcement flags: whether its members' ingress and egress are policed at all, and
+/// which `ClusterNetworkPolicy` tiers they look up. The kernel keeps them only in its members'
+/// `endpoints` entries, so a slot kept without members across a restart has them from its
+/// record alone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Enforcement {
     /// Ingress is enforced.
     pub ingress: bool,
     /// Egress is enforced.
     pub egress: bool,
+    /// Tiers with entries (absent in records of builds without tiers: none).
+    #[serde(default, skip_serializing_if = "TierFlags::is_empty")]
+    pub tiers: TierFlags,
 }
 
 impl Enforcement {
@@ -65,6 +69,7 @@ impl Enforcement {
         Self {
             ingress: policy.ingress_enforced,
             egress: policy.egress_enforced,
+            tiers: policy.tiers,
         }
     }
 }

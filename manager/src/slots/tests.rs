@@ -7,6 +7,12 @@ fn key(identity: Identity) -> SlotKey {
 const ENFORCED: Enforcement = Enforcement {
     ingress: true,
     egress: false,
+    tiers: weft_policy::mapstate::TierFlags {
+        admin_ingress: false,
+        admin_egress: false,
+        baseline_ingress: false,
+        baseline_egress: false,
+    },
 };
 
 #[test]

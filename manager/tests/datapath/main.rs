@@ -17,6 +17,9 @@ mod lifecycle;
 /// The conntrack reopen rule and established flows across a policy change.
 mod reopen;
 
+/// ClusterNetworkPolicy tiers on real packets.
+mod tiers;
+
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 use support::checks::{

@@ -12,15 +12,15 @@ use crate::rule::{
 use crate::selector::{Requirement, Selector};
 use serde_json::Value;
 
-struct Meta {
-    name: String,
+pub(super) struct Meta {
+    pub(super) name: String,
     namespace: String,
     uid: Option<String>,
 }
 
 /// Object metadata is read leniently: `kubectl get -o yaml` output carries many fields
 /// (resourceVersion, managedFields, ...) that do not affect policy.
-fn meta(v: &Value) -> Res<Meta> {
+pub(super) fn meta(v: &Value) -> Res<Meta> {
     let m = v
         .get("metadata")
         .ok_or_else(|| FieldError::new("metadata", "missing"))?;
@@ -41,7 +41,7 @@ fn meta(v: &Value) -> Res<Meta> {
     })
 }
 
-fn derived_labels(kind: &str, m: &Meta) -> LabelSet {
+pub(super) fn derived_labels(kind: &str, m: &Meta) -> LabelSet {
     let mut set = LabelSet::new();
     set.insert(Label::new(source::K8S, keys::POLICY_DERIVED_FROM, kind));
     set.insert(Label::new(source::K8S, keys::POLICY_NAME, &m.name));
@@ -56,7 +56,7 @@ fn derived_labels(kind: &str, m: &Meta) -> LabelSet {
     set
 }
 
-fn api_version(o: &mut Obj<'_>, expected: &[&str]) -> Res<()> {
+pub(super) fn api_version(o: &mut Obj<'_>, expected: &[&str]) -> Res<()> {
     let path = o.at("apiVersion");
     match o.str("apiVersion")? {
         Some(v) if expected.contains(&v) => Ok(()),
@@ -195,7 +195,7 @@ fn parse_cilium_specs(
 }
 
 /// Keys in Kubernetes label selectors have no source; Cilium gives them the `k8s` source.
-fn k8s_selector(v: &Value, path: &str) -> Res<Selector> {
+pub(super) fn k8s_selector(v: &Value, path: &str) -> Res<Selector> {
     let sel = walk::selector(v, path)?;
     Ok(Selector::from_requirements(sel.requirements().map(|r| {
         Requirement {
@@ -214,7 +214,7 @@ fn k8s_selector(v: &Value, path: &str) -> Res<Selector> {
 /// A namespaceSelector selects pods only: every one also requires the pod-namespace label, so
 /// a `NotIn` or `DoesNotExist` requirement (true where the key is absent) cannot match `world`,
 /// a CIDR or any other identity without a namespace.
-fn namespace_selector(v: &Value, path: &str) -> Res<Vec<Requirement>> {
+pub(super) fn namespace_selector(v: &Value, path: &str) -> Res<Vec<Requirement>> {
     let sel = walk::selector(v, path)?;
     let in_a_namespace = Requirement::new(POD_NS, crate::selector::Operator::Exists);
     Ok(std::iter::once(in_a_namespace)

@@ -46,13 +46,7 @@ fn port_spec(v: &Value, path: &str, allow_zero: bool) -> Res<PortSpec> {
     if let Value::String(s) = v
         && s.chars().any(|c| c.is_ascii_alphabetic())
     {
-        let ok = s.len() <= 15
-            && s.chars()
-                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-            && !s.starts_with('-')
-            && !s.ends_with('-')
-            && !s.contains("--");
-        if !ok {
+        if !is_port_name(s) {
             return Err(FieldError::new(
                 path,
                 format!(
@@ -63,6 +57,18 @@ fn port_spec(v: &Value, path: &str, allow_zero: bool) -> Res<PortSpec> {
         return Ok(PortSpec::Name(s.clone()));
     }
     port_number(v, path, allow_zero).map(PortSpec::Number)
+}
+
+/// Kubernetes' `IANA_SVC_NAME`: at most 15 lowercase letters, digits and inner single hyphens,
+/// with at least one letter.
+pub fn is_port_name(s: &str) -> bool {
+    s.len() <= 15
+        && s.chars().any(|c| c.is_ascii_lowercase())
+        && s.chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+        && !s.contains("--")
 }
 
 /// Named ports of one entry; `end` must be absent. In an ingress rule the name is the selected

@@ -12,4 +12,5 @@ mod ipblock;
 mod named_ports;
 mod scenarios;
 mod table;
+mod tiers;
 mod world;

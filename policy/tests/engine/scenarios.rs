@@ -260,12 +260,7 @@ fn assert_no_transient_drop(w: &World, old: &EndpointPolicy, new: &EndpointPolic
         state.entries.insert(*k, *v);
         check(&state, "add");
     }
-    if let Some(en) = d.ingress_enforced {
-        state.ingress_enforced = en;
-    }
-    if let Some(en) = d.egress_enforced {
-        state.egress_enforced = en;
-    }
+    state.apply_flags(&d);
     check(&state, "flags");
     for k in &d.remove {
         state.entries.remove(k);

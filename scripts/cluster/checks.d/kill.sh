@@ -17,15 +17,6 @@ requests() { kc -n "$B" logs loader | grep -c "$1"; }
 some_ok() { [ "$(requests '^ok$')" -gt 5 ]; }
 check "the loader's requests to web:8080 succeed (control)" eventually 20 some_ok
 
-# The manager's process on the node: in the node's netns, running weft-manager.
-manager_pids() {
-  local p n
-  n=$(cl_netns_id)
-  for p in /proc/[0-9]*; do
-    [ "$(readlink "$p/ns/net" 2>/dev/null)" = "$n" ] || continue
-    [ "$(basename "$(readlink "$p/exe" 2>/dev/null)")" = weft-manager ] && echo "${p#/proc/}"
-  done
-}
 pids=$(manager_pids)
 restarts=$(weft_restarts)
 before_fail=$(requests '^FAIL$')

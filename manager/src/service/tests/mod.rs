@@ -261,14 +261,7 @@ fn deny_entry_reaches_the_datapath() {
     .unwrap();
     let p = w.dp.policy(app1.id).unwrap();
     assert!(p.entries.iter().any(|(k, v)| *v == Verdict::Deny
-        && *k
-            == PolicyEntry {
-                direction: Direction::Ingress,
-                identity: 0,
-                proto: proto::TCP,
-                port_lo: 22,
-                port_hi: 22
-            }));
+        && *k == PolicyEntry::new(Direction::Ingress, 0, proto::TCP, 22, 22)));
 }
 
 #[tokio::test]
@@ -552,4 +545,55 @@ async fn orphan_host_veths_are_reaped_but_not_an_endpoints_nor_weft_host() {
     assert!(!links.contains_key(&orphan));
     assert!(links.contains_key(&a.host_ifname));
     assert!(links.contains_key(crate::node::hostnet::HOST_DEVICE));
+}
+
+#[test]
+fn verify_covers_cluster_network_policy_tier_entries_and_flags() {
+    use weft_policy::labels::{Label, LabelSet, keys, source};
+    use weft_policy::mapstate::{Tier, TierAction};
+    use weft_policy::rule::{Entity, PeerRule, PeerSelector, Rule, TierRule};
+    use weft_policy::selector::Selector;
+    let w = world();
+    let a = pod(&w, "a", "app1");
+    let _b = pod(&w, "b", "app2");
+    let labels: LabelSet = [Label::new(source::K8S, keys::POLICY_NAME, "cnp")]
+        .into_iter()
+        .collect();
+    let mut r = Rule::new(Selector::all(), labels);
+    r.ingress = vec![PeerRule::new(
+        vec![PeerSelector::Entity(Entity::Cluster)],
+        vec![],
+    )];
+    r.tier = Some(TierRule {
+        tier: Tier::Admin,
+        priority: 5,
+        direction: Direction::Ingress,
+        index: 0,
+        action: TierAction::Deny,
+        name: String::new(),
+    });
+    // Into the repository only: the datapath was not told.
+    w.m.state().pol.add_rules(vec![r]).unwrap();
+    let r = w.m.verify().unwrap();
+    assert!(!r.consistent);
+    assert!(
+        r.problems
+            .iter()
+            .any(|p| p.contains("tiers") && p.contains(&format!("endpoint {}:", a.id))),
+        "the endpoint entry lacks the Admin flag: {:?}",
+        r.problems
+    );
+    assert!(
+        r.problems
+            .iter()
+            .any(|p| p.contains("missing or different")),
+        "the slot lacks the Admin entries: {:?}",
+        r.problems
+    );
+    w.m.regenerate_all().unwrap();
+    let r = w.m.verify().unwrap();
+    assert!(r.consistent, "{:?}", r.problems);
+    let p = w.dp.policy(a.id).unwrap();
+    assert!(p.tiers.admin_ingress);
+    assert!(p.entries.keys().any(|e| e.tier == Tier::Admin));
 }

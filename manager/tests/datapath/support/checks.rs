@@ -48,6 +48,7 @@ pub fn policy(ingress: bool, egress: bool, rules: &str) -> EndpointPolicy {
         ingress_enforced: ingress,
         egress_enforced: egress,
         entries,
+        ..EndpointPolicy::default()
     }
 }
 
