@@ -112,6 +112,19 @@ pub enum TierAction {
     Accept,
 }
 
+impl TierAction {
+    /// What the action decides for the packet: allow or deny, or nothing (Pass: the next layer
+    /// decides).
+    #[must_use]
+    pub fn verdict(self) -> Option<Verdict> {
+        match self {
+            Self::Accept => Some(Verdict::Allow),
+            Self::Deny => Some(Verdict::Deny),
+            Self::Pass => None,
+        }
+    }
+}
+
 impl std::fmt::Display for TierAction {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
@@ -337,11 +350,7 @@ impl EndpointPolicy {
                     self.tier_entry(tier, direction, reserved::by_ip(cidr_identity), proto, port)
                 })
                 .flatten();
-            match own.into_iter().chain(twin).min()?.action {
-                TierAction::Accept => Some(Verdict::Allow),
-                TierAction::Deny => Some(Verdict::Deny),
-                TierAction::Pass => None,
-            }
+            own.into_iter().chain(twin).min()?.action.verdict()
         };
         if let Some(v) = tier(Tier::Admin) {
             return v;
@@ -427,14 +436,9 @@ impl EndpointPolicy {
         proto: u8,
         port: u16,
     ) -> Option<Verdict> {
-        match self
-            .tier_entry(tier, direction, identity, proto, port)?
+        self.tier_entry(tier, direction, identity, proto, port)?
             .action
-        {
-            TierAction::Accept => Some(Verdict::Allow),
-            TierAction::Deny => Some(Verdict::Deny),
-            TierAction::Pass => None,
-        }
+            .verdict()
     }
 
     /// Allow entries that a deny of the same identity (or of identity 0) overlaps without a

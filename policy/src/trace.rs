@@ -293,10 +293,9 @@ fn decide(
     };
     let mut passed = None;
     if let Some(t) = tier(Tier::Admin) {
-        match t.action {
-            TierAction::Accept => return tier_done(Verdict::Allow, t, None),
-            TierAction::Deny => return tier_done(Verdict::Deny, t, None),
-            TierAction::Pass => passed = Some(t),
+        match t.action.verdict() {
+            Some(v) => return tier_done(v, t, None),
+            None => passed = Some(t),
         }
     }
     let mut out = decide_policy(
@@ -311,12 +310,9 @@ fn decide(
     );
     if out.decision == Decision::NotSelected
         && let Some(t) = tier(Tier::Baseline)
+        && let Some(v) = t.action.verdict()
     {
-        match t.action {
-            TierAction::Accept => return tier_done(Verdict::Allow, t, passed),
-            TierAction::Deny => return tier_done(Verdict::Deny, t, passed),
-            TierAction::Pass => {}
-        }
+        return tier_done(v, t, passed);
     }
     out.passed = passed;
     out
