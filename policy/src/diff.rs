@@ -81,12 +81,22 @@ pub fn plan(old: &EndpointPolicy, new: &EndpointPolicy) -> PolicyDiff {
 impl EndpointPolicy {
     /// Applies a diff in its documented order (for tests and dry runs of the datapath).
     pub fn apply(&mut self, diff: &PolicyDiff) {
+        self.apply_stepwise(diff, |_, _| {});
+    }
+
+    /// [`Self::apply`] one map operation at a time, calling `each` with the policy after every
+    /// operation and its step ("add", "flags", "remove"): what the datapath holds at each moment
+    /// of a regeneration.
+    pub fn apply_stepwise(&mut self, diff: &PolicyDiff, mut each: impl FnMut(&Self, &str)) {
         for (k, v) in &diff.add {
             self.entries.insert(*k, *v);
+            each(self, "add");
         }
         self.apply_flags(diff);
+        each(self, "flags");
         for k in &diff.remove {
             self.entries.remove(k);
+            each(self, "remove");
         }
     }
 
@@ -143,16 +153,7 @@ mod tests {
             }
         };
         let mut state = old.clone();
-        for (k, v) in &d.add {
-            state.entries.insert(*k, *v);
-            check(&state, "add");
-        }
-        state.apply_flags(&d);
-        check(&state, "flags");
-        for k in &d.remove {
-            state.entries.remove(k);
-            check(&state, "remove");
-        }
+        state.apply_stepwise(&d, check);
         assert_eq!(&state, new);
         let mut applied = old.clone();
         applied.apply(&d);

@@ -256,16 +256,7 @@ fn assert_no_transient_drop(w: &World, old: &EndpointPolicy, new: &EndpointPolic
             );
         }
     };
-    for (k, v) in &d.add {
-        state.entries.insert(*k, *v);
-        check(&state, "add");
-    }
-    state.apply_flags(&d);
-    check(&state, "flags");
-    for k in &d.remove {
-        state.entries.remove(k);
-        check(&state, "remove");
-    }
+    state.apply_stepwise(&d, check);
     assert_eq!(&state, new);
     let mut applied = old.clone();
     applied.apply(&d);

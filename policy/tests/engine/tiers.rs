@@ -13,7 +13,7 @@ use weft_policy::mapstate::{
 };
 use weft_policy::rule::{CidrSelector, PeerRule, PeerSelector, PortProto, Rule, TierRule};
 use weft_policy::selector::{Operator, Requirement, Selector};
-use weft_policy::trace::{Decision, TracePeer, trace};
+use weft_policy::trace::Decision;
 
 /// Pod addresses of the world's endpoints (networks peers match them by IP).
 const ADDRS: &[(&str, &str)] = &[
@@ -24,12 +24,9 @@ const ADDRS: &[(&str, &str)] = &[
     ("prom", "10.1.4.1"),
 ];
 
-fn addr_of(ep: &str) -> &'static str {
-    ADDRS
-        .iter()
-        .find(|(n, _)| *n == ep)
-        .map(|(_, a)| *a)
-        .unwrap()
+/// The address of an endpoint of [`ADDRS`]; `None` for one without (no by-address match).
+fn addr_of(ep: &str) -> Option<&'static str> {
+    ADDRS.iter().find(|(n, _)| *n == ep).map(|(_, a)| *a)
 }
 
 fn app(a: &str) -> Selector {
@@ -119,49 +116,15 @@ fn add(w: &mut World, rules: Vec<Rule>) {
 
 /// The verdict `ep` gives the flow with the endpoint `peer` in `dir`: the computed map's
 /// (identity and address) and trace's, which must agree; with trace's decision.
-fn judge(
-    w: &World,
-    ep: &str,
-    dir: Direction,
-    peer: &str,
-    (proto, port): (u8, u16),
-) -> (Verdict, Decision) {
+fn judge(w: &World, ep: &str, dir: Direction, peer: &str, flow: (u8, u16)) -> (Verdict, Decision) {
     let pol = w.policy(ep);
     lpm_contract(&pol);
-    let (pid, plabels) = w.peer(&format!("ep:{peer}"));
-    let cidr = match w.ip(addr_of(peer)) {
-        reserved::WORLD => 0,
-        id => id,
+    let cidr = match addr_of(peer).map(|a| w.ip(a)) {
+        None | Some(reserved::WORLD) => 0,
+        Some(id) => id,
     };
-    let map = pol.lookup_peer(dir, (pid, cidr), proto, port);
-    let (eid, el) = &w.eps[ep];
-    let me = TracePeer {
-        identity: *eid,
-        labels: Some(el),
-        named_ports: None,
-        cidr_identity: 0,
-    };
-    let other = TracePeer {
-        identity: pid,
-        labels: None,
-        named_ports: None,
-        cidr_identity: cidr,
-    };
-    let _ = plabels;
-    let t = match dir {
-        Direction::Ingress => trace(&w.repo, &w.cache, other, me, proto, port, &w.opts),
-        Direction::Egress => trace(&w.repo, &w.cache, me, other, proto, port, &w.opts),
-    };
-    let side = match dir {
-        Direction::Ingress => t.ingress,
-        Direction::Egress => t.egress,
-    }
-    .unwrap();
-    assert_eq!(
-        side.verdict, map,
-        "trace disagrees with the map for {ep} {dir:?} {peer} {proto}/{port}: {side:?}"
-    );
-    (map, side.decision)
+    let (v, side) = w.judged(&pol, ep, dir, (&format!("ep:{peer}"), cidr), flow);
+    (v, side.decision)
 }
 
 /// The tier entries' contract with the datapath's longest-prefix match: within one (tier,
@@ -650,40 +613,18 @@ spec:
         )
     };
     w.import(&objects(60));
-    let (v, d) = judge_named(&w, "harry", Direction::Ingress, "draco", TCP80);
+    let (v, d) = judge(&w, "harry", Direction::Ingress, "draco", TCP80);
     assert_eq!(v, Verdict::Deny);
     assert_eq!(tier_of(&d), Some((Tier::Admin, 50, 0, TierAction::Deny)));
     w.import(&objects(40));
-    let (v, d) = judge_named(&w, "harry", Direction::Ingress, "draco", TCP80);
+    let (v, d) = judge(&w, "harry", Direction::Ingress, "draco", TCP80);
     assert_eq!(v, Verdict::Allow);
     assert_eq!(
         tier_of(&d),
         Some((Tier::Baseline, 50, 0, TierAction::Accept))
     );
     // Everyone else in gryffindor's way gets the baseline's deny.
-    let (v, d) = judge_named(&w, "harry", Direction::Ingress, "client", TCP80);
+    let (v, d) = judge(&w, "harry", Direction::Ingress, "client", TCP80);
     assert_eq!(v, Verdict::Deny);
     assert_eq!(tier_of(&d), Some((Tier::Baseline, 50, 1, TierAction::Deny)));
-}
-
-/// [`judge`] for endpoints without an address in [`ADDRS`] (no by-address match).
-fn judge_named(
-    w: &World,
-    ep: &str,
-    dir: Direction,
-    peer: &str,
-    (proto, port): (u8, u16),
-) -> (Verdict, Decision) {
-    let pol = w.policy(ep);
-    lpm_contract(&pol);
-    let (pid, _) = w.peer(&format!("ep:{peer}"));
-    let map = pol.lookup_peer(dir, (pid, 0), proto, port);
-    let t = w.trace_dir(ep, dir, &format!("ep:{peer}"), proto, port);
-    let side = match dir {
-        Direction::Ingress => t.ingress,
-        Direction::Egress => t.egress,
-    }
-    .unwrap();
-    assert_eq!(side.verdict, map, "trace disagrees with the map: {side:?}");
-    (map, side.decision)
 }

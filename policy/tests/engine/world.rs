@@ -13,7 +13,7 @@ use weft_policy::parse::parse_policy_file;
 use weft_policy::repository::Repository;
 use weft_policy::rule::Rule;
 use weft_policy::selectorcache::SelectorCache;
-use weft_policy::trace::{Trace, TracePeer, trace};
+use weft_policy::trace::{DirectionTrace, Trace, TracePeer, trace};
 
 pub struct World {
     pub alloc: IdentityAllocator,
@@ -183,20 +183,28 @@ impl World {
         proto: u8,
         port: u16,
     ) -> Verdict {
-        let pol = self.policy(ep);
+        let cidr = match self.ip(addr) {
+            reserved::WORLD => 0,
+            id => id,
+        };
+        self.judged(&self.policy(ep), ep, dir, (peer, cidr), (proto, port))
+            .0
+    }
+
+    /// `pol` (`ep`'s computed policy)'s verdict for the flow with `peer` whose address lies in
+    /// the CIDR identity `cidr` (0: none), the datapath's decision
+    /// ([`EndpointPolicy::lookup_peer`]: tiers, then the peer's identity, then its by-IP twin),
+    /// cross-checked against trace given the same `cidr_identity`; with trace's side of it.
+    pub fn judged(
+        &self,
+        pol: &EndpointPolicy,
+        ep: &str,
+        dir: Direction,
+        (peer, cidr): (&str, Identity),
+        (proto, port): (u8, u16),
+    ) -> (Verdict, DirectionTrace) {
         let (pid, _) = self.peer(peer);
-        let cidr = self.ip(addr);
-        let cidr = if cidr == reserved::WORLD { 0 } else { cidr };
-        let enforced = match dir {
-            Direction::Ingress => pol.ingress_enforced,
-            Direction::Egress => pol.egress_enforced,
-        };
-        let decided = pol.entries.keys().any(|e| e.matches(dir, pid, proto, port));
-        let map = if !enforced || decided || cidr == 0 {
-            pol.lookup(dir, pid, proto, port)
-        } else {
-            pol.lookup(dir, reserved::by_ip(cidr), proto, port)
-        };
+        let map = pol.lookup_peer(dir, (pid, cidr), proto, port);
         let (eid, el) = &self.eps[ep];
         let me = TracePeer {
             identity: *eid,
@@ -216,8 +224,16 @@ impl World {
             }
             Direction::Egress => trace(&self.repo, &self.cache, me, other, proto, port, &self.opts),
         };
-        assert_eq!(t.verdict, map, "trace disagrees with the map: {t:?}");
-        map
+        let side = match dir {
+            Direction::Ingress => t.ingress,
+            Direction::Egress => t.egress,
+        }
+        .expect("the endpoint's side is traced");
+        assert_eq!(
+            side.verdict, map,
+            "trace disagrees with the map for {ep} {dir:?} {peer} {proto}/{port}: {side:?}"
+        );
+        (map, side)
     }
 
     /// Trace of only `ep`'s side of the flow.
