@@ -98,6 +98,9 @@ own_endpoints() { # NODE POD... : the node's manager has an endpoint for each PO
 check "the weft DaemonSet is ready on all $MN_NODES nodes" test "$(kc -n kube-system get ds weft -o jsonpath='{.status.numberReady}')" = "$MN_NODES"
 check "the manager on $N1 holds srv1 and cli1, no other node's pod" within 20 own_endpoints "$N1" srv1 cli1
 check "the manager on $N2 holds srv2, cli2 and other2, no other node's pod" within 20 own_endpoints "$N2" srv2 cli2 other2
+for i in $(seq 3 "$MN_NODES"); do
+  check "the manager on $(mn_node "$i") holds srv$i, no other node's pod" within 20 own_endpoints "$(mn_node "$i")" "srv$i"
+done
 
 SRV1=$(pod_ip "$M" srv1) SRV2=$(pod_ip "$M" srv2)
 echo "   (srv1 $SRV1 on $N1, srv2 $SRV2 on $N2)"
