@@ -38,11 +38,13 @@ eventually() {
   "$@"
 }
 
-weftctl_() { kc -n kube-system exec ds/weft -c weft-manager -- /usr/local/bin/weftctl "$@"; }
+# The weft pod of node 1 (the only one on a single-node cluster): the one the groups look at.
+weft_pods_() { kc -n kube-system get pods -l k8s-app=weft --field-selector "spec.nodeName=$CL_NODE" "$@"; }
+weftctl_() { kc -n kube-system exec "$(weft_pod)" -c weft-manager -- /usr/local/bin/weftctl "$@"; }
 pod_ip() { kc -n "$1" get pod "$2" -o jsonpath='{.status.podIP}'; }
-weft_pod() { kc -n kube-system get pods -l k8s-app=weft -o jsonpath='{.items[0].metadata.name}'; }
-weft_restarts() { kc -n kube-system get pods -l k8s-app=weft -o jsonpath='{.items[0].status.containerStatuses[0].restartCount}'; }
-weft_ready() { [ "$(kc -n kube-system get pods -l k8s-app=weft -o jsonpath='{.items[0].status.containerStatuses[0].ready}')" = true ]; }
+weft_pod() { weft_pods_ -o jsonpath='{.items[0].metadata.name}'; }
+weft_restarts() { weft_pods_ -o jsonpath='{.items[0].status.containerStatuses[0].restartCount}'; }
+weft_ready() { [ "$(weft_pods_ -o jsonpath='{.items[0].status.containerStatuses[0].ready}')" = true ]; }
 weft_log() { kc -n kube-system logs "$(weft_pod)" -c weft-manager "$@"; }
 node_ready() { kc get node "$CL_NODE" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}'; }
 node_ready_msg() { kc get node "$CL_NODE" -o jsonpath='{.status.conditions[?(@.type=="Ready")].message}'; }
@@ -96,6 +98,9 @@ lacks_label_key() {
     { echo "labels of $1/$2: $(jq -c '[.labels[] | .key + "=" + .value]' <<<"$ep")"; return 1; }
 }
 
+# ck_pin: on a cluster of several nodes, "  nodeName: <node 1>" for a pod spec (the groups other
+# than multinode judge one node's datapath); nothing on one node.
+ck_pin() { [ "$(cl_node_count)" -gt 1 ] && echo "  nodeName: $CL_NODE"; return 0; }
 ck_pods_yaml() {
   local img=$AGNHOST_IMAGE
   cat <<EOF
@@ -111,6 +116,7 @@ apiVersion: v1
 kind: Pod
 metadata: {name: web, namespace: $CK_NS_A, labels: {app: web}}
 spec:
+$(ck_pin)
   terminationGracePeriodSeconds: 1
   containers:
   - name: http
@@ -131,6 +137,7 @@ apiVersion: v1
 kind: Pod
 metadata: {name: $pod, namespace: $ns, labels: {role: $role}}
 spec:
+$(ck_pin)
   terminationGracePeriodSeconds: 1
   containers:
   - name: c

@@ -1,15 +1,23 @@
-# The single-node cluster of scripts/cluster/up: names, paths and helpers shared by up, down,
-# e2e, checks and the kubectl/exec wrappers. Source it; set WEFT_CLUSTER first for a cluster
-# other than the default one.
+# The cluster of scripts/cluster/up (one node, or up to three with --nodes): names, paths and
+# helpers shared by up, down, e2e, checks and the kubectl/exec wrappers. Source it; set
+# WEFT_CLUSTER first for a cluster other than the default one.
 #
 # Everything one cluster makes carries its name, so two clusters (a developer's and a CI run's)
-# and the rest of the team's tests never meet:
-#   netns            weft-<name> (the node) and weft-<name>-up (its uplink's other end)
-#   mount namespace  bound at $CL_STATE/ns/mnt: every component runs inside it, where /run, /sys,
-#                    /sys/fs/bpf, /var/log and the CNI, kubelet and Weft directories are the
-#                    node's own (scripts/cluster/mounts.sh); nothing is written to the host's
-#   state            /var/lib/weft-cluster/<name> (certificates, configs, data, logs, pid files)
-#   cgroups          /weft-<name> under every cgroup v1 controller (the kubelet's cgroupRoot)
+# and the rest of the team's tests never meet. Node 1 (weft-<name>) holds the control plane;
+# nodes 2 and 3 (weft-<name>-2, weft-<name>-3) are workers. Per node I:
+#   netns            weft-<name> (node 1), weft-<name>-I (workers); weft-<name>-up is the uplink's
+#                    other end (with several nodes: the underlay bridge br0 joining every eth0)
+#   mount namespace  bound at <node state>/ns/mnt: every component of the node runs inside it,
+#                    where /run, /sys, /sys/fs/bpf, /var/log and the CNI, kubelet and Weft
+#                    directories are the node's own (scripts/cluster/node-mounts); nothing is
+#                    written to the host's
+#   state            node 1: /var/lib/weft-cluster/<name> (the cluster's: certificates, configs,
+#                    etcd, logs, pid files, the node count in `node-count`); workers: its nodes/I/
+#   cgroups          /weft-<name> (node 1), /weft-<name>-I (workers) under every cgroup v1
+#                    controller (each kubelet's cgroupRoot)
+# cl_use_node I selects node I for the per-node variables below (CL_NODE, CL_NETNS, CL_MNTNS,
+# CL_NODE_IP, CL_NSTATE, CL_PIDS, CL_LOGS, CL_PKI, CL_CONF, CL_NODEFS, CL_CGROUP,
+# CL_CONTAINERD_SOCK); node 1 is selected when this file is sourced.
 
 set -uo pipefail
 
@@ -20,30 +28,70 @@ case $CL_NAME in
     echo "cluster: WEFT_CLUSTER=\"$CL_NAME\" is not a valid cluster name: 1-9 characters of a-z and 0-9" >&2
     exit 2 ;;
 esac
-CL_NETNS=weft-$CL_NAME
 CL_UPNS=weft-$CL_NAME-up
-CL_NODE=weft-$CL_NAME                 # the Node's name
 CL_STATE=/var/lib/weft-cluster/$CL_NAME
-CL_MNTNS=$CL_STATE/ns/mnt
-CL_CGROUP=/weft-$CL_NAME
-CL_PIDS=$CL_STATE/pids
-CL_LOGS=$CL_STATE/logs
-CL_PKI=$CL_STATE/pki
-CL_CONF=$CL_STATE/conf
-CL_NODEFS=$CL_STATE/node              # what the node sees at /etc/cni/net.d, /opt/cni/bin, ...
+CL_MAX_NODES=3
+CL_CA_PKI=$CL_STATE/pki               # the cluster's CA (node 1's pki dir); workers get ca.crt only
 
-# Addresses, all inside the node's netns: the node on its uplink, pods from the controller
-# manager's allocation, Services from the API server's range.
-CL_NODE_IP=192.168.77.2
+# cl_use_node I: node I's names and paths (I = 1 .. $CL_MAX_NODES; 1 = the control plane's).
+cl_use_node() {
+  local i=$1
+  case $i in 1 | 2 | 3) ;; *) cl_die "no node $i: nodes are 1 to $CL_MAX_NODES" ;; esac
+  CL_NODE_INDEX=$i
+  if [ "$i" = 1 ]; then
+    CL_NODE=weft-$CL_NAME               # the Node's name
+    CL_NSTATE=$CL_STATE                 # the node's state dir
+    CL_CGROUP=/weft-$CL_NAME
+  else
+    CL_NODE=weft-$CL_NAME-$i
+    CL_NSTATE=$CL_STATE/nodes/$i
+    CL_CGROUP=/weft-$CL_NAME-$i
+  fi
+  CL_NETNS=$CL_NODE
+  CL_NODE_IP=192.168.77.$((i + 1))      # on the uplink (the underlay's /24 with several nodes)
+  CL_MNTNS=$CL_NSTATE/ns/mnt
+  CL_PIDS=$CL_NSTATE/pids
+  CL_LOGS=$CL_NSTATE/logs
+  CL_PKI=$CL_NSTATE/pki
+  CL_CONF=$CL_NSTATE/conf
+  CL_NODEFS=$CL_NSTATE/node             # what the node sees at /etc/cni/net.d, /opt/cni/bin, ...
+  CL_CONTAINERD_SOCK=$CL_NSTATE/containerd/containerd.sock
+}
+
+# cl_node_count: the number of nodes up recorded in $CL_STATE/node-count (1 when there is none: a
+# cluster made before the option, or none at all).
+cl_node_count() {
+  local n
+  n=$(cat "$CL_STATE/node-count" 2>/dev/null)
+  case $n in 1 | 2 | 3) echo "$n" ;; *) echo 1 ;; esac
+}
+
+# cl_node_index NAME-OR-INDEX: the index of a node of this cluster given as 1..3 or by its Node
+# name (weft-NAME, weft-NAME-2, ...); dies naming the nodes there are otherwise.
+cl_node_index() {
+  local want=$1 n i
+  n=$(cl_node_count)
+  for i in $(seq "$n"); do
+    { [ "$want" = "$i" ] || { [ "$i" = 1 ] && [ "$want" = "weft-$CL_NAME" ]; } ||
+      [ "$want" = "weft-$CL_NAME-$i" ]; } && { echo "$i"; return 0; }
+  done
+  local names="weft-$CL_NAME"
+  for i in $(seq 2 "$n"); do names="$names weft-$CL_NAME-$i"; done
+  cl_die "no node $want: its nodes are $names (or 1..$n)"
+}
+
+# Addresses, all inside the nodes' netns: the nodes on their uplink, pods from the controller
+# manager's allocation, Services from the API server's range. The API server listens on node
+# 1's address, which every worker reaches over the underlay.
 CL_GW_IP=192.168.77.1
+CL_API_IP=192.168.77.2
 CL_CLUSTER_CIDR=10.244.0.0/16
 CL_NODE_CIDR_MASK=24
 CL_SERVICE_CIDR=10.96.0.0/16
 CL_API_SVC_IP=10.96.0.1
 CL_DNS_IP=10.96.0.10
-CL_API=https://$CL_NODE_IP:6443
-CL_CONTAINERD_SOCK=$CL_STATE/containerd/containerd.sock
-CL_ADMIN_KUBECONFIG=$CL_CONF/admin.kubeconfig
+CL_API=https://$CL_API_IP:6443
+CL_ADMIN_KUBECONFIG=$CL_STATE/conf/admin.kubeconfig
 
 cl_die() { echo "cluster $CL_NAME: $*" >&2; exit 1; }
 cl_log() { printf '%s cluster %s: %s\n' "$(date +%H:%M:%S)" "$CL_NAME" "$*" >&2; }
@@ -59,17 +107,29 @@ cl_load_builds() {
   source "$CL_ROOT/scripts/cluster/paths.sh" || cl_die "scripts/cluster/paths.sh is missing"
 }
 cl_load_builds
+cl_use_node 1
 
-# in_node CMD...: runs CMD in the node (its netns and mount namespace).
+# in_node CMD...: runs CMD in the selected node (its netns and mount namespace).
 in_node() { nsenter --mount="$CL_MNTNS" --net="/run/netns/$CL_NETNS" --wd="$PWD" -- "$@"; }
 
-# kc ARGS...: kubectl as the cluster's admin, from inside the node.
-kc() { in_node "$CLUSTER_BIN/kubectl" --kubeconfig "$CL_ADMIN_KUBECONFIG" "$@"; }
+# kc ARGS...: kubectl as the cluster's admin, from inside node 1 (whichever node is selected).
+kc() {
+  nsenter --mount="$CL_STATE/ns/mnt" --net="/run/netns/weft-$CL_NAME" --wd="$PWD" -- \
+    "$CLUSTER_BIN/kubectl" --kubeconfig "$CL_ADMIN_KUBECONFIG" "$@"
+}
 
-# cl_exists: the state dir or the netns exists (a running cluster, or one left by a failure).
-cl_exists() { [ -d "$CL_STATE" ] || [ -e "/run/netns/$CL_NETNS" ] || [ -e "/run/netns/$CL_UPNS" ]; }
+# cl_exists: the state dir or a netns of the cluster exists (a running cluster, or one left by
+# a failure).
+cl_exists() {
+  local i
+  [ -d "$CL_STATE" ] || [ -e "/run/netns/$CL_UPNS" ] || [ -e "/run/netns/weft-$CL_NAME" ] && return 0
+  for i in $(seq 2 "$CL_MAX_NODES"); do
+    [ -e "/run/netns/weft-$CL_NAME-$i" ] && return 0
+  done
+  return 1
+}
 
-# cl_start NAME CMD...: starts CMD in the node, detached (own session, stdin /dev/null), its
+# cl_start NAME CMD...: starts CMD in the selected node, detached (own session, stdin /dev/null), its
 # output in $CL_LOGS/NAME.log, its pid in $CL_PIDS/NAME.pid. nsenter execs CMD (no fork: only
 # --pid makes it fork), so the pid is CMD's own.
 cl_start() {
@@ -81,7 +141,7 @@ cl_start() {
 }
 
 # cl_pid NAME: the pid of a component that is running (and is still the one we started: the
-# process is in the node's netns), else nothing and status 1.
+# process is in the selected node's netns), else nothing and status 1.
 cl_pid() {
   local f=$CL_PIDS/$1.pid pid
   [ -f "$f" ] || return 1
@@ -91,7 +151,7 @@ cl_pid() {
   echo "$pid"
 }
 
-# The node netns's identity (net:[inode]) as /proc/PID/ns/net shows it.
+# The selected node netns's identity (net:[inode]) as /proc/PID/ns/net shows it.
 cl_netns_id() {
   local ino
   ino=$(stat -L -c %i "/run/netns/$CL_NETNS" 2>/dev/null) || return 1

@@ -31,11 +31,11 @@ conf_containerd() {
   local sandbox=$1 runc
   runc=$CLUSTER_BIN/runc
   [ -x "$runc" ] || cl_die "$runc is missing: run scripts/cluster/build"
-  mkdir -p "$CL_STATE/containerd"
+  mkdir -p "$CL_NSTATE/containerd"
   cat >"$CL_CONF/containerd.toml" <<EOF
 version = 4
-root = "$CL_STATE/containerd/root"
-state = "$CL_STATE/containerd/state"
+root = "$CL_NSTATE/containerd/root"
+state = "$CL_NSTATE/containerd/state"
 # Nothing from the host's /etc/containerd.
 imports = []
 

@@ -2,9 +2,9 @@
 # cluster.sh: one CA signs the API server's serving certificate, the kubelet's, and a client
 # certificate per component whose subject is the identity RBAC and the Node authorizer expect.
 
-# pki_cert NAME CN O SAN USAGE: NAME.key + NAME.crt signed by the CA ($PKI_CA, default ca). O may
-# be empty, SAN is an openssl subjectAltName value or empty, USAGE is serverAuth, clientAuth or
-# both.
+# pki_cert NAME CN O SAN USAGE: $CL_PKI/NAME.key + NAME.crt (the selected node's pki dir) signed
+# by the cluster's CA in $CL_CA_PKI ($PKI_CA, default ca). O may be empty, SAN is an openssl
+# subjectAltName value or empty, USAGE is serverAuth, clientAuth or both.
 pki_cert() {
   local name=$1 cn=$2 o=$3 san=$4 usage=$5 subj ext
   subj="/CN=$cn"
@@ -18,7 +18,7 @@ pki_cert() {
   } >"$ext"
   openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$CL_PKI/$name.key" 2>/dev/null &&
     openssl req -new -key "$CL_PKI/$name.key" -subj "$subj" -out "$CL_PKI/$name.csr" &&
-    openssl x509 -req -in "$CL_PKI/$name.csr" -CA "$CL_PKI/${PKI_CA:-ca}.crt" -CAkey "$CL_PKI/${PKI_CA:-ca}.key" \
+    openssl x509 -req -in "$CL_PKI/$name.csr" -CA "$CL_CA_PKI/${PKI_CA:-ca}.crt" -CAkey "$CL_CA_PKI/${PKI_CA:-ca}.key" \
       -set_serial "0x$(openssl rand -hex 16)" -days 3650 -sha256 -extfile "$ext" \
       -out "$CL_PKI/$name.crt" 2>/dev/null ||
     cl_die "openssl could not make the $name certificate"
@@ -58,4 +58,17 @@ pki_all() {
   openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$CL_PKI/sa.key" 2>/dev/null &&
     openssl pkey -in "$CL_PKI/sa.key" -pubout -out "$CL_PKI/sa.pub" 2>/dev/null ||
     cl_die "openssl could not make the service-account key"
+}
+
+# pki_worker: the selected worker node's certificates in its own pki dir, signed by the
+# cluster's CA: its kubelet's client certificate (system:node:<name> in system:nodes, what the
+# Node authorizer and NodeRestriction know it by) and serving certificate, kube-proxy's client
+# certificate, and the CA's certificate (not its key).
+pki_worker() {
+  mkdir -p "$CL_PKI"
+  chmod 700 "$CL_PKI"
+  cp "$CL_CA_PKI/ca.crt" "$CL_PKI/ca.crt" || cl_die "cannot copy the CA certificate to $CL_PKI"
+  pki_cert kube-proxy system:kube-proxy "" "" clientAuth
+  pki_cert kubelet "system:node:$CL_NODE" system:nodes "" clientAuth
+  pki_cert kubelet-serving "$CL_NODE" "" "DNS:$CL_NODE,IP:$CL_NODE_IP" serverAuth
 }

@@ -5,6 +5,7 @@ apiVersion: v1
 kind: Pod
 metadata: {name: loader, namespace: $B, labels: {role: loader}}
 spec:
+$(ck_pin)
   terminationGracePeriodSeconds: 1
   containers:
   - name: c

@@ -198,6 +198,7 @@ apiVersion: v1
 kind: Pod
 metadata: {name: counted, namespace: $A, labels: {role: counted}}
 spec:
+$(ck_pin)
   terminationGracePeriodSeconds: 1
   containers: [{name: c, image: $AGNHOST_IMAGE, args: [pause]}]
 EOT

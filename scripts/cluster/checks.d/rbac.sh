@@ -12,7 +12,7 @@ no_warnings() { local w; w=$(weftctl_ -o json status | jq -r '.warnings[]?'); [ 
 log_has() { weft_log | grep -F "$1" >/dev/null || { weft_log | tail -5; return 1; }; }
 # restart_manager: a new pod of the DaemonSet (the kubelet starts it at once).
 weft_running() {
-  [ -n "$(kc -n kube-system get pods -l k8s-app=weft -o jsonpath='{.items[0].status.containerStatuses[0].state.running}')" ]
+  [ -n "$(weft_pods_ -o jsonpath='{.items[0].status.containerStatuses[0].state.running}')" ]
 }
 restart_manager() {
   kc -n kube-system delete pod -l k8s-app=weft --wait=true --timeout=60s >/dev/null
