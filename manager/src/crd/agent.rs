@@ -203,6 +203,12 @@ impl CrdCluster {
         collector.run(&*self.api, &view, local, now)
     }
 
+    /// A copy of what the watches show.
+    #[must_use]
+    pub fn view_snapshot(&self) -> View {
+        crate::sys::locks::lock(&self.view).clone()
+    }
+
     fn wait(&self, timeout: Duration) {
         let (lock, cvar) = &self.wake;
         let guard = crate::sys::locks::lock(lock);

@@ -2,7 +2,8 @@
 //! create fails on an existing name (409), deletes are guarded by uid and resourceVersion
 //! preconditions, every write moves a global resourceVersion, and watches see every change.
 //! [`MemApi::set_down`] makes every call fail as an unreachable API server would, and breaks
-//! the watches; coming back, each kind is listed again as kube-runtime's watcher does.
+//! the watches; [`MemApi::relist`] is their recovery (kube-runtime's watcher lists every kind
+//! again after its backoff), so a test decides which changes a broken watch missed.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -85,17 +86,24 @@ impl MemApi {
         crate::sys::locks::lock(&self.inner)
     }
 
-    /// Simulates the API server going away (`true`) and coming back (every kind re-listed).
+    /// Simulates the API server going away (`true`: calls fail, watches break) and coming
+    /// back.
     pub fn set_down(&self, down: bool) {
         self.down.store(down, Ordering::SeqCst);
+        if down {
+            let mut inner = self.raw();
+            for kind in Kind::ALL {
+                inner.emit(|| Change::Broken(kind, "injected outage".into()));
+            }
+        }
+    }
+
+    /// The watches recover: every kind listed again.
+    pub fn relist(&self) {
         let mut inner = self.raw();
         for kind in Kind::ALL {
-            if down {
-                inner.emit(|| Change::Broken(kind, "injected outage".into()));
-            } else {
-                let all = inner.listing(kind);
-                inner.emit(|| Change::Listed(kind, all.clone()));
-            }
+            let all = inner.listing(kind);
+            inner.emit(|| Change::Listed(kind, all.clone()));
         }
     }
 

@@ -16,6 +16,8 @@ pub mod agent;
 pub mod identities;
 pub mod kube;
 pub mod mem;
+#[cfg(test)]
+mod protocol_tests;
 pub mod view;
 
 use std::net::IpAddr;
