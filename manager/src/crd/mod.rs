@@ -17,7 +17,7 @@ pub mod identities;
 pub mod kube;
 pub mod mem;
 #[cfg(test)]
-mod protocol_tests;
+mod tests;
 pub mod view;
 
 use std::net::IpAddr;
@@ -241,23 +241,4 @@ pub fn labels_hash(labels: &LabelSet) -> String {
             let _ = write!(s, "{b:02x}");
             s
         })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn hash_is_a_label_value_and_tells_sets_apart() {
-        let a = LabelSet::for_pod("default", [("app", "web")]);
-        let b = LabelSet::for_pod("default", [("app", "db")]);
-        let h = labels_hash(&a);
-        assert_eq!(h.len(), 40);
-        assert!(
-            h.chars()
-                .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
-        );
-        assert_eq!(h, labels_hash(&a.clone()));
-        assert_ne!(h, labels_hash(&b));
-    }
 }

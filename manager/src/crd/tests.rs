@@ -443,3 +443,17 @@ fn an_outage_keeps_what_is_known_refuses_new_labels_retryably_and_converges_on_r
     assert!(a.connected());
     assert_eq!(a.allocate_identity(&l("new")).unwrap(), db + 1);
 }
+
+#[test]
+fn hash_is_a_label_value_and_tells_sets_apart() {
+    let a = l("web");
+    let b = l("db");
+    let h = labels_hash(&a);
+    assert_eq!(h.len(), 40);
+    assert!(
+        h.chars()
+            .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
+    );
+    assert_eq!(h, labels_hash(&a.clone()));
+    assert_ne!(h, labels_hash(&b));
+}
