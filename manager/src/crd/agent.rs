@@ -41,6 +41,8 @@ pub struct CrdCluster {
     delivered: Mutex<Delivered>,
     /// Complete listings applied so far (the session publishes everything again after each).
     listings: AtomicU64,
+    /// The last error of each broken watch (logged once until it changes or recovers).
+    broken: Mutex<BTreeMap<super::Kind, String>>,
     wake: (Mutex<bool>, Condvar),
     stop: AtomicBool,
     synced: (Mutex<bool>, Condvar),
@@ -57,6 +59,7 @@ impl CrdCluster {
             view: Mutex::new(View::default()),
             delivered: Mutex::new(Delivered::default()),
             listings: AtomicU64::new(0),
+            broken: Mutex::new(BTreeMap::new()),
             wake: (Mutex::new(false), Condvar::new()),
             stop: AtomicBool::new(false),
             synced: (Mutex::new(false), Condvar::new()),
@@ -88,13 +91,24 @@ impl CrdCluster {
 
     /// Applies one watch change and hands the manager the difference.
     pub(crate) fn handle(&self, change: super::Change, remote: &dyn Remote) {
-        let broken = matches!(change, super::Change::Broken(..));
-        if let super::Change::Broken(kind, e) = &change {
-            tracing::debug!(?kind, "CRD watch broke: {e}");
+        match &change {
+            super::Change::Broken(kind, e) => {
+                let mut last = crate::sys::locks::lock(&self.broken);
+                if last.get(kind) != Some(e) {
+                    // A missing CRD or RBAC verb shows here (conf/k8s/00-crd-weft.yaml, 01-rbac.yaml).
+                    tracing::warn!(?kind, "CRD identity mode: watch failing (retried): {e}");
+                    last.insert(*kind, e.clone());
+                }
+            }
+            super::Change::Listed(kind, _) => {
+                crate::sys::locks::lock(&self.broken).remove(kind);
+            }
+            _ => {}
         }
         let mut view = crate::sys::locks::lock(&self.view);
         let completed = view.apply(change);
-        self.set_connected(!broken);
+        // Connected while no watch is broken (a write's failure says otherwise meanwhile).
+        self.set_connected(crate::sys::locks::lock(&self.broken).is_empty());
         if !view.synced() {
             return;
         }
