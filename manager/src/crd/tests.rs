@@ -457,3 +457,64 @@ fn hash_is_a_label_value_and_tells_sets_apart() {
     assert_eq!(h, labels_hash(&a.clone()));
     assert_ne!(h, labels_hash(&b));
 }
+
+/// What a test's node publishes.
+struct Fixed(Mutex<Desired>);
+
+impl crate::cluster::session::Local for Fixed {
+    fn desired(&self) -> Desired {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+#[test]
+fn two_started_agents_publish_their_pods_and_learn_each_others() {
+    let mem = Arc::new(MemApi::new());
+    let (na, nb) = (
+        node("a", "192.0.2.1", "10.1.0.0/24"),
+        node("b", "192.0.2.2", "10.2.0.0/24"),
+    );
+    mem.put_node(na.clone());
+    mem.put_node(nb.clone());
+    let config = |n: &NodeRecord| CrdConfig {
+        node: n.clone(),
+        gc_interval: Duration::from_secs(60),
+        gc_grace: Duration::from_secs(300),
+    };
+    let a = Arc::new(CrdCluster::new(mem.clone(), config(&na)));
+    let b = Arc::new(CrdCluster::new(mem.clone(), config(&nb)));
+    let web = a.allocate_identity(&l("web")).unwrap();
+    let (log_a, log_b) = (Arc::new(Log::default()), Arc::new(Log::default()));
+    let local_a = Arc::new(Fixed(Mutex::new(desired(
+        &[(l("web"), web)],
+        vec![pod("web-1", "10.1.0.5", web)],
+    ))));
+    let local_b = Arc::new(Fixed(Mutex::new(Desired::default())));
+    a.clone().start(local_a.clone(), log_a.clone()).unwrap();
+    b.clone().start(local_b, log_b.clone()).unwrap();
+    assert!(b.wait_first_sync(Duration::from_secs(30)), "b never listed");
+    // Bounded waits for the threads (a failure guard, not a timing claim).
+    let until = |what: &str, done: &dyn Fn() -> bool| {
+        let give_up = Instant::now() + Duration::from_secs(30);
+        while !done() {
+            assert!(Instant::now() < give_up, "{what}: {:?}", log_b.0.lock().unwrap());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    until("b learns a's pod", &|| b.remote_ip_count() == 1);
+    assert!(
+        log_b
+            .0
+            .lock()
+            .unwrap()
+            .contains(&format!("ip+ 10.1.0.5 {web} a"))
+    );
+    assert_eq!(b.nodes().keys().collect::<Vec<_>>(), ["a"]);
+    // The pod goes: a withdraws its object (poked), b lets go of the address.
+    *local_a.0.lock().unwrap() = Desired::default();
+    a.poke();
+    until("b forgets a's pod", &|| b.remote_ip_count() == 0);
+    assert!(mem.endpoints().is_empty());
+    a.stop();
+    b.stop();
+}
