@@ -497,7 +497,11 @@ fn two_started_agents_publish_their_pods_and_learn_each_others() {
     let until = |what: &str, done: &dyn Fn() -> bool| {
         let give_up = Instant::now() + Duration::from_secs(30);
         while !done() {
-            assert!(Instant::now() < give_up, "{what}: {:?}", log_b.0.lock().unwrap());
+            assert!(
+                Instant::now() < give_up,
+                "{what}: {:?}",
+                log_b.0.lock().unwrap()
+            );
             std::thread::sleep(Duration::from_millis(10));
         }
     };
