@@ -283,6 +283,17 @@ fn cluster_role_lets_every_watcher_list_and_watch() {
     }
 }
 
+/// Every property of a structural schema has its type.
+fn typed(path: &str, s: &serde_json::Value) {
+    assert!(s["type"].is_string(), "{path}: no type");
+    for (k, p) in s["properties"].as_object().into_iter().flatten() {
+        typed(&format!("{path}.{k}"), p);
+    }
+    if !s["items"].is_null() {
+        typed(&format!("{path}[]"), &s["items"]);
+    }
+}
+
 /// The CRDs of CRD identity mode are structural (every property typed, as an API server
 /// requires of apiextensions.k8s.io/v1) and name what manager/src/crd/kube.rs uses.
 #[test]
@@ -310,15 +321,6 @@ fn weft_crds_are_structural_and_match_the_manager() {
             ("WeftEndpoint", "weftendpoints", "Namespaced")
         ]
     );
-    fn typed(path: &str, s: &serde_json::Value) {
-        assert!(s["type"].is_string(), "{path}: no type");
-        for (k, p) in s["properties"].as_object().into_iter().flatten() {
-            typed(&format!("{path}.{k}"), p);
-        }
-        if !s["items"].is_null() {
-            typed(&format!("{path}[]"), &s["items"]);
-        }
-    }
     for c in &crds {
         assert_eq!(c.spec.group, "weft.io");
         let v = &c.spec.versions[0];

@@ -79,16 +79,21 @@ pub fn identity_of(o: &DynamicObject) -> Result<IdentityObject, CrdError> {
         .map_err(|_| malformed(what.clone(), "the name is not an identity number"))?;
     Ok(IdentityObject {
         number,
-        labels: labels_of(&what, &o.data["spec"])?,
+        labels: labels_of(&what, spec_of(o))?,
         meta: meta_of(o),
     })
+}
+
+/// An object's `spec` (`null` when it has none).
+fn spec_of(o: &DynamicObject) -> &Value {
+    o.data.get("spec").unwrap_or(&Value::Null)
 }
 
 /// A `WeftIdentityKey` as Weft reads it.
 pub fn key_of(o: &DynamicObject) -> Result<KeyObject, CrdError> {
     let hash = o.metadata.name.clone().unwrap_or_default();
     let what = format!("WeftIdentityKey {hash}");
-    let spec = &o.data["spec"];
+    let spec = spec_of(o);
     let number = spec["identity"]
         .as_u64()
         .and_then(|n| Identity::try_from(n).ok())
@@ -110,7 +115,7 @@ pub fn endpoint_of(o: &DynamicObject) -> Result<EndpointObject, CrdError> {
     let namespace = o.metadata.namespace.clone().unwrap_or_default();
     let name = o.metadata.name.clone().unwrap_or_default();
     let what = format!("WeftEndpoint {namespace}/{name}");
-    let spec = &o.data["spec"];
+    let spec = spec_of(o);
     let pod_uid = o
         .metadata
         .owner_references
@@ -309,7 +314,7 @@ impl Api for KubeApi {
         self.run(|c| async move {
             let api = KApi::<DynamicObject>::all_with(c, &identity_resource());
             let list = api
-                .list(&Default::default())
+                .list(&weft_k8s::kube::api::ListParams::default())
                 .await
                 .map_err(api_err("list WeftIdentities".into()))?;
             // A malformed object still takes its number: count it as taken.

@@ -111,7 +111,7 @@ impl MemApi {
     pub fn put_node(&self, node: NodeRecord) {
         let mut inner = self.raw();
         inner.nodes.insert(node.name.clone(), node.clone());
-        inner.emit(|| Change::Put(Object::Node(node.clone())));
+        inner.emit(move || Change::Put(Object::Node(node.clone())));
     }
 
     /// A Node object is deleted.

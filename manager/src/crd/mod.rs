@@ -235,8 +235,10 @@ pub fn labels_hash(labels: &LabelSet) -> String {
         text.push('\n');
     }
     let digest = ring::digest::digest(&ring::digest::SHA256, text.as_bytes());
-    digest.as_ref()[..20]
+    digest
+        .as_ref()
         .iter()
+        .take(20)
         .fold(String::with_capacity(40), |mut s, b| {
             let _ = write!(s, "{b:02x}");
             s

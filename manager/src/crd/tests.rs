@@ -139,8 +139,8 @@ fn agent(api: Arc<dyn Api>, me: &NodeRecord) -> (CrdCluster, Receiver<Change>) {
         api,
         CrdConfig {
             node: me.clone(),
-            gc_interval: Duration::from_secs(60),
-            gc_grace: Duration::from_secs(300),
+            gc_interval: Duration::from_mins(1),
+            gc_grace: Duration::from_mins(5),
         },
     );
     (c, rx)
@@ -227,7 +227,7 @@ fn a_crash_between_the_two_creates_leaves_a_number_nobody_sees_and_the_collector
         !log.take().iter().any(|e| e.starts_with("id+ 256")),
         "an unclaimed number is never delivered"
     );
-    let mut gc = Collector::new(Duration::from_secs(300));
+    let mut gc = Collector::new(Duration::from_mins(5));
     let used = BTreeSet::from([web]);
     let view = view_of(&c);
     let t0 = Instant::now();
@@ -254,7 +254,7 @@ fn unused_identities_are_collected_after_the_grace_period_but_not_one_claimed_me
     let web = allocate(&*mem, &l("web"), "a").unwrap();
     let db = allocate(&*mem, &l("db"), "a").unwrap();
     drain(&c, &rx, &log);
-    let mut gc = Collector::new(Duration::from_secs(300));
+    let mut gc = Collector::new(Duration::from_mins(5));
     let t0 = Instant::now();
     let stale = view_of(&c);
     assert_eq!(gc.run(&*mem, &stale, &BTreeSet::new(), t0).unwrap(), 0);
@@ -478,8 +478,8 @@ fn two_started_agents_publish_their_pods_and_learn_each_others() {
     mem.put_node(nb.clone());
     let config = |n: &NodeRecord| CrdConfig {
         node: n.clone(),
-        gc_interval: Duration::from_secs(60),
-        gc_grace: Duration::from_secs(300),
+        gc_interval: Duration::from_mins(1),
+        gc_grace: Duration::from_mins(5),
     };
     let a = Arc::new(CrdCluster::new(mem.clone(), config(&na)));
     let b = Arc::new(CrdCluster::new(mem.clone(), config(&nb)));

@@ -194,6 +194,9 @@ pub struct KvstoreConfig {
 }
 
 /// The resolved settings.
+// Four independent switches of the command line (masquerade, Kubernetes-mode ones, CRD mode):
+// flags, not states of one thing.
+#[allow(clippy::struct_excessive_bools)]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
     /// State directory.
