@@ -22,13 +22,14 @@ pub struct NodeInfo {
 /// `GET /v1/kvstore`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KvstoreStatus {
-    /// `etcd`, or `none` in single-node mode.
+    /// `etcd` (kvstore mode), `crd` (identities through the Kubernetes API server), or `none`
+    /// in single-node mode.
     pub backend: String,
     /// Last kvstore operation succeeded.
     pub connected: bool,
     /// Endpoints given.
     pub endpoints: Vec<String>,
-    /// Current lease.
+    /// Current lease (kvstore mode).
     pub lease: Option<i64>,
     /// Remote nodes known.
     pub remote_nodes: usize,

@@ -144,6 +144,17 @@ impl ClusterCache {
         Some(crate::labels::policy_named_ports(pod))
     }
 
+    /// The uid of pod `ns/name`, if the cache has it (the owner of its `WeftEndpoint`).
+    #[must_use]
+    pub fn pod_uid(&self, ns: &str, name: &str) -> Option<String> {
+        let g = self.lock();
+        g.pods
+            .get(&(ns.to_owned(), name.to_owned()))?
+            .metadata
+            .uid
+            .clone()
+    }
+
     /// Like [`Self::labels`], waiting up to `timeout` for the pod to arrive.
     pub async fn wait_labels(&self, ns: &str, name: &str, timeout: Duration) -> Option<LabelSet> {
         let deadline = tokio::time::Instant::now() + timeout;

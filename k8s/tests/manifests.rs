@@ -88,6 +88,9 @@ fn every_manifest_is_its_typed_object_exactly() {
             "CustomResourceDefinition",
             "CustomResourceDefinition",
             "CustomResourceDefinition",
+            "CustomResourceDefinition",
+            "CustomResourceDefinition",
+            "CustomResourceDefinition",
             "DaemonSet",
             "ServiceAccount"
         ]
@@ -181,7 +184,7 @@ fn daemonset_is_what_the_node_agent_needs() {
 }
 
 #[test]
-fn cluster_role_grants_only_reads_the_node_patch_and_the_cnp_status() {
+fn cluster_role_grants_only_reads_the_node_patch_the_cnp_status_and_crd_mode_writes() {
     let (_, _, v) = documents()
         .into_iter()
         .find(|(_, k, _)| k == "ClusterRole")
@@ -190,8 +193,17 @@ fn cluster_role_grants_only_reads_the_node_patch_and_the_cnp_status() {
     for rule in role.rules.unwrap() {
         let resources = rule.resources.unwrap_or_default();
         for verb in &rule.verbs {
+            // CRD identity mode: numbers reserved by create and collected by delete; keys
+            // also touched by patch; endpoints applied (patch) and deleted.
+            let weft = resources == ["weftidentities"]
+                || resources == ["weftidentitykeys"]
+                || resources == ["weftendpoints"];
             let allowed = match verb.as_str() {
                 "list" | "watch" => true,
+                "get" | "create" | "delete" if weft => true,
+                "patch" if resources == ["weftidentitykeys"] || resources == ["weftendpoints"] => {
+                    true
+                }
                 "get" => resources == ["nodes"] || resources == ["clusternetworkpolicies"],
                 "patch" => resources == ["nodes"] || resources == ["clusternetworkpolicies/status"],
                 "update" => resources == ["clusternetworkpolicies/status"],
@@ -229,6 +241,9 @@ fn cluster_role_lets_every_watcher_list_and_watch() {
         ("cilium.io", "ciliumnetworkpolicies"),
         ("cilium.io", "ciliumclusterwidenetworkpolicies"),
         ("policy.networking.k8s.io", "clusternetworkpolicies"),
+        ("weft.io", "weftidentities"),
+        ("weft.io", "weftidentitykeys"),
+        ("weft.io", "weftendpoints"),
     ] {
         for verb in ["list", "watch"] {
             assert!(
@@ -247,6 +262,74 @@ fn cluster_role_lets_every_watcher_list_and_watch() {
             ),
             "{verb} clusternetworkpolicies/status is not granted"
         );
+    }
+    // CRD identity mode's calls (manager/src/crd/kube.rs).
+    for (resource, verb) in [
+        ("weftidentities", "get"),
+        ("weftidentities", "create"),
+        ("weftidentities", "delete"),
+        ("weftidentitykeys", "get"),
+        ("weftidentitykeys", "create"),
+        ("weftidentitykeys", "patch"),
+        ("weftidentitykeys", "delete"),
+        ("weftendpoints", "get"),
+        ("weftendpoints", "patch"),
+        ("weftendpoints", "delete"),
+    ] {
+        assert!(
+            grants("weft.io", resource, verb),
+            "{verb} {resource} (CRD identity mode) is not granted"
+        );
+    }
+}
+
+/// Every property of a structural schema has its type.
+fn typed(path: &str, s: &serde_json::Value) {
+    assert!(s["type"].is_string(), "{path}: no type");
+    for (k, p) in s["properties"].as_object().into_iter().flatten() {
+        typed(&format!("{path}.{k}"), p);
+    }
+    if !s["items"].is_null() {
+        typed(&format!("{path}[]"), &s["items"]);
+    }
+}
+
+/// The CRDs of CRD identity mode are structural (every property typed, as an API server
+/// requires of apiextensions.k8s.io/v1) and name what manager/src/crd/kube.rs uses.
+#[test]
+fn weft_crds_are_structural_and_match_the_manager() {
+    let crds: Vec<CustomResourceDefinition> = documents()
+        .into_iter()
+        .filter(|(file, _, _)| file == "00-crd-weft.yaml")
+        .map(|(_, _, v)| strict(v).unwrap())
+        .collect();
+    let names: Vec<(&str, &str, &str)> = crds
+        .iter()
+        .map(|c| {
+            (
+                c.spec.names.kind.as_str(),
+                c.spec.names.plural.as_str(),
+                c.spec.scope.as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        names,
+        [
+            ("WeftIdentity", "weftidentities", "Cluster"),
+            ("WeftIdentityKey", "weftidentitykeys", "Cluster"),
+            ("WeftEndpoint", "weftendpoints", "Namespaced")
+        ]
+    );
+    for c in &crds {
+        assert_eq!(c.spec.group, "weft.io");
+        let v = &c.spec.versions[0];
+        assert_eq!(
+            (v.name.as_str(), v.served, v.storage),
+            ("v1alpha1", true, true)
+        );
+        let schema = serde_json::to_value(&v.schema.as_ref().unwrap().open_api_v3_schema).unwrap();
+        typed(&c.spec.names.kind, &schema);
     }
 }
 

@@ -20,6 +20,7 @@
 //!   synchronous netlink socket).
 
 pub mod cluster;
+pub mod crd;
 pub mod daemon;
 pub mod datapath;
 pub mod endpoint;

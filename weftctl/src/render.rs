@@ -289,10 +289,14 @@ pub fn kvstore_line(v: &Value) -> String {
             } else {
                 "disconnected"
             },
-            v["endpoints"]
-                .as_array()
-                .map(|e| e.iter().map(s).collect::<Vec<_>>().join(","))
-                .unwrap_or_default(),
+            if backend == "crd" {
+                "the Kubernetes API server".to_owned()
+            } else {
+                v["endpoints"]
+                    .as_array()
+                    .map(|e| e.iter().map(s).collect::<Vec<_>>().join(","))
+                    .unwrap_or_default()
+            },
             s(&v["remote_nodes"]),
             s(&v["remote_ips"]),
         ),

@@ -8,6 +8,7 @@
 //! after an outage; only a label set never seen before needs the store (its number is
 //! cluster-wide), and that fails fast with a retryable error while the store is down.
 
+pub mod agent;
 pub mod link;
 pub mod nodeip;
 pub mod routes;

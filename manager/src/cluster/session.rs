@@ -21,6 +21,26 @@ pub struct Desired {
     pub ips: Vec<IpRecord>,
     /// Label identities with local references.
     pub refs: BTreeMap<LabelSet, Identity>,
+    /// The node's pods (CRD mode publishes them as `WeftEndpoint` objects; kvstore mode
+    /// publishes `ips`).
+    pub pods: Vec<PodRecord>,
+}
+
+/// One pod of this node, as CRD mode publishes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodRecord {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// The Pod's uid (owner of its `WeftEndpoint`).
+    pub uid: String,
+    /// Addresses.
+    pub ips: Vec<std::net::IpAddr>,
+    /// Identity.
+    pub identity: Identity,
+    /// Named container ports.
+    pub named_ports: Vec<crate::kvstore::keys::NamedPortRecord>,
 }
 
 /// The manager's state as the session publishes it.

@@ -115,6 +115,12 @@ pub struct Cli {
     /// without it the manager is a single node.
     #[arg(long, value_enum)]
     pub kvstore: Option<KvstoreKind>,
+    /// Where cluster-wide identities (and remote pods' addresses) are agreed, as Cilium's
+    /// option of the same name: `crd` through the API server (Kubernetes mode, no etcd of
+    /// Weft's own; docs/KUBERNETES.md), `kvstore` through etcd (`--kvstore etcd`)
+    /// [default: kvstore with --kvstore, else single node].
+    #[arg(long, value_enum)]
+    pub identity_allocation_mode: Option<IdentityAllocationMode>,
     /// etcd client URLs, comma-separated (`http://10.0.0.5:2379`, `https://...` with TLS).
     #[arg(long, value_delimiter = ',')]
     pub kvstore_endpoints: Vec<String>,
@@ -166,6 +172,16 @@ pub enum KvstoreKind {
     Etcd,
 }
 
+/// `--identity-allocation-mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum IdentityAllocationMode {
+    /// `WeftIdentity` objects in the API server (needs Kubernetes mode).
+    Crd,
+    /// The etcd kvstore (needs `--kvstore etcd`).
+    Kvstore,
+}
+
 /// Kvstore settings, when enabled.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KvstoreConfig {
@@ -178,6 +194,9 @@ pub struct KvstoreConfig {
 }
 
 /// The resolved settings.
+// Four independent switches of the command line (masquerade, Kubernetes-mode ones, CRD mode):
+// flags, not states of one thing.
+#[allow(clippy::struct_excessive_bools)]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
     /// State directory.
@@ -202,6 +221,8 @@ pub struct Config {
     pub cni_install: Option<crate::daemon::cni_install::CniInstall>,
     /// Kvstore mode, if enabled.
     pub kvstore: Option<KvstoreConfig>,
+    /// CRD mode: identities and remote pods through the API server.
+    pub crd_identities: bool,
     /// Underlay address given on the command line.
     pub node_ip: Option<std::net::IpAddr>,
     /// Masquerade traffic leaving the cluster.
@@ -258,6 +279,7 @@ impl Config {
             log_format: s.log_format.unwrap_or_default(),
             k8s: None,
             cni_install: None,
+            crd_identities: false,
             kvstore,
             node_ip: s.node_ip,
             masquerade: s.masquerade.unwrap_or(true),
@@ -294,6 +316,11 @@ impl Config {
                 cluster_network_policies: s.k8s_cluster_network_policies.unwrap_or(true),
             });
         }
+        config.crd_identities = identity_mode(
+            s.identity_allocation_mode,
+            config.k8s.is_some(),
+            config.kvstore.is_some(),
+        )?;
         if config.node_name.is_empty() {
             return Err(ConfigError::Invalid("--node-name must not be empty".into()));
         }
@@ -324,6 +351,27 @@ fn overlay(file: &Cli, flags: Cli) -> Result<Cli, ConfigError> {
     out.config = flags.config;
     out.uninstall = flags.uninstall;
     Ok(out)
+}
+
+/// Whether CRD mode is on; every combination that cannot work is named with its fix.
+fn identity_mode(
+    mode: Option<IdentityAllocationMode>,
+    k8s: bool,
+    kvstore: bool,
+) -> Result<bool, ConfigError> {
+    match mode {
+        Some(IdentityAllocationMode::Crd) if !k8s => Err(ConfigError::Invalid(
+            "--identity-allocation-mode crd keeps identities in the Kubernetes API server: it needs Kubernetes mode (--k8s, or --kubeconfig PATH)".into(),
+        )),
+        Some(IdentityAllocationMode::Crd) if kvstore => Err(ConfigError::Invalid(
+            "--identity-allocation-mode crd and --kvstore etcd are two ways to share identities: choose one (crd: the API server; kvstore: etcd, for larger clusters)".into(),
+        )),
+        Some(IdentityAllocationMode::Kvstore) if !kvstore => Err(ConfigError::Invalid(
+            "--identity-allocation-mode kvstore needs --kvstore etcd --kvstore-endpoints URL (or use crd in Kubernetes mode)".into(),
+        )),
+        Some(IdentityAllocationMode::Crd) => Ok(true),
+        Some(IdentityAllocationMode::Kvstore) | None => Ok(false),
+    }
 }
 
 /// Resolves the kvstore settings; any of them without `--kvstore etcd` is a mistake worth naming.
@@ -541,6 +589,54 @@ mod tests {
         let cli = Cli::parse_from(["weft-manager", "--config", file.to_str().unwrap()]);
         let err = Config::resolve(cli).unwrap_err().to_string();
         assert!(err.contains("m.toml") && err.contains("pod_cidr"), "{err}");
+    }
+
+    #[test]
+    fn identity_allocation_mode_resolves_and_bad_combinations_are_named() {
+        let on = |args: &[&str]| {
+            let mut full = vec!["weft-manager"];
+            full.extend(args);
+            Config::resolve(Cli::parse_from(full)).map(|c| c.crd_identities)
+        };
+        assert!(on(&["--k8s", "true", "--identity-allocation-mode", "crd"]).unwrap());
+        assert!(!on(&["--k8s", "true"]).unwrap(), "off unless asked for");
+        assert!(
+            !on(&[
+                "--identity-allocation-mode",
+                "kvstore",
+                "--kvstore",
+                "etcd",
+                "--kvstore-endpoints",
+                "http://a:1"
+            ])
+            .unwrap()
+        );
+        for (args, needle) in [
+            (
+                vec!["--identity-allocation-mode", "crd"],
+                "needs Kubernetes mode",
+            ),
+            (
+                vec![
+                    "--k8s",
+                    "true",
+                    "--identity-allocation-mode",
+                    "crd",
+                    "--kvstore",
+                    "etcd",
+                    "--kvstore-endpoints",
+                    "http://a:1",
+                ],
+                "choose one",
+            ),
+            (
+                vec!["--identity-allocation-mode", "kvstore"],
+                "needs --kvstore etcd",
+            ),
+        ] {
+            let err = on(&args).unwrap_err().to_string();
+            assert!(err.contains(needle), "{args:?}: {err}");
+        }
     }
 
     #[test]

@@ -44,6 +44,21 @@ pub enum ClusterIdentityError {
     /// Every number is taken, or other nodes kept winning the race.
     #[error("cannot allocate an identity for {0}: no free number after {ATTEMPTS} attempts")]
     Exhausted(String),
+    /// CRD mode: the API server failed.
+    #[error(transparent)]
+    Crd(#[from] crate::crd::CrdError),
+}
+
+impl ClusterIdentityError {
+    /// The store could not be reached: retry later; nothing was refused.
+    #[must_use]
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            Self::Kv(e) => e.is_unavailable(),
+            Self::Crd(e) => e.is_unavailable(),
+            Self::Conflict { .. } | Self::Exhausted(_) => false,
+        }
+    }
 }
 
 fn parse_id(key: &str, value: &[u8]) -> Result<Identity, KvError> {

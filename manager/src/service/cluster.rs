@@ -1,6 +1,6 @@
-//! The manager as a member of a cluster (kvstore mode): what it publishes (`Local`), how remote
-//! records land in it (`Remote`), cluster-wide identity numbers for new label sets, and the
-//! node list and kvstore status for the API.
+//! The manager as a member of a cluster (kvstore or CRD mode): what it publishes (`Local`), how
+//! remote records land in it (`Remote`), cluster-wide identity numbers for new label sets, and
+//! the node list and cluster store status for the API.
 
 use ipnet::IpNet;
 use std::collections::BTreeMap;
@@ -10,11 +10,10 @@ use weft_policy::labels::LabelSet;
 use weft_policy::mapstate::Identity;
 
 use super::{Manager, ManagerError};
-use crate::cluster::Cluster;
+use crate::cluster::agent::Agent;
 use crate::cluster::link::ClusterLink;
-use crate::cluster::session::{Desired, Local};
+use crate::cluster::session::{Desired, Local, PodRecord};
 use crate::cluster::watch::Remote;
-use crate::kvstore::identities::ClusterIdentityError;
 use crate::kvstore::keys::{IpRecord, NodeRecord};
 use crate::kvstore::keys::{named_port_records, named_ports_of};
 use crate::node::ipcache::Source;
@@ -37,9 +36,9 @@ impl Manager {
         self
     }
 
-    /// The cluster agent, in kvstore mode.
+    /// The cluster agent, in kvstore or CRD mode.
     #[must_use]
-    pub fn cluster(&self) -> Option<&Arc<Cluster>> {
+    pub fn cluster(&self) -> Option<&Arc<dyn Agent>> {
         self.cluster.as_ref().map(|l| &l.cluster)
     }
 
@@ -64,12 +63,10 @@ impl Manager {
         }
         match link.cluster.allocate_identity(labels) {
             Ok(id) => Ok(Some(id)),
-            Err(ClusterIdentityError::Kv(source)) if source.is_unavailable() => {
-                Err(ManagerError::KvstoreUnavailable {
-                    labels: labels.to_string(),
-                    source,
-                })
-            }
+            Err(source) if source.is_unavailable() => Err(ManagerError::KvstoreUnavailable {
+                labels: labels.to_string(),
+                source,
+            }),
             Err(e) => Err(ManagerError::ClusterIdentity(e)),
         }
     }
@@ -173,12 +170,12 @@ impl Manager {
                 remote_ips: 0,
             },
             Some(l) => KvstoreStatus {
-                backend: "etcd".into(),
+                backend: l.cluster.backend().into(),
                 connected: l.cluster.connected(),
                 endpoints: l.endpoints.clone(),
                 lease: l.cluster.lease(),
                 remote_nodes: l.cluster.nodes().len(),
-                remote_ips: l.cluster.remote_ips().len(),
+                remote_ips: l.cluster.remote_ip_count(),
             },
         }
     }
@@ -211,7 +208,25 @@ impl Local for Manager {
             .held_labels()
             .map(|(id, l)| (l.clone(), id))
             .collect();
-        Desired { ips, refs }
+        // CRD mode: pods the pod watch knows (their uid owns the `WeftEndpoint`).
+        let cache = self.k8s_cache();
+        let pods = st
+            .reg
+            .list()
+            .filter(|ep| ep.state == EndpointState::Ready && ep.identity != 0)
+            .filter_map(|ep| {
+                let (ns, name) = (ep.pod_namespace.as_ref()?, ep.pod_name.as_ref()?);
+                Some(PodRecord {
+                    namespace: ns.clone(),
+                    name: name.clone(),
+                    uid: cache?.pod_uid(ns, name)?,
+                    ips: ep.ips.iter().map(|i| i.address).collect(),
+                    identity: ep.identity,
+                    named_ports: named_port_records(&self.named_ports(ep)),
+                })
+            })
+            .collect();
+        Desired { ips, refs, pods }
     }
 }
 

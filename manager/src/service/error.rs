@@ -30,13 +30,13 @@ pub enum ManagerError {
     /// Kvstore mode: a new label set needs a cluster-wide number and etcd cannot be reached
     /// (retryable).
     #[error(
-        "labels {labels} need a new cluster-wide identity and the kvstore is unreachable ({source}); retry once etcd is back (pods with known labels still start)"
+        "labels {labels} need a new cluster-wide identity and the cluster store is unreachable ({source}); retry once it is back (pods with known labels still start)"
     )]
     KvstoreUnavailable {
         /// The label set.
         labels: String,
-        /// Why etcd could not be asked.
-        source: crate::kvstore::KvError,
+        /// Why the store (etcd, or the API server in CRD mode) could not be asked.
+        source: crate::kvstore::identities::ClusterIdentityError,
     },
     /// Kvstore mode: the cluster could not number a new label set (conflict, exhausted, a
     /// malformed record).
