@@ -21,10 +21,7 @@ use super::view::View;
 use super::{Api, CrdError, labels_hash};
 use crate::kvstore::identities::ClusterIdentityError;
 use weft_policy::labels::LabelSet;
-use weft_policy::mapstate::{Identity, reserved};
-
-/// Label identities live in 256..2^24 (CIDR identities, node-local, above).
-const LAST_LABEL_ID: Identity = reserved::FIRST_CIDR - 1;
+use weft_policy::mapstate::Identity;
 
 /// How often allocation starts over when other nodes keep winning.
 const ATTEMPTS: usize = 16;
@@ -68,13 +65,9 @@ pub fn allocate(
             .into_iter()
             .map(|o| o.number)
             .collect();
-        let after = used.last().map_or(reserved::FIRST_ALLOCATED, |m| m + 1);
-        let candidate = if after <= LAST_LABEL_ID {
-            Some(after)
-        } else {
-            (reserved::FIRST_ALLOCATED..=LAST_LABEL_ID).find(|n| !used.contains(n))
+        let Some(n) = crate::kvstore::identities::next_free(&used) else {
+            break;
         };
-        let Some(n) = candidate else { break };
         if !api.create_identity(n, labels)? {
             continue; // another node reserved n first
         }

@@ -92,13 +92,7 @@ pub fn allocate(kv: &dyn Kv, labels: &LabelSet) -> Result<Identity, ClusterIdent
             .iter()
             .filter_map(|e| e.key[keys::ID_BY_NUMBER.len()..].parse().ok())
             .collect();
-        let after = used.last().map_or(reserved::FIRST_ALLOCATED, |m| m + 1);
-        let candidate = if after <= LAST_LABEL_ID {
-            Some(after)
-        } else {
-            (reserved::FIRST_ALLOCATED..=LAST_LABEL_ID).find(|n| !used.contains(n))
-        };
-        let Some(n) = candidate else { break };
+        let Some(n) = next_free(&used) else { break };
         let number = keys::id_by_number(n);
         let created = kv.txn(
             &[
@@ -246,6 +240,18 @@ pub fn collect_all(kv: &dyn Kv) -> Result<usize, KvError> {
         }
     }
     Ok(freed)
+}
+
+/// The number to try for a new label set: above the highest in use, else the lowest free one
+/// (every backend hands numbers out in this order).
+#[must_use]
+pub fn next_free(used: &std::collections::BTreeSet<Identity>) -> Option<Identity> {
+    let after = used.last().map_or(reserved::FIRST_ALLOCATED, |m| m + 1);
+    if after <= LAST_LABEL_ID {
+        Some(after)
+    } else {
+        (reserved::FIRST_ALLOCATED..=LAST_LABEL_ID).find(|n| !used.contains(n))
+    }
 }
 
 #[cfg(test)]
