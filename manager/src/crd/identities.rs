@@ -75,7 +75,9 @@ pub fn allocate(
             return Ok(n);
         }
         // Another node claimed the label set first: give the number back, take theirs.
-        if let Some(mine) = api.get_identity(n)? {
+        if let Some(mine) = api.get_identity(n)?
+            && mine.labels == *labels
+        {
             api.delete_identity(n, &mine.meta)?;
         }
     }

@@ -522,3 +522,38 @@ fn two_started_agents_publish_their_pods_and_learn_each_others() {
     a.stop();
     b.stop();
 }
+
+#[test]
+fn a_pod_seen_before_its_identitys_key_waits_for_it() {
+    let mem = Arc::new(MemApi::new());
+    let (a, arx) = agent(mem.clone(), &node("a", "192.0.2.1", "10.1.0.0/24"));
+    let log = Log::default();
+    mem.put_node(node("b", "192.0.2.2", "10.2.0.0/24"));
+    // b's watch-ordered writes as a reaches them: the number, the pod, then the key.
+    assert!(mem.create_identity(300, &l("web")).unwrap());
+    let mut ep = EndpointObject {
+        namespace: "default".into(),
+        name: "web-1".into(),
+        pod_uid: "uid-web-1".into(),
+        node: "b".into(),
+        node_ip: "192.0.2.2".parse().unwrap(),
+        ips: vec!["10.2.0.5".parse().unwrap()],
+        identity: 300,
+        named_ports: Vec::new(),
+    };
+    mem.apply_endpoint(&ep).unwrap();
+    drain(&a, &arx, &log);
+    assert_eq!(log.take(), ["listed", "node+ b"], "the address waits");
+    assert_eq!(a.remote_ip_count(), 0);
+    assert!(mem.create_key(&l("web"), 300).unwrap());
+    drain(&a, &arx, &log);
+    assert_eq!(
+        log.take(),
+        [format!("id+ 300 {}", l("web")), "ip+ 10.2.0.5 300 b".into()]
+    );
+    // A pod moving to a number not confirmed yet leaves the ipcache meanwhile.
+    ep.identity = 301;
+    mem.apply_endpoint(&ep).unwrap();
+    drain(&a, &arx, &log);
+    assert_eq!(log.take(), ["ip- 10.2.0.5"]);
+}

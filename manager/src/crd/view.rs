@@ -5,7 +5,8 @@
 //! - an identity counts only when the key of its labels points at its number (a number
 //!   reserved by a node that then lost the race for the label set is never seen as in use);
 //! - another node's pod addresses count only while its Node exists (a Node deleted takes its
-//!   routes and its endpoints' ipcache entries, before their Pods are garbage-collected);
+//!   routes and its endpoints' ipcache entries, before their Pods are garbage-collected) and
+//!   its identity is confirmed;
 //! - this node's own objects are never delivered.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -137,7 +138,7 @@ impl View {
     /// What the manager should hold, seen from node `me`.
     #[must_use]
     pub fn derive(&self, me: &str) -> Delivered {
-        let identities = self
+        let identities: BTreeMap<Identity, LabelSet> = self
             .identities
             .values()
             .filter(|i| {
@@ -156,6 +157,12 @@ impl View {
         let mut ips = BTreeMap::new();
         for e in self.endpoints.values() {
             if e.node == me || !nodes.contains_key(&e.node) {
+                continue;
+            }
+            // The four watches are independent streams: a pod may arrive before its
+            // identity's key. Until then its address stays unknown rather than resolving to
+            // a number no selector knows.
+            if !identities.contains_key(&e.identity) {
                 continue;
             }
             for ip in &e.ips {
