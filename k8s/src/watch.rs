@@ -32,6 +32,15 @@ pub trait Sink: Send + Sync + 'static {
     fn pod_labels(&self, ns: &str, name: &str, labels: &LabelSet);
     /// An object's rules, replacing its previous ones.
     fn policy_apply(&self, key: &PolicyKey, rules: Vec<Rule>) -> Result<(), String>;
+    /// Several objects' rules at once (those of a list), each replacing its object's previous
+    /// ones; returns the objects whose rules were refused, with why. The manager makes them one
+    /// repository change and one regeneration; by default one [`Self::policy_apply`] each.
+    fn policy_apply_all(
+        &self,
+        objects: Vec<(PolicyKey, Vec<Rule>)>,
+    ) -> BTreeMap<PolicyKey, String> {
+        apply_each(self, objects)
+    }
     /// An object is gone: its rules go too.
     fn policy_delete(&self, key: &PolicyKey);
     /// Keys of cluster-sourced rules in the repository (also those from before a restart).
@@ -45,6 +54,17 @@ pub trait Sink: Send + Sync + 'static {
     fn service_delete(&self, name: &str);
     /// Names of the Services the datapath has (also those from before a restart).
     fn service_names(&self) -> Vec<String>;
+}
+
+/// One [`Sink::policy_apply`] per object; the objects refused, with why.
+pub fn apply_each<S: Sink + ?Sized>(
+    sink: &S,
+    objects: Vec<(PolicyKey, Vec<Rule>)>,
+) -> BTreeMap<PolicyKey, String> {
+    objects
+        .into_iter()
+        .filter_map(|(key, rules)| sink.policy_apply(&key, rules).err().map(|e| (key, e)))
+        .collect()
 }
 
 /// Watch events and errors per resource, for `/metrics` and tests.
@@ -128,9 +148,15 @@ enum Health {
 }
 
 /// What one resource's event loop does with its objects.
-trait Handler<K>: Send {
+trait Handler<K: Clone>: Send {
     fn name(&self) -> &'static str;
     fn apply(&mut self, w: &Watchers, obj: K);
+    /// The objects of a (re-)list, before [`Self::relisted`]; by default each applied alone.
+    fn apply_listed(&mut self, w: &Watchers, listed: &[K]) {
+        for obj in listed {
+            self.apply(w, obj.clone());
+        }
+    }
     fn delete(&mut self, w: &Watchers, obj: K);
     /// After a (re-)list: `listed` are the objects seen in it.
     fn relisted(&mut self, w: &Watchers, listed: &[K]);
@@ -227,12 +253,14 @@ async fn drive<K, H>(
                 listing = Some(Vec::new());
             }
             watcher::Event::InitApply(obj) => {
+                // Applied when the list is complete: all at once (a policy kind makes the
+                // whole list one repository change, not one per object).
                 w.stats.count(h.name(), "list");
-                listing.get_or_insert_default().push(obj.clone());
-                h.apply(&w, obj);
+                listing.get_or_insert_default().push(obj);
             }
             watcher::Event::InitDone => {
                 let listed = listing.take().unwrap_or_default();
+                h.apply_listed(&w, &listed);
                 h.relisted(&w, &listed);
                 w.lock_synced().0.insert(h.name());
                 w.synced_changed.notify_waiters();

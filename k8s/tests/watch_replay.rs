@@ -45,6 +45,8 @@ fn script() -> Replay {
     let mut np_bad_selector = np_named.clone();
     np_bad_selector["metadata"]["name"] = "bad-selector".into();
     np_bad_selector["spec"]["podSelector"] = serde_json::json!({"matchExpressions": [{"key": "app", "operator": "Equals", "values": ["x"]}]});
+    let mut np_refused = np_named.clone();
+    np_refused["metadata"]["name"] = "refused-by-sink".into();
     Replay::default()
         .list(
             "/api/v1/nodes",
@@ -69,7 +71,7 @@ fn script() -> Replay {
                 "networking.k8s.io/v1",
                 "NetworkPolicy",
                 "20",
-                vec![np_ok.clone(), np_named, np_bad, np_bad_selector],
+                vec![np_ok.clone(), np_named, np_bad, np_bad_selector, np_refused],
             ),
         )
         .watch(
@@ -200,6 +202,18 @@ async fn watchers_resume_relist_and_deliver() {
     assert!(w.cache.labels("prod", "web-5d8f7c9b6d-x7k2p").is_some());
 
     assert!(ev.contains(&"node worker-1".to_owned()), "{ev:#?}");
+    // The list's objects reach the sink together (one repository change in the manager), the
+    // one whose selector cannot be read left out.
+    let list = "list NetworkPolicy prod/allow-payments-8080, NetworkPolicy prod/allow-payments-http, \
+                NetworkPolicy prod/bad-port, NetworkPolicy prod/refused-by-sink";
+    let at = ev.iter().position(|e| e == list);
+    assert!(at.is_some(), "{list}: {ev:#?}");
+    assert!(
+        ev[..at.unwrap()]
+            .iter()
+            .all(|e| !e.starts_with("apply NetworkPolicy ")),
+        "nothing of the list is applied before it is complete: {ev:#?}"
+    );
     for applied in [
         "apply NetworkPolicy prod/allow-payments-8080 rules=1",
         "apply NetworkPolicy prod/allow-payments-http rules=1",
@@ -230,17 +244,23 @@ async fn watchers_resume_relist_and_deliver() {
         partial[0].not_enforced[0].contains("70000\" is not a port number"),
         "{partial:?}"
     );
+    // Refused by the sink: rejected like an object that does not translate.
     let rejected = w.cache.rejected();
-    assert_eq!(rejected.len(), 1, "{rejected:?}");
+    assert_eq!(rejected.len(), 2, "{rejected:?}");
     assert_eq!(rejected[0].object, "NetworkPolicy prod/bad-selector");
     assert!(
         rejected[0].error.contains("unknown operator \"Equals\""),
         "{rejected:?}"
     );
+    assert_eq!(rejected[1].object, "NetworkPolicy prod/refused-by-sink");
+    assert!(
+        rejected[1].error.contains("refused by the sink"),
+        "{rejected:?}"
+    );
     let counts = w.stats.snapshot();
     assert_eq!(
         counts.get(&("NetworkPolicy".into(), "rejected".into())),
-        Some(&1),
+        Some(&2),
         "{counts:?}"
     );
     assert_eq!(

@@ -4,11 +4,12 @@
 
 use super::{Handler, Watchers};
 use crate::cache::{PolicyStatus, TieredPolicy};
-use crate::policy::{PolicyKey, PolicyKind, translate};
+use crate::policy::{PolicyKey, PolicyKind, Translated, translate};
 use crate::status::Outcome;
 use kube::Resource;
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
+use weft_policy::rule::Rule;
 
 /// One policy kind. Remembers each object's last applied version so a re-list does not
 /// re-import unchanged objects: its resourceVersion, or for a `ClusterNetworkPolicy` its uid
@@ -43,14 +44,26 @@ impl Policies {
         version: String,
     ) -> Result<Delivered, String> {
         let t = translate(self.kind, value)?;
-        if self.applied.get(&t.key) != Some(&version) {
+        if self.is_new(&t, &version) && !t.rules.is_empty() {
+            w.sink
+                .policy_apply(&t.key, t.rules.clone())
+                .map_err(|e| format!("{}: {e}", t.key))?;
+        }
+        Ok(self.delivered(w, t, version))
+    }
+
+    /// Whether the object's rules differ from those last applied (by its version).
+    fn is_new(&self, t: &Translated, version: &str) -> bool {
+        self.applied.get(&t.key).map(String::as_str) != Some(version)
+    }
+
+    /// Records an object whose rules (when new and not empty) are in force: an object without
+    /// rules has its previous ones deleted, and what was not enforced is logged once per version.
+    fn delivered(&mut self, w: &Watchers, t: Translated, version: String) -> Delivered {
+        if self.is_new(&t, &version) {
             if t.rules.is_empty() {
                 // A ClusterNetworkPolicy without rules: nothing of it is in force.
                 w.sink.policy_delete(&t.key);
-            } else {
-                w.sink
-                    .policy_apply(&t.key, t.rules.clone())
-                    .map_err(|e| format!("{}: {e}", t.key))?;
             }
             self.applied.insert(t.key.clone(), version);
             for n in &t.not_enforced {
@@ -63,37 +76,18 @@ impl Policies {
                 w.stats.count(self.kind.as_str(), "partial");
             }
         }
-        Ok(Delivered {
+        Delivered {
             rules: t.rules.len(),
             key: t.key,
             not_enforced: t.not_enforced,
             warnings: t.warnings,
-        })
+        }
     }
-}
 
-/// What [`Policies::deliver`] made of an object.
-struct Delivered {
-    key: PolicyKey,
-    rules: usize,
-    not_enforced: Vec<String>,
-    warnings: Vec<String>,
-}
-
-impl<K: Resource + serde::Serialize> Handler<K> for Policies {
-    fn name(&self) -> &'static str {
-        self.kind.as_str()
-    }
-    fn apply(&mut self, w: &Watchers, obj: K) {
-        let version = self.version(obj.meta());
-        let value = match serde_json::to_value(&obj) {
-            Ok(v) => v,
-            Err(e) => {
-                tracing::error!(kind = self.kind.as_str(), "cannot serialise object: {e}");
-                return;
-            }
-        };
-        let outcome = match self.deliver(w, &value, version) {
+    /// Keeps an object's outcome: its status in the cache, and for a `ClusterNetworkPolicy`
+    /// its tier entry and the status condition to write.
+    fn record(&self, w: &Watchers, value: &Value, delivered: Result<Delivered, String>) {
+        let outcome = match delivered {
             Ok(d) => {
                 let status = (!d.not_enforced.is_empty() || !d.warnings.is_empty()).then(|| {
                     PolicyStatus::Partial {
@@ -116,7 +110,7 @@ impl<K: Resource + serde::Serialize> Handler<K> for Policies {
                 // selector there is no telling which pods to isolate.
                 w.stats.count(self.kind.as_str(), "rejected");
                 tracing::warn!(kind = self.kind.as_str(), "policy rejected: {e}");
-                PolicyKey::of(self.kind, &value).ok().map(|key| {
+                PolicyKey::of(self.kind, value).ok().map(|key| {
                     w.cache
                         .set_policy_status(&key, Some(PolicyStatus::Rejected(e.clone())));
                     (key, None, Outcome::Rejected(e))
@@ -127,8 +121,72 @@ impl<K: Resource + serde::Serialize> Handler<K> for Policies {
             && let Some((key, rules, outcome)) = outcome
         {
             w.cache
-                .set_tiered(TieredPolicy::of(&key.name, &value, rules, &outcome));
-            w.status.request(self.kind, &key.name, &value, &outcome);
+                .set_tiered(TieredPolicy::of(&key.name, value, rules, &outcome));
+            w.status.request(self.kind, &key.name, value, &outcome);
+        }
+    }
+
+    /// An object as JSON and the version it is remembered by.
+    fn value_of<K: Resource + serde::Serialize>(&self, obj: &K) -> Option<(Value, String)> {
+        let version = self.version(obj.meta());
+        match serde_json::to_value(obj) {
+            Ok(v) => Some((v, version)),
+            Err(e) => {
+                tracing::error!(kind = self.kind.as_str(), "cannot serialise object: {e}");
+                None
+            }
+        }
+    }
+}
+
+/// What [`Policies::deliver`] made of an object.
+struct Delivered {
+    key: PolicyKey,
+    rules: usize,
+    not_enforced: Vec<String>,
+    warnings: Vec<String>,
+}
+
+impl<K: Resource + serde::Serialize + Clone> Handler<K> for Policies {
+    fn name(&self) -> &'static str {
+        self.kind.as_str()
+    }
+    fn apply(&mut self, w: &Watchers, obj: K) {
+        let Some((value, version)) = self.value_of(&obj) else {
+            return;
+        };
+        let delivered = self.deliver(w, &value, version);
+        self.record(w, &value, delivered);
+    }
+    /// Every listed object translated first, then the changed ones' rules delivered together:
+    /// one repository change and one regeneration for a list of a thousand objects (a restart's
+    /// re-list), not a thousand.
+    fn apply_listed(&mut self, w: &Watchers, listed: &[K]) {
+        let staged: Vec<_> = listed
+            .iter()
+            .filter_map(|obj| self.value_of(obj))
+            .map(|(value, version)| {
+                let t = translate(self.kind, &value);
+                (value, version, t)
+            })
+            .collect();
+        let batch: Vec<(PolicyKey, Vec<Rule>)> = staged
+            .iter()
+            .filter_map(|(_, version, t)| t.as_ref().ok().map(|t| (version, t)))
+            .filter(|(version, t)| self.is_new(t, version) && !t.rules.is_empty())
+            .map(|(_, t)| (t.key.clone(), t.rules.clone()))
+            .collect();
+        let refused = if batch.is_empty() {
+            BTreeMap::new()
+        } else {
+            w.sink.policy_apply_all(batch)
+        };
+        for (value, version, t) in staged {
+            let delivered = t.and_then(|t| match refused.get(&t.key) {
+                Some(e) => Err(format!("{}: {e}", t.key)),
+                None => Ok(self.delivered(w, t, version)),
+            });
+            self.record(w, &value, delivered);
         }
     }
     fn delete(&mut self, w: &Watchers, obj: K) {

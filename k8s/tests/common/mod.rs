@@ -51,11 +51,24 @@ impl Sink for Recorder {
         let l: Vec<String> = labels.iter().map(ToString::to_string).collect();
         self.push(format!("pod {ns}/{name} {}", l.join(",")));
     }
+    /// Refuses an object named `refused-*` (as a manager refusing its rules would).
     fn policy_apply(&self, key: &PolicyKey, rules: Vec<Rule>) -> Result<(), String> {
+        if key.name.starts_with("refused-") {
+            self.push(format!("refuse {key}"));
+            return Err("refused by the sink".into());
+        }
         self.keys.lock().unwrap().insert(key.clone());
         self.push(format!("apply {key} rules={}", rules.len()));
         self.rules.lock().unwrap().insert(key.clone(), rules);
         Ok(())
+    }
+    fn policy_apply_all(
+        &self,
+        objects: Vec<(PolicyKey, Vec<Rule>)>,
+    ) -> std::collections::BTreeMap<PolicyKey, String> {
+        let keys: Vec<String> = objects.iter().map(|(k, _)| k.to_string()).collect();
+        self.push(format!("list {}", keys.join(", ")));
+        weft_k8s::watch::apply_each(self, objects)
     }
     fn policy_delete(&self, key: &PolicyKey) {
         self.keys.lock().unwrap().remove(key);

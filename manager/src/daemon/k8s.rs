@@ -10,6 +10,7 @@
 use crate::daemon::config::K8sSettings;
 use crate::node::{ChosenCidr, NodeManifest};
 use crate::service::{Manager, ManagerError};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use weft_api::lb::{Backend, Frontend};
@@ -17,7 +18,7 @@ use weft_api::{AllocateRequest, Endpoint};
 use weft_k8s::k8s_openapi::api::core::v1::Node;
 use weft_k8s::kube::Client;
 use weft_k8s::policy::PolicyKey;
-use weft_k8s::watch::{Sink, Watchers};
+use weft_k8s::watch::{Sink, Watchers, apply_each};
 use weft_policy::labels::LabelSet;
 use weft_policy::rule::Rule;
 
@@ -213,6 +214,48 @@ impl Sink for ManagerSink {
             .map_err(|e| e.to_string())?;
         tracing::info!(%key, revision = r.revision, regenerated = r.regenerated, "cluster policy applied");
         Ok(())
+    }
+
+    /// One repository change for the whole list (its revision, one regeneration, one store
+    /// flush): a re-list of a thousand `NetworkPolicy` objects after a restart is one import,
+    /// not a thousand. When the change is refused, each object alone, so only the bad ones fail.
+    fn policy_apply_all(
+        &self,
+        objects: Vec<(PolicyKey, Vec<Rule>)>,
+    ) -> BTreeMap<PolicyKey, String> {
+        let Some(m) = self.manager.upgrade() else {
+            return objects
+                .into_iter()
+                .map(|(key, _)| (key, "manager stopped".to_owned()))
+                .collect();
+        };
+        if objects.len() < 2 {
+            return apply_each(self, objects);
+        }
+        let rules: Vec<Rule> = objects
+            .iter()
+            .flat_map(|(_, r)| r.iter().cloned())
+            .collect();
+        let what = format!("{} cluster objects (a list)", objects.len());
+        match m.import_rules(&what, rules, Instant::now()) {
+            Ok(r) => {
+                tracing::info!(
+                    objects = objects.len(),
+                    revision = r.revision,
+                    regenerated = r.regenerated,
+                    elapsed_ms = r.elapsed_ms,
+                    "cluster policies applied (one change for the list)"
+                );
+                BTreeMap::new()
+            }
+            Err(e) => {
+                tracing::warn!(
+                    objects = objects.len(),
+                    "the list's policies as one change: {e}; applying them one by one"
+                );
+                apply_each(self, objects)
+            }
+        }
     }
 
     fn policy_delete(&self, key: &PolicyKey) {
