@@ -210,6 +210,20 @@ impl DeleteQueue {
         serde_json::from_slice(&bytes).ok()
     }
 
+    /// The requests waiting that parse and are trusted, left in the queue (a later
+    /// [`Self::drain`] completes them).
+    pub fn pending(&self) -> Result<Vec<DeleteRequest>, QueueError> {
+        if !self.dir.exists() {
+            return Ok(Vec::new());
+        }
+        let _lock = self.lock()?;
+        Ok(self
+            .entries()?
+            .iter()
+            .filter_map(|path| self.read_request(path))
+            .collect())
+    }
+
     /// Requests waiting.
     pub fn len(&self) -> Result<usize, QueueError> {
         if !self.dir.exists() {
@@ -297,6 +311,23 @@ mod tests {
         assert_eq!(r.kept, 1);
         assert_eq!(seen.len(), 2);
         assert_eq!(q.len().unwrap(), 1, "b stays for the next drain");
+    }
+
+    #[test]
+    fn pending_lists_without_removing() {
+        let (_d, q) = queue();
+        assert!(q.pending().unwrap().is_empty());
+        q.push(&req("a")).unwrap();
+        q.push(&req("b")).unwrap();
+        let mut ids: Vec<String> = q
+            .pending()
+            .unwrap()
+            .into_iter()
+            .map(|r| r.container_id)
+            .collect();
+        ids.sort();
+        assert_eq!(ids, ["a", "b"]);
+        assert_eq!(q.len().unwrap(), 2, "still queued");
     }
 
     #[test]

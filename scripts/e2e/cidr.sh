@@ -2,7 +2,7 @@
 # Node CIDR priority end to end: each testdata manifest gives the documented pools, and a CIDR
 # change under live endpoints refuses start with a message saying what to do.
 source "$(dirname "$0")/../lib.sh"
-weft_plan 9
+weft_plan 12
 
 weft_make_node
 pools_are() { # manifest expected-json
@@ -36,4 +36,16 @@ says_what_to_do() { grep -q '10.0.12.0/24' <<<"$out" && grep -q '10.0.13.0/24' <
 check "and says what to do" says_what_to_do
 weft_start_manager --pod-cidr 10.0.12.0/24
 check "the old CIDR starts again with the endpoint intact" ping_ok in_node "$(pod_ip a)"
+
+# The node got another CIDR while it was away and the kubelet deleted its pods meanwhile (their
+# DELs wait in the queue, no manager ran): the start takes the new CIDR and completes the DELs.
+weft_stop_manager
+weft_del_pod a >/dev/null 2>&1
+queued() { [ -n "$(ls -A "$(dirname "$WEFT_SOCK")/delete-queue" 2>/dev/null | grep -v '^\.lock$')" ]; }
+check "with the manager down, a's DEL is queued" queued
+weft_start_manager --pod-cidr 10.0.13.0/24
+gone() { [ "$(weftctl -o json endpoint list | jq length)" = 0 ] && ! queued; }
+check "changed CIDR, the only endpoint's DEL queued: starts, the DEL completed" gone
+in_new() { local out; out=$(weft_add_pod b) || return 1; [[ "$(pod_ip b)" == 10.0.13.* ]]; }
+check "a new pod gets an address of the new CIDR" in_new
 weft_summary

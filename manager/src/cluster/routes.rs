@@ -12,8 +12,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use crate::node::hostnet::{HostNetError, nl};
 
-/// Route protocol number of Weft's routes (`ip route show proto 196`).
-pub const WEFT_PROTO: u8 = 196;
+pub use crate::node::nodenet::WEFT_PROTO;
 
 /// The routing seam.
 pub trait RouteTable: Send + Sync {

@@ -485,7 +485,7 @@ impl Api for KubeApi {
                     KApi::<DynamicObject>::all_with(client.clone(), ar),
                     config(),
                 )
-                .default_backoff()
+                .backoff(weft_k8s::watch::retry_backoff())
             };
             tokio::spawn(pump(
                 dynamic(&identity_resource()),
@@ -506,7 +506,8 @@ impl Api for KubeApi {
                 tx.clone(),
             ));
             tokio::spawn(pump(
-                watcher(KApi::<Node>::all(client.clone()), config()).default_backoff(),
+                watcher(KApi::<Node>::all(client.clone()), config())
+                    .backoff(weft_k8s::watch::retry_backoff()),
                 Kind::Node,
                 |n| node_record(n).map(Object::Node),
                 tx,

@@ -145,6 +145,7 @@ fn node_cidrs(
     config: &Config,
     manifest: &NodeManifest,
     store: &Store,
+    queue: &DeleteQueue,
     view: &crate::node::nodenet::NodeView,
 ) -> Result<Vec<ChosenCidr>, StartError> {
     let selection = node::select(manifest, &config.pod_cidrs)?;
@@ -158,7 +159,19 @@ fn node_cidrs(
         }
     }
     let previous: Vec<ChosenCidr> = store.get_meta(NODE_KEY)?.unwrap_or_default();
-    let endpoints = store.load_endpoints()?;
+    // An endpoint whose DEL waits in the queue (the kubelet deleted its pod while no manager
+    // ran: a node that was away and got another pod CIDR) is on its way out: the drain after
+    // the restore removes it.
+    let queued: std::collections::BTreeSet<(String, String)> = queue
+        .pending()?
+        .into_iter()
+        .map(|r| (r.container_id, r.ifname))
+        .collect();
+    let endpoints: Vec<_> = store
+        .load_endpoints()?
+        .into_iter()
+        .filter(|e| !queued.contains(&(e.container_id.clone(), e.ifname.clone())))
+        .collect();
     for old in &previous {
         let new = chosen
             .iter()
@@ -302,6 +315,7 @@ fn crd_link(
 fn masquerade(
     config: &Config,
     own_cidrs: Vec<ipnet::IpNet>,
+    kept: &[ipnet::IpNet],
 ) -> Result<Option<Arc<crate::node::masquerade::Masquerader>>, StartError> {
     use crate::node::masquerade::{Masquerader, NftCommand};
     if !config.masquerade {
@@ -317,7 +331,7 @@ fn masquerade(
         own_cidrs,
         config.non_masquerade_cidrs.clone(),
     );
-    m.install()?;
+    m.install(kept)?;
     Ok(Some(Arc::new(m)))
 }
 
@@ -470,7 +484,8 @@ pub async fn start(config: &Config) -> Result<Started, StartError> {
         .as_ref()
         .map_or(manifest, |c| crate::daemon::k8s::manifest(&c.node));
     let hostnet: Arc<dyn HostNet> = Arc::new(NetlinkHostNet::new()?);
-    let cidrs = node_cidrs(config, &manifest, &store, &hostnet.node_view().await?)?;
+    let view = hostnet.node_view().await?;
+    let cidrs = node_cidrs(config, &manifest, &store, &queue, &view)?;
     let chosen = cidrs.clone();
     let routers: Vec<_> = cidrs.iter().map(|c| (c.router_ip(), c.cidr)).collect();
     hostnet.ensure_host_device(&routers).await?;
@@ -508,7 +523,14 @@ pub async fn start(config: &Config) -> Result<Started, StartError> {
     if let Some(link) = link {
         manager = manager.with_cluster(link);
     }
-    if let Some(m) = masquerade(config, own_cidrs)? {
+    // Other nodes' pod CIDRs Weft routed before this start: only with a cluster agent (its
+    // first listing replaces them); without one no route of Weft's has a meaning any more.
+    let kept = if manager.cluster().is_some() {
+        view.weft_routes.clone()
+    } else {
+        Vec::new()
+    };
+    if let Some(m) = masquerade(config, own_cidrs, &kept)? {
         manager = manager.with_masquerade(m);
     }
     phases.mark("masquerade");

@@ -90,8 +90,19 @@ impl Registry {
         };
         for ep in reg.store.load_endpoints()? {
             for ip in &ep.ips {
-                if let Some(pool) = reg.pools.iter_mut().find(|p| p.same_family(ip.address)) {
-                    pool.claim(ip.address)?;
+                match reg.pools.iter_mut().find(|p| p.same_family(ip.address)) {
+                    // The start refuses a pod CIDR change while endpoints use the old one,
+                    // unless their DELs are queued: such an address is released with them.
+                    Some(pool) if !pool.cidr().contains(&ip.address) => tracing::warn!(
+                        endpoint_id = ep.id,
+                        address = %ip.address,
+                        pool = %pool.cidr(),
+                        "endpoint address outside the node's pod CIDR (its DEL is queued)"
+                    ),
+                    Some(pool) => {
+                        pool.claim(ip.address)?;
+                    }
+                    None => {}
                 }
             }
             reg.next_id = reg.next_id.max(ep.id + 1);

@@ -131,6 +131,10 @@ pub fn delete_script() -> String {
     format!("table inet {TABLE}\ndelete table inet {TABLE}\n")
 }
 
+/// The entry of [`Masquerader`]'s remote CIDRs kept from the last run (not a node name: those
+/// are DNS labels).
+const KEPT: &str = "(kept from the last run)";
+
 /// This node's masquerade rules, kept in step with the node registry.
 pub struct Masquerader {
     nft: Arc<dyn Nft>,
@@ -156,8 +160,23 @@ impl Masquerader {
         }
     }
 
-    /// Installs (or re-installs, on restart) the table.
-    pub fn install(&self) -> Result<(), MasqueradeError> {
+    /// Installs (or re-installs, on restart) the table. `kept`: other nodes' pod CIDRs the
+    /// last run routed (its routes outlive it), exempted until the cluster's first listing says
+    /// which nodes exist ([`Self::drop_kept`]): without them, a connection a pod opens to
+    /// another node's pod during a restart would leave with the node's address and meet the
+    /// other node's policy as the node, not as the pod.
+    pub fn install(&self, kept: &[IpNet]) -> Result<(), MasqueradeError> {
+        if !kept.is_empty() {
+            crate::sys::locks::lock(&self.remote).insert(KEPT.to_owned(), kept.to_vec());
+        }
+        self.sync()
+    }
+
+    /// The cluster's nodes are listed: the CIDRs kept from the last run give way to them.
+    pub fn drop_kept(&self) -> Result<(), MasqueradeError> {
+        if crate::sys::locks::lock(&self.remote).remove(KEPT).is_none() {
+            return Ok(());
+        }
         self.sync()
     }
 
@@ -242,8 +261,8 @@ mod tests {
             vec![n("10.21.0.0/24")],
             vec![n("192.168.0.0/16")],
         );
-        m.install().unwrap();
-        m.install().unwrap();
+        m.install(&[]).unwrap();
+        m.install(&[]).unwrap();
         assert_eq!(nft.0.lock().unwrap().len(), 1, "idempotent");
         m.node_put("b", &[n("10.22.0.0/24")]).unwrap();
         assert!(nft.0.lock().unwrap()[1].contains("10.21.0.0/24, 10.22.0.0/24, 192.168.0.0/16"));
@@ -253,6 +272,23 @@ mod tests {
         assert_eq!(m.exempt(), [n("10.21.0.0/24"), n("192.168.0.0/16")].into());
         let scripts = nft.0.lock().unwrap();
         assert_eq!(scripts[2], scripts[0], "back to the table of a lone node");
+    }
+
+    #[test]
+    fn a_restart_exempts_the_routed_cidrs_until_the_nodes_are_listed() {
+        let nft = Arc::new(FakeNft::default());
+        let m = Masquerader::new(nft.clone(), vec![n("10.21.0.0/24")], Vec::new());
+        // The last run routed two other nodes' pod CIDRs: exempt from the first table on.
+        m.install(&[n("10.22.0.0/24"), n("10.23.0.0/24")]).unwrap();
+        assert!(nft.0.lock().unwrap()[0].contains("10.21.0.0/24, 10.22.0.0/24, 10.23.0.0/24"));
+        // The listing knows only one of them: once listed, the other goes.
+        m.node_put("b", &[n("10.22.0.0/24")]).unwrap();
+        assert_eq!(nft.0.lock().unwrap().len(), 1, "nothing new to exempt");
+        m.drop_kept().unwrap();
+        assert_eq!(m.exempt(), [n("10.21.0.0/24"), n("10.22.0.0/24")].into());
+        assert!(nft.0.lock().unwrap()[1].contains("elements = { 10.21.0.0/24, 10.22.0.0/24 }"));
+        m.drop_kept().unwrap();
+        assert_eq!(nft.0.lock().unwrap().len(), 2, "dropped once");
     }
 
     #[test]

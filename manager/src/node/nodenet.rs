@@ -12,7 +12,7 @@ use futures::TryStreamExt;
 use ipnet::IpNet;
 use netlink_packet_route::address::AddressAttribute;
 use netlink_packet_route::link::LinkAttribute;
-use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteMessage};
+use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteMessage, RouteProtocol};
 use rtnetlink::RouteMessageBuilder;
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -47,7 +47,13 @@ pub struct NodeView {
     pub addrs: Vec<NodeAddr>,
     /// Every main-table route.
     pub routes: Vec<NodeRoute>,
+    /// The destinations of Weft's own routes ([`WEFT_PROTO`]): other nodes' pod CIDRs, as the
+    /// last run left them.
+    pub weft_routes: Vec<IpNet>,
 }
+
+/// Route protocol number of Weft's routes to other nodes (`ip route show proto 196`).
+pub const WEFT_PROTO: u8 = 196;
 
 /// Interfaces whose addresses and routes Weft made: `weft_host`/`weft_net` and host veths.
 #[must_use]
@@ -194,7 +200,10 @@ pub(crate) async fn read(handle: &rtnetlink::Handle) -> Result<NodeView, HostNet
             });
         }
     }
-    for (dest, oif, _) in main_routes(handle).await? {
+    for (dest, oif, m) in main_routes(handle).await? {
+        if m.header.protocol == RouteProtocol::Other(WEFT_PROTO) {
+            view.weft_routes.push(dest);
+        }
         view.routes.push(NodeRoute {
             dest,
             link: oif.map(name),
@@ -242,6 +251,7 @@ mod tests {
                     link: Some(HOST_DEVICE.into()),
                 },
             ],
+            weft_routes: Vec::new(),
         }
     }
 

@@ -303,6 +303,12 @@ impl Remote for Manager {
         if let Err(e) = self.sync_remote_endpoints(restored, &BTreeMap::new()) {
             tracing::error!("dropping host entries kept over the restart: {e}");
         }
+        // The nodes are known now: the pod CIDRs the last run routed give way to theirs.
+        if let Some(m) = &self.masquerade
+            && let Err(e) = m.drop_kept()
+        {
+            tracing::error!("masquerade: dropping the pod CIDRs kept over the restart: {e}");
+        }
     }
 
     fn node_deleted(&self, r: &NodeRecord) {
