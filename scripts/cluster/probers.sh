@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Continuous probers for the checks that disturb a cluster while traffic flows (checks.d/
 # upgrade.sh, checks.d/faults.sh); sourced after checks-lib.sh.
 #

@@ -244,28 +244,46 @@ check "node down: ok1 ($N1) -> srv1 ($N1): every request answered" pr_judge "$L-
 check "node down: ok1 ($N1) -> srv2 ($N2): every request answered until the Node was deleted" pr_judge "$L-ok1.log" "$SRV2:8080" 0 "$T6" "$TD"
 check "node down: no1 ($N1) -> srv2: every request dropped until the Node was deleted" pr_judge "$L-no1.log" "$SRV2:8080" 28 "$T6" "$TD"
 
+# The node is dead and gone: its pods are garbage-collected (the Pod GC deletes pods bound to a
+# Node that no longer exists), their WeftEndpoints with them; then the machine comes back.
+no_pods2() { local p; p=$(kc get pods -A --field-selector "spec.nodeName=$N2" -o name 2>&1); [ -z "$p" ] || { echo "$p"; return 1; }; }
+check "the Pod GC deletes $N2's pods (their Node is gone)" within 150 no_pods2
+no_weps2() { local w; w=$(kc get wep -A -l "weft.io/node=$N2" -o name 2>&1); [ -z "$w" ] || { echo "$w"; return 1; }; }
+check "... and their WeftEndpoints go with them" within 60 no_weps2
 TB=$(date +%s)
 fa_restart_kubelet2
 n2_ready() { [ "$(kc get node "$N2" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')" = True ]; }
 check "$N2's kubelet started again: the Node registers and turns Ready" within 180 n2_ready
-ds_all() { [ "$(kc -n kube-system get ds weft -o jsonpath='{.status.numberReady}')" = "$FA_NODES" ]; }
-check "the weft DaemonSet is ready on all $FA_NODES nodes again" within 180 ds_all
+# ds_all: a ready weft pod on every node (else the last line of the log of node 2's manager).
+ds_all() {
+  [ "$(kc -n kube-system get ds weft -o jsonpath='{.status.numberReady}')" = "$FA_NODES" ] && return 0
+  local p
+  p=$(kc -n kube-system get pods -l k8s-app=weft --field-selector "spec.nodeName=$N2" -o jsonpath='{.items[0].metadata.name}')
+  echo "weft pod on $N2: ${p:-none}: $(kc -n kube-system logs "$p" -c weft-manager --tail 1 2>&1 | cut -c1-600)"
+  return 1
+}
 CIDR2=$(kc get node "$N2" -o jsonpath='{.spec.podCIDR}')
-check "$N1 routes $N2's pod CIDR ($CIDR2) again" within 60 route2
-{
-  fa_server back2 "$N2" "app: fa-srv, role: allowed"
-  fa_server bopen2 "$N2" "app: fa-open"
-} | kc apply -f - >/dev/null
-back_ready() { kc -n "$F" wait --for=condition=Ready pod/back2 pod/bopen2 --timeout=120s >/dev/null; }
-check "new pods on $N2 are Ready" back_ready
-BACK2=$(pod_ip "$F" back2) BOPEN2=$(pod_ip "$F" bopen2)
-check "cross-node again: no1 ($N1) reaches bopen2 ($BOPEN2 on $N2, selected by no policy)" within 60 reaches "$F" no1 "$BOPEN2" 8080
-check "cross-node again: ok1 ($N1, role=allowed) reaches back2 ($BACK2 on $N2, app=fa-srv)" within 60 reaches "$F" ok1 "$BACK2" 8080
-check "cross-node again, policy in force on $N2: no1 ($N1, role=denied) dropped at back2" within 30 dropped "$F" no1 "$BACK2" 8080
-check "cross-node again: back2 ($N2, role=allowed) reaches srv1 ($N1) through its policy" within 60 reaches "$F" back2 "$SRV1" 8080
-echo "   ($N2 back: Ready and its manager serving $(( $(date +%s) - TB )) s after its kubelet started)"
-fa_verified() { local out; out=$(weftctl_on_node "$1" map verify 2>&1) && grep -q consistent <<<"$out" || { echo "$out"; return 1; }; }
-weftctl_on_node() { local n=$1 p; shift; p=$(kc -n kube-system get pods -l k8s-app=weft --field-selector "spec.nodeName=$n" -o jsonpath='{.items[0].metadata.name}'); [ -n "$p" ] || { echo "no weft pod on $n"; return 1; }; kc -n kube-system exec "$p" -c weft-manager -- /usr/local/bin/weftctl "$@"; }
-check "$N1: weftctl map verify says consistent after it all" within 30 fa_verified "$N1"
-check "$N2: weftctl map verify says consistent after it all" within 30 fa_verified "$N2"
+check "$N1 routes $N2's pod CIDR ($CIDR2, given to the Node registered again) again" within 60 route2
+fa_before=$CK_FAILED
+check "the weft DaemonSet is ready on all $FA_NODES nodes again (its manager on $N2 running)" within 150 ds_all
+if [ "$CK_FAILED" != "$fa_before" ]; then
+  ck_fail "$N2 back: cross-node traffic to its new pods not judged (no manager on $N2: above)"
+else
+  {
+    fa_server back2 "$N2" "app: fa-srv, role: allowed"
+    fa_server bopen2 "$N2" "app: fa-open"
+  } | kc apply -f - >/dev/null
+  back_ready() { kc -n "$F" wait --for=condition=Ready pod/back2 pod/bopen2 --timeout=120s >/dev/null; }
+  check "new pods on $N2 are Ready" back_ready
+  BACK2=$(pod_ip "$F" back2) BOPEN2=$(pod_ip "$F" bopen2)
+  check "cross-node again: no1 ($N1) reaches bopen2 ($BOPEN2 on $N2, selected by no policy)" within 60 reaches "$F" no1 "$BOPEN2" 8080
+  check "cross-node again: ok1 ($N1, role=allowed) reaches back2 ($BACK2 on $N2, app=fa-srv)" within 60 reaches "$F" ok1 "$BACK2" 8080
+  check "cross-node again, policy in force on $N2: no1 ($N1, role=denied) dropped at back2" within 30 dropped "$F" no1 "$BACK2" 8080
+  check "cross-node again: back2 ($N2, role=allowed) reaches srv1 ($N1) through its policy" within 60 reaches "$F" back2 "$SRV1" 8080
+  echo "   ($N2 back: Ready and its manager serving $(( $(date +%s) - TB )) s after its kubelet started)"
+  fa_verified() { local out; out=$(weftctl_on_node "$1" map verify 2>&1) && grep -q consistent <<<"$out" || { echo "$out"; return 1; }; }
+  weftctl_on_node() { local n=$1 p; shift; p=$(kc -n kube-system get pods -l k8s-app=weft --field-selector "spec.nodeName=$n" -o jsonpath='{.items[0].metadata.name}'); [ -n "$p" ] || { echo "no weft pod on $n"; return 1; }; kc -n kube-system exec "$p" -c weft-manager -- /usr/local/bin/weftctl "$@"; }
+  check "$N1: weftctl map verify says consistent after it all" within 30 fa_verified "$N1"
+  check "$N2: weftctl map verify says consistent after it all" within 30 fa_verified "$N2"
+fi
 kc delete namespace "$F" --wait=false >/dev/null 2>&1
