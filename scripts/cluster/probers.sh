@@ -21,6 +21,7 @@ metadata: {name: $name, namespace: $ns, labels: {$labels}}
 spec:
   nodeName: $node
   terminationGracePeriodSeconds: 1
+  restartPolicy: Never
   containers:
   - name: c
     image: $AGNHOST_IMAGE
@@ -40,6 +41,8 @@ spec:
         sleep 0.07
       done
       echo stopped
+      # Stay: a container that exits is restarted, and its log with it.
+      while :; do sleep 3600; done
 EOT
 }
 
@@ -48,7 +51,11 @@ pr_go() { local ns=$1 p; shift; for p in "$@"; do kc -n "$ns" exec "$p" -- touch
 pr_stop() { local ns=$1 p; shift; for p in "$@"; do kc -n "$ns" exec "$p" -- touch /tmp/stop >/dev/null 2>&1; done; return 0; }
 
 # pr_log NS POD: the prober's lines (nothing else: not the "stopped" line).
-pr_log() { kc -n "$1" logs "$2" | grep -E '^[0-9]+ [0-9]+ [0-9.:]+ [0-9]+$'; }
+pr_log() {
+  local out
+  out=$(kc -n "$1" logs "$2" 2>&1) || { echo "pr_log $1/$2: $out" >&2; return 1; }
+  grep -E '^[0-9]+ [0-9]+ [0-9.:]+ [0-9]+$' <<<"$out"
+}
 
 # pr_judge LOGFILE TARGET WANT [FROM [TO]]: every request to TARGET logged in [FROM, TO) (epoch
 # seconds; default: all) ended with WANT (answered: 0, dropped: 28), and there was at least one.

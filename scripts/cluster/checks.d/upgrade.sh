@@ -121,16 +121,18 @@ rewrote() {
   local l by this
   l=$(kc -n kube-system logs "$(weft_pod_on "$1")" -c weft-manager 2>&1 | grep 'written by another policy compiler' | tail -1)
   [ -n "$l" ] || { echo "$1: no 'written by another policy compiler' line in the manager's log"; return 1; }
-  by=$(sed -n 's/.*written_by="\{0,1\}\([^"]*\)"\{0,1\} this_build=.*/\1/p' <<<"$l")
-  this=$(sed -n 's/.*this_build=\(policy v[0-9]* encoding v[0-9]*\).*/\1/p' <<<"$l")
+  # JSON lines (WEFT_LOG's format in the DaemonSet), fields under .fields.
+  by=$(jq -r '.fields.written_by // empty' <<<"$l" 2>/dev/null)
+  this=$(jq -r '.fields.this_build // empty' <<<"$l" 2>/dev/null)
   [ -n "$by" ] && [ -n "$this" ] && [ "$by" != "$this" ] && { [ -z "${2:-}" ] || [ "$by" = "$2" ]; } &&
-    grep -Eq 'read_back=[1-9]' <<<"$l" ||
+    jq -e '.fields.read_back > 0' <<<"$l" >/dev/null ||
     { echo "$1: $l (wanted written_by=${2:-another build} != this_build, read_back > 0)"; return 1; }
   echo "$1: $this read back slots of $by"
 }
 # compiler_of NODE: the compiler of the manager running on NODE, as it logged it.
 compiler_of() {
-  kc -n kube-system logs "$(weft_pod_on "$1")" -c weft-manager 2>&1 | sed -n 's/.*this_build=\(policy v[0-9]* encoding v[0-9]*\).*/\1/p' | tail -1
+  kc -n kube-system logs "$(weft_pod_on "$1")" -c weft-manager 2>&1 | grep 'written by another policy compiler' |
+    tail -1 | jq -r '.fields.this_build // empty' 2>/dev/null
 }
 # roll IMAGE: the DaemonSet's image set to IMAGE and rolled node by node (RollingUpdate,
 # maxUnavailable 1, conf/k8s/03-daemonset.yaml); prints the seconds it took.
@@ -169,7 +171,7 @@ done
 sleep 2
 pr_stop "$U" ok1 ok2 no1 no2
 sleep 2
-for p in ok1 ok2 no1 no2; do pr_log "$U" "$p" >"$CL_LOGS/upgrade-$p.log" 2>&1; done
+for p in ok1 ok2 no1 no2; do pr_log "$U" "$p" >"$CL_LOGS/upgrade-$p.log"; done
 echo "   (probes during the roll to $IMG_B: $(pr_count "$CL_LOGS/upgrade-ok2.log" "$T_ROLL1" "$T_ROLL1_END") from ok2, during the roll back: $(pr_count "$CL_LOGS/upgrade-ok2.log" "$T_ROLL2" "$T_ROLL2_END"); logs $CL_LOGS/upgrade-*.log)"
 check "ok1 ($(up_node 1)) -> srv2: every request answered across both rolls" pr_judge "$CL_LOGS/upgrade-ok1.log" "$SRV2:8080" 0
 check "ok2 ($(up_node 2)) -> srv1: every request answered across both rolls" pr_judge "$CL_LOGS/upgrade-ok2.log" "$SRV1:8080" 0
