@@ -62,13 +62,6 @@ pub const POLICY_ENCODING_GOLDENS: &[(u32, u64)] = &[
     // ClusterNetworkPolicy tiers: the tier in the key's direction byte, action and precedence
     // in the value, the tier flags in the entry flags and the slot digest.
     (2, 0xbe9e_4995_400d_3d77),
-    // The rolling-upgrade check's build (feature `upgrade-test-encoding`): any-protocol blocks
-    // split in two.
-    #[cfg(all(
-        feature = "upgrade-test-encoding",
-        not(feature = "upgrade-test-unstamped")
-    ))]
-    (UPGRADE_TEST_ENCODING_VERSION, 0),
 ];
 
 /// One LPM entry of the `policy` map: prefix length and key data.
@@ -217,6 +210,16 @@ pub fn encode_policy(policy_id: u32, policy: &EndpointPolicy) -> Encoded {
 /// entries of some identities encode to exactly those identities' blocks of the whole policy.
 #[must_use]
 pub fn encode_entries(policy_id: u32, entries: &BTreeMap<PolicyEntry, Verdict>) -> Encoded {
+    encode_entries_as(policy_id, entries, SPLIT_ANY_PROTOCOL)
+}
+
+/// [`encode_entries`], with any-protocol blocks split in two when `split_any_protocol` (the
+/// encoding of feature `upgrade-test-encoding`).
+fn encode_entries_as(
+    policy_id: u32,
+    entries: &BTreeMap<PolicyEntry, Verdict>,
+    split_any_protocol: bool,
+) -> Encoded {
     let mut out = Encoded::new();
     for (entry, verdict) in entries {
         let value = value_of(entry.tier, *verdict);
@@ -237,7 +240,7 @@ pub fn encode_entries(policy_id: u32, entries: &BTreeMap<PolicyEntry, Verdict>) 
                 std::cmp::min_by_key(*v, value, PolicyValue::precedence)
             };
         };
-        if entry.proto == 0 && SPLIT_ANY_PROTOCOL {
+        if entry.proto == 0 && split_any_protocol {
             // The upgrade check's encoding: the two halves of the protocol byte.
             for proto in [0, 0x80] {
                 add(PolicyBlock {

@@ -1,3 +1,4 @@
+use std::collections::BTreeSet;
 use super::lookup::{Peer, lookup_encoded, policy_layer, tier_entry};
 use super::*;
 use weft_policy::mapstate::PolicyEntry;
@@ -451,6 +452,17 @@ fn a_change_of_the_encoding_comes_with_a_new_encoding_version() {
     }
     let got = h.finish();
     let (last_version, last_golden) = *POLICY_ENCODING_GOLDENS.last().unwrap();
+    if SPLIT_ANY_PROTOCOL && POLICY_ENCODING_VERSION == UPGRADE_TEST_ENCODING_VERSION {
+        // The rolling-upgrade check's build: another encoding under a version of its own (the
+        // unstamped build keeps the real version and fails below, as a build must that changes
+        // the encoding without a bump).
+        assert!(
+            got != last_golden,
+            "feature upgrade-test-encoding must encode the golden corpus differently"
+        );
+        assert!(POLICY_ENCODING_GOLDENS.iter().all(|&(v, _)| v != POLICY_ENCODING_VERSION));
+        return;
+    }
     assert_eq!(
         last_version, POLICY_ENCODING_VERSION,
         "POLICY_ENCODING_GOLDENS must end with the line of POLICY_ENCODING_VERSION"
@@ -840,4 +852,53 @@ fn the_datapath_decision_matches_the_contract_on_random_tiered_policies() {
             "reason {reason} never decided: {decided:?}"
         );
     }
+}
+
+/// The rolling-upgrade check's encoding (feature `upgrade-test-encoding`: each any-protocol
+/// block as its two halves of the protocol byte) writes other entries than the real one for
+/// every policy with an any-protocol entry, and decides every packet the same: the upgrade
+/// check's traffic must not see the difference, only `weftctl map verify` and the slot
+/// records may.
+#[test]
+fn the_upgrade_test_encoding_differs_and_decides_the_same() {
+    let mut differed = 0;
+    for (ingress, egress, tiers, entries) in encoding_corpus() {
+        let entries: BTreeMap<PolicyEntry, Verdict> = entries.into_iter().collect();
+        let flags = enforcement_flags(&EndpointPolicy {
+            ingress_enforced: ingress,
+            egress_enforced: egress,
+            tiers,
+            entries: entries.clone(),
+        });
+        let real = encode_entries_as(7, &entries, false);
+        let split = encode_entries_as(7, &entries, true);
+        if entries.keys().any(|e| e.proto == 0) {
+            assert_ne!(real, split, "an any-protocol entry is encoded differently");
+            differed += 1;
+        } else {
+            assert_eq!(real, split);
+        }
+        let mut ids: BTreeSet<u32> = entries.keys().map(|e| e.identity).collect();
+        ids.extend([0, 1, 2, 999]);
+        for &identity in &ids {
+            for cidr_identity in [0, 16_777_300] {
+                let peer = Peer {
+                    identity,
+                    cidr_identity,
+                };
+                for d in [Direction::Ingress, Direction::Egress] {
+                    for proto in [0, 1, 6, 17, 58, 127, 128, 132, 255] {
+                        for port in [0, 1, 53, 79, 80, 443, 1024, 8080, 65535] {
+                            assert_eq!(
+                                lookup_encoded(&real, flags, peer, d, proto, port),
+                                lookup_encoded(&split, flags, peer, d, proto, port),
+                                "{peer:?} {d:?} proto {proto} port {port}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(differed > 0, "the corpus has any-protocol entries");
 }
