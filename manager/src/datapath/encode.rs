@@ -34,12 +34,12 @@ pub mod lookup;
 /// the datapath's C code reads the `policy` map; the test
 /// `a_change_of_the_encoding_comes_with_a_new_encoding_version` (encode/tests.rs) fails on a
 /// change of the encoding without a new line in [`POLICY_ENCODING_GOLDENS`].
-pub const POLICY_ENCODING_VERSION: u32 = if SPLIT_ANY_PROTOCOL && !cfg!(feature = "upgrade-test-unstamped")
-{
-    UPGRADE_TEST_ENCODING_VERSION
-} else {
-    2
-};
+pub const POLICY_ENCODING_VERSION: u32 =
+    if SPLIT_ANY_PROTOCOL && !cfg!(feature = "upgrade-test-unstamped") {
+        UPGRADE_TEST_ENCODING_VERSION
+    } else {
+        2
+    };
 
 /// The encoding version of a build with the feature `upgrade-test-encoding` (far above the
 /// real ones, which count up from 1).

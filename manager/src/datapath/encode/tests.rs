@@ -1,6 +1,6 @@
-use std::collections::BTreeSet;
 use super::lookup::{Peer, lookup_encoded, policy_layer, tier_entry};
 use super::*;
+use std::collections::BTreeSet;
 use weft_policy::mapstate::PolicyEntry;
 
 /// The contract's semantics, evaluated directly on the entries.
@@ -460,7 +460,11 @@ fn a_change_of_the_encoding_comes_with_a_new_encoding_version() {
             got != last_golden,
             "feature upgrade-test-encoding must encode the golden corpus differently"
         );
-        assert!(POLICY_ENCODING_GOLDENS.iter().all(|&(v, _)| v != POLICY_ENCODING_VERSION));
+        assert!(
+            POLICY_ENCODING_GOLDENS
+                .iter()
+                .all(|&(v, _)| v != POLICY_ENCODING_VERSION)
+        );
         return;
     }
     assert_eq!(
