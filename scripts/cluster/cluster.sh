@@ -186,3 +186,45 @@ wait_for() {
   cl_log "gave up after ${t}s waiting for $what"
   return 1
 }
+
+# cl_start_apiserver: kube-apiserver on node 1 (selects node 1), as up starts it (also after a
+# stop: scripts/cluster/checks.d/faults.sh).
+cl_start_apiserver() {
+  cl_use_node 1
+  local p=$CL_PKI
+  cl_start kube-apiserver "$CLUSTER_BIN/kube-apiserver" --etcd-servers=http://127.0.0.1:2379 \
+    --advertise-address="$CL_NODE_IP" --bind-address=0.0.0.0 --secure-port=6443 \
+    --tls-cert-file="$p/apiserver.crt" --tls-private-key-file="$p/apiserver.key" \
+    --client-ca-file="$p/ca.crt" \
+    --kubelet-client-certificate="$p/apiserver-kubelet-client.crt" \
+    --kubelet-client-key="$p/apiserver-kubelet-client.key" \
+    --kubelet-certificate-authority="$p/ca.crt" --kubelet-preferred-address-types=InternalIP \
+    --service-cluster-ip-range="$CL_SERVICE_CIDR" \
+    --service-account-issuer=https://kubernetes.default.svc.cluster.local \
+    --service-account-key-file="$p/sa.pub" --service-account-signing-key-file="$p/sa.key" \
+    --authorization-mode=Node,RBAC --enable-admission-plugins=NodeRestriction \
+    --requestheader-client-ca-file="$p/front-proxy-ca.crt" \
+    --requestheader-allowed-names=front-proxy-client --requestheader-username-headers=X-Remote-User \
+    --requestheader-group-headers=X-Remote-Group --requestheader-extra-headers-prefix=X-Remote-Extra- \
+    --proxy-client-cert-file="$p/front-proxy-client.crt" --proxy-client-key-file="$p/front-proxy-client.key" \
+    --allow-privileged=true --profiling=false
+}
+
+# cl_start_kubelet: the selected node's kubelet, as up starts it.
+cl_start_kubelet() {
+  cl_start kubelet "$CLUSTER_BIN/kubelet" --config="$CL_CONF/kubelet.yaml" \
+    --kubeconfig="$CL_CONF/kubelet.kubeconfig" --hostname-override="$CL_NODE" \
+    --node-ip="$CL_NODE_IP" --v=2
+}
+
+# cl_import_image FILE NAME: imports the image archive FILE into the selected node's containerd
+# (namespace k8s.io, as up does) and checks NAME is there.
+cl_import_image() {
+  local f=$1 name=$2 out
+  out=$(in_node "$CLUSTER_BIN/ctr" --address "$CL_CONTAINERD_SOCK" -n k8s.io images import \
+    --snapshotter overlayfs "$f" 2>&1) ||
+    { echo "ctr images import $f failed on $CL_NODE: $out" >&2; return 1; }
+  in_node "$CLUSTER_BIN/ctr" --address "$CL_CONTAINERD_SOCK" -n k8s.io images ls -q 2>/dev/null |
+    grep -x "$name" >/dev/null ||
+    { echo "image $name is not in the containerd of $CL_NODE after importing $f" >&2; return 1; }
+}

@@ -34,7 +34,26 @@ pub mod lookup;
 /// the datapath's C code reads the `policy` map; the test
 /// `a_change_of_the_encoding_comes_with_a_new_encoding_version` (encode/tests.rs) fails on a
 /// change of the encoding without a new line in [`POLICY_ENCODING_GOLDENS`].
-pub const POLICY_ENCODING_VERSION: u32 = 2;
+pub const POLICY_ENCODING_VERSION: u32 =
+    if SPLIT_ANY_PROTOCOL && !cfg!(feature = "upgrade-test-unstamped") {
+        UPGRADE_TEST_ENCODING_VERSION
+    } else {
+        2
+    };
+
+/// The encoding version of a build with the feature `upgrade-test-encoding` (far above the
+/// real ones, which count up from 1).
+pub const UPGRADE_TEST_ENCODING_VERSION: u32 = 1002;
+
+/// Feature `upgrade-test-encoding`, for the rolling-upgrade check only
+/// (scripts/cluster/checks.d/upgrade.sh): an encoding that differs from the real one for the
+/// same policy while deciding every packet the same. Each any-protocol block (prefix 72) is
+/// stored as its two halves of the protocol byte (prefix 73, protocols 0-127 and 128-255). With
+/// its own [`POLICY_ENCODING_VERSION`], a manager of this build reads back and rewrites every
+/// slot the real encoding wrote, and the real one every slot this one wrote. Feature
+/// `upgrade-test-unstamped` is the same encoding under the real version: the build that trusts
+/// slots it did not write, which the upgrade check must catch.
+const SPLIT_ANY_PROTOCOL: bool = cfg!(feature = "upgrade-test-encoding");
 
 /// `(version, digest of the golden corpus encoded by that version)`, oldest first; the last
 /// line is [`POLICY_ENCODING_VERSION`]'s. Append a line with each bump; never edit a past one.
@@ -191,6 +210,16 @@ pub fn encode_policy(policy_id: u32, policy: &EndpointPolicy) -> Encoded {
 /// entries of some identities encode to exactly those identities' blocks of the whole policy.
 #[must_use]
 pub fn encode_entries(policy_id: u32, entries: &BTreeMap<PolicyEntry, Verdict>) -> Encoded {
+    encode_entries_as(policy_id, entries, SPLIT_ANY_PROTOCOL)
+}
+
+/// [`encode_entries`], with any-protocol blocks split in two when `split_any_protocol` (the
+/// encoding of feature `upgrade-test-encoding`).
+fn encode_entries_as(
+    policy_id: u32,
+    entries: &BTreeMap<PolicyEntry, Verdict>,
+    split_any_protocol: bool,
+) -> Encoded {
     let mut out = Encoded::new();
     for (entry, verdict) in entries {
         let value = value_of(entry.tier, *verdict);
@@ -211,7 +240,15 @@ pub fn encode_entries(policy_id: u32, entries: &BTreeMap<PolicyEntry, Verdict>) 
                 std::cmp::min_by_key(*v, value, PolicyValue::precedence)
             };
         };
-        if entry.proto == 0 {
+        if entry.proto == 0 && split_any_protocol {
+            // The upgrade check's encoding: the two halves of the protocol byte.
+            for proto in [0, 0x80] {
+                add(PolicyBlock {
+                    prefix_len: abi::POLICY_FIXED_PREFIX + 1,
+                    key: PolicyKey { proto, ..key },
+                });
+            }
+        } else if entry.proto == 0 {
             // Any protocol: ports are meaningless (the contract says they must be "any").
             add(PolicyBlock {
                 prefix_len: abi::POLICY_FIXED_PREFIX,

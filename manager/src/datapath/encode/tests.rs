@@ -1,5 +1,6 @@
 use super::lookup::{Peer, lookup_encoded, policy_layer, tier_entry};
 use super::*;
+use std::collections::BTreeSet;
 use weft_policy::mapstate::PolicyEntry;
 
 /// The contract's semantics, evaluated directly on the entries.
@@ -78,6 +79,10 @@ fn narrow_allow_inside_broad_deny_is_denied() {
 }
 
 #[test]
+#[cfg_attr(
+    feature = "upgrade-test-encoding",
+    ignore = "asserts the real encoding's blocks; the upgrade check's build splits any-protocol ones"
+)]
 fn any_identity_deny_beats_exact_allow_and_any_proto_covers_ports() {
     let mut p = EndpointPolicy::default();
     p.entries.insert(
@@ -451,6 +456,21 @@ fn a_change_of_the_encoding_comes_with_a_new_encoding_version() {
     }
     let got = h.finish();
     let (last_version, last_golden) = *POLICY_ENCODING_GOLDENS.last().unwrap();
+    if SPLIT_ANY_PROTOCOL && POLICY_ENCODING_VERSION == UPGRADE_TEST_ENCODING_VERSION {
+        // The rolling-upgrade check's build: another encoding under a version of its own (the
+        // unstamped build keeps the real version and fails below, as a build must that changes
+        // the encoding without a bump).
+        assert!(
+            got != last_golden,
+            "feature upgrade-test-encoding must encode the golden corpus differently"
+        );
+        assert!(
+            POLICY_ENCODING_GOLDENS
+                .iter()
+                .all(|&(v, _)| v != POLICY_ENCODING_VERSION)
+        );
+        return;
+    }
     assert_eq!(
         last_version, POLICY_ENCODING_VERSION,
         "POLICY_ENCODING_GOLDENS must end with the line of POLICY_ENCODING_VERSION"
@@ -484,6 +504,10 @@ fn in_tier(
 }
 
 #[test]
+#[cfg_attr(
+    feature = "upgrade-test-encoding",
+    ignore = "asserts the real encoding's blocks; the upgrade check's build splits any-protocol ones"
+)]
 #[allow(clippy::too_many_lines, reason = "one policy, checked entry by entry")]
 fn tier_entries_carry_their_tier_in_the_key_and_precedence_in_the_value() {
     let mut p = EndpointPolicy {
@@ -840,4 +864,53 @@ fn the_datapath_decision_matches_the_contract_on_random_tiered_policies() {
             "reason {reason} never decided: {decided:?}"
         );
     }
+}
+
+/// The rolling-upgrade check's encoding (feature `upgrade-test-encoding`: each any-protocol
+/// block as its two halves of the protocol byte) writes other entries than the real one for
+/// every policy with an any-protocol entry, and decides every packet the same: the upgrade
+/// check's traffic must not see the difference, only `weftctl map verify` and the slot
+/// records may.
+#[test]
+fn the_upgrade_test_encoding_differs_and_decides_the_same() {
+    let mut differed = 0;
+    for (ingress, egress, tiers, entries) in encoding_corpus() {
+        let entries: BTreeMap<PolicyEntry, Verdict> = entries.into_iter().collect();
+        let flags = enforcement_flags(&EndpointPolicy {
+            ingress_enforced: ingress,
+            egress_enforced: egress,
+            tiers,
+            entries: entries.clone(),
+        });
+        let real = encode_entries_as(7, &entries, false);
+        let split = encode_entries_as(7, &entries, true);
+        if entries.keys().any(|e| e.proto == 0) {
+            assert_ne!(real, split, "an any-protocol entry is encoded differently");
+            differed += 1;
+        } else {
+            assert_eq!(real, split);
+        }
+        let mut ids: BTreeSet<u32> = entries.keys().map(|e| e.identity).collect();
+        ids.extend([0, 1, 2, 999]);
+        for &identity in &ids {
+            for cidr_identity in [0, 16_777_300] {
+                let peer = Peer {
+                    identity,
+                    cidr_identity,
+                };
+                for d in [Direction::Ingress, Direction::Egress] {
+                    for proto in [0, 1, 6, 17, 58, 127, 128, 132, 255] {
+                        for port in [0, 1, 53, 79, 80, 443, 1024, 8080, 65535] {
+                            assert_eq!(
+                                lookup_encoded(&real, flags, peer, d, proto, port),
+                                lookup_encoded(&split, flags, peer, d, proto, port),
+                                "{peer:?} {d:?} proto {proto} port {port}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(differed > 0, "the corpus has any-protocol entries");
 }

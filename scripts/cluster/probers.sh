@@ -1,0 +1,96 @@
+# shellcheck shell=bash
+# Continuous probers for the checks that disturb a cluster while traffic flows (checks.d/
+# upgrade.sh, checks.d/faults.sh); sourced after checks-lib.sh.
+#
+# A prober is an agnhost pod pinned to a node that, once started (pr_go), sends one HTTP
+# request (curl, a new TCP connection, 1 s limit) to each of its targets in turn, about 10 a
+# second, and logs one line per request: "N EPOCH-SECONDS TARGET CODE", CODE being curl's exit
+# status: 0 answered, 28 timed out (what a policy drop looks like: the SYN went unanswered),
+# anything else a failure of the probe itself (7: refused or no route, 6: ...), which is never
+# counted as a drop. The log is read at the end (pr_log), the pods stay running until their
+# namespace goes.
+
+# pr_pod NS NAME NODE LABELS TARGET...: the YAML of a prober (TARGET: IP:PORT).
+pr_pod() {
+  local ns=$1 name=$2 node=$3 labels=$4; shift 4
+  cat <<EOT
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: $name, namespace: $ns, labels: {$labels}}
+spec:
+  nodeName: $node
+  terminationGracePeriodSeconds: 1
+  restartPolicy: Never
+  containers:
+  - name: c
+    image: $AGNHOST_IMAGE
+    env: [{name: TARGETS, value: "$*"}]
+    command: [/bin/sh, -c]
+    args:
+    - |
+      while [ ! -e /tmp/go ]; do sleep 0.2; done
+      n=0
+      while [ ! -e /tmp/stop ]; do
+        for t in \$TARGETS; do
+          n=\`expr \$n + 1\`
+          c=0
+          curl -s -m 1 -o /dev/null "http://\$t/hostname" || c=\$?
+          echo "\$n \`date +%s\` \$t \$c"
+        done
+        sleep 0.07
+      done
+      echo stopped
+      # Stay: a container that exits is restarted, and its log with it.
+      while :; do sleep 3600; done
+EOT
+}
+
+# pr_go NS POD...: starts the probers.  pr_stop NS POD...: stops them (they finish the round).
+pr_go() { local ns=$1 p; shift; for p in "$@"; do kc -n "$ns" exec "$p" -- touch /tmp/go || return 1; done; }
+pr_stop() { local ns=$1 p; shift; for p in "$@"; do kc -n "$ns" exec "$p" -- touch /tmp/stop >/dev/null 2>&1; done; return 0; }
+
+# pr_log NS POD: the prober's lines (nothing else: not the "stopped" line).
+pr_log() {
+  local out
+  out=$(kc -n "$1" logs "$2" 2>&1) || { echo "pr_log $1/$2: $out" >&2; return 1; }
+  grep -E '^[0-9]+ [0-9]+ [0-9.:]+ [0-9]+$' <<<"$out"
+}
+
+# pr_judge LOGFILE TARGET WANT [FROM [TO]]: every request to TARGET logged in [FROM, TO) (epoch
+# seconds; default: all) ended with WANT (answered: 0, dropped: 28), and there was at least one.
+# Prints the counts; fails naming what else happened (a drop where an answer was wanted is a
+# loss; a code other than 0 or 28 a probe error, whatever was wanted).
+pr_judge() {
+  local f=$1 target=$2 want=$3 from=${4:-0} to=${5:-99999999999}
+  awk -v t="$target" -v w="$want" -v a="$from" -v b="$to" '
+    $3 == t && $2 >= a && $2 < b {
+      n++
+      if ($4 == w) ok++
+      else if ($4 == 0) ans++
+      else if ($4 == 28) drop++
+      else { err++; if (!e) e = $0 }
+    }
+    END {
+      printf "%d requests to %s: %d as wanted (%s)", n, t, ok, (w == 0 ? "answered" : "dropped")
+      if (ans) printf ", %d ANSWERED", ans
+      if (drop) printf ", %d DROPPED (timed out)", drop
+      if (err) printf ", %d probe errors (first: %s)", err, e
+      printf "\n"
+      exit !(n > 0 && ok == n)
+    }' "$f"
+}
+
+# pr_count LOGFILE FROM TO: how many requests were logged in [FROM, TO).
+pr_count() { awk -v a="$2" -v b="$3" '$2 >= a && $2 < b {n++} END {print n + 0}' "$1"; }
+
+# within SECONDS CMD...: CMD succeeds before SECONDS have passed (a deadline: a probe that times
+# out takes seconds itself); the last attempt's output otherwise.
+within() {
+  local end=$(($(date +%s) + $1)); shift
+  while [ "$(date +%s)" -lt "$end" ]; do
+    "$@" >/dev/null 2>&1 && return 0
+    sleep 1
+  done
+  "$@"
+}
