@@ -10,6 +10,75 @@
 # counted as a drop. The log is read at the end (pr_log), the pods stay running until their
 # namespace goes.
 
+# pr_node I: the name of node I (1: the control plane's).
+pr_node() { if [ "$1" = 1 ]; then echo "weft-$CL_NAME"; else echo "weft-$CL_NAME-$1"; fi; }
+
+# pr_server NS NAME NODE LABELS: the YAML of an agnhost HTTP server on port 8080.
+pr_server() {
+  cat <<EOT
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: $2, namespace: $1, labels: {$4}}
+spec:
+  nodeName: $3
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: c
+    image: $AGNHOST_IMAGE
+    args: [netexec, --http-port=8080]
+EOT
+}
+
+# pr_fixture NS APP [own]: namespace NS with, on each of nodes 1 and 2, a server srvI (app:
+# APP-srv) selected by a NetworkPolicy admitting `role: allowed` only and a server openI (app:
+# APP-open) selected by none (sets SRV1 SRV2 OPEN1 OPEN2 to their addresses), then the probers:
+# okI (`role: allowed`) probing the other node's srv (with `own`, ok1 also srv1 on its own
+# node), noI (`role: denied`) probing the other node's srv and open in turn (each answer of open
+# is the control of the drops at srv). Waits until every pod is Ready. Not in a subshell (it
+# sets variables): its output goes to $CL_LOGS/NS-fixture.txt, and `check ... pr_ready NS`
+# judges it.
+pr_fixture() {
+  PR_FIXTURE_RC=0
+  pr_fixture_make "$@" >"$CL_LOGS/$1-fixture.txt" 2>&1 || PR_FIXTURE_RC=1
+}
+pr_ready() { [ "$PR_FIXTURE_RC" = 0 ] || { cat "$CL_LOGS/$1-fixture.txt"; return 1; }; }
+pr_fixture_make() {
+  local ns=$1 app=$2 own=${3:-} extra='' i
+  kc delete namespace "$ns" --ignore-not-found --wait=true --timeout=120s >/dev/null 2>&1
+  {
+    echo "apiVersion: v1"
+    echo "kind: Namespace"
+    echo "metadata: {name: $ns}"
+    for i in 1 2; do
+      pr_server "$ns" "srv$i" "$(pr_node "$i")" "app: $app-srv"
+      pr_server "$ns" "open$i" "$(pr_node "$i")" "app: $app-open"
+    done
+  } | kc apply -f - >/dev/null || return 1
+  kc -n "$ns" wait --for=condition=Ready pod --all --timeout=120s >/dev/null || { kc -n "$ns" get pods -o wide; return 1; }
+  SRV1=$(pod_ip "$ns" srv1) SRV2=$(pod_ip "$ns" srv2) OPEN1=$(pod_ip "$ns" open1) OPEN2=$(pod_ip "$ns" open2)
+  kc apply -f - >/dev/null <<EOT || return 1
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: srv-from-allowed, namespace: $ns}
+spec:
+  podSelector: {matchLabels: {app: $app-srv}}
+  policyTypes: [Ingress]
+  ingress:
+  - from:
+    - podSelector: {matchLabels: {role: allowed}}
+EOT
+  [ "$own" = own ] && extra=$SRV1:8080
+  {
+    # shellcheck disable=SC2086 # $extra: one IP:PORT or nothing
+    pr_pod "$ns" ok1 "$(pr_node 1)" "role: allowed" "$SRV2:8080" $extra
+    pr_pod "$ns" ok2 "$(pr_node 2)" "role: allowed" "$SRV1:8080"
+    pr_pod "$ns" no1 "$(pr_node 1)" "role: denied" "$SRV2:8080" "$OPEN2:8080"
+    pr_pod "$ns" no2 "$(pr_node 2)" "role: denied" "$SRV1:8080" "$OPEN1:8080"
+  } | kc apply -f - >/dev/null || return 1
+  kc -n "$ns" wait --for=condition=Ready pod --all --timeout=120s >/dev/null || { kc -n "$ns" get pods -o wide; return 1; }
+}
+
 # pr_pod NS NAME NODE LABELS TARGET...: the YAML of a prober (TARGET: IP:PORT).
 pr_pod() {
   local ns=$1 name=$2 node=$3 labels=$4; shift 4

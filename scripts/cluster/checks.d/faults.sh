@@ -28,8 +28,7 @@ if [ "$FA_NODES" -lt 2 ]; then
   return 0
 fi
 F=wck-fa
-fa_node() { if [ "$1" = 1 ]; then echo "weft-$CL_NAME"; else echo "weft-$CL_NAME-$1"; fi; }
-N1=$(fa_node 1) N2=$(fa_node 2)
+N1=$(pr_node 1) N2=$(pr_node 2)
 # The partition's rules, in node 2's netns (the cluster's own, never the host's).
 FA_RULES=("OUTPUT -d $CL_API_IP -p tcp --dport 6443 -j DROP" "INPUT -s $CL_API_IP -p tcp --sport 6443 -j DROP")
 fa_unpartition() {
@@ -44,53 +43,8 @@ fa_restart_kubelet2() { cl_use_node 2; cl_pid kubelet >/dev/null || cl_start_kub
 fa_restart_apiserver() { cl_use_node 1; cl_pid kube-apiserver >/dev/null || cl_start_apiserver; wait_for 90 "the API server" kc get --raw /readyz; }
 CK_RESTORE+=("fa_unpartition" "fa_restart_apiserver" "fa_restart_kubelet2")
 CK_RESTORE+=("kc delete namespace $F --ignore-not-found --wait=true --timeout=120s")
-kc delete namespace "$F" --ignore-not-found --wait=true --timeout=120s >/dev/null 2>&1
-
-fa_server() { # NAME NODE LABELS
-  cat <<EOT
----
-apiVersion: v1
-kind: Pod
-metadata: {name: $1, namespace: $F, labels: {$3}}
-spec:
-  nodeName: $2
-  terminationGracePeriodSeconds: 1
-  containers:
-  - name: c
-    image: $AGNHOST_IMAGE
-    args: [netexec, --http-port=8080]
-EOT
-}
-{
-  echo "apiVersion: v1"
-  echo "kind: Namespace"
-  echo "metadata: {name: $F}"
-  for i in 1 2; do
-    fa_server "srv$i" "$(fa_node "$i")" "app: fa-srv"
-    fa_server "open$i" "$(fa_node "$i")" "app: fa-open"
-  done
-} | kc apply -f - >/dev/null
-kc -n "$F" wait --for=condition=Ready pod --all --timeout=120s >/dev/null
-SRV1=$(pod_ip "$F" srv1) SRV2=$(pod_ip "$F" srv2) OPEN1=$(pod_ip "$F" open1) OPEN2=$(pod_ip "$F" open2)
-kc apply -f - >/dev/null <<EOT
-apiVersion: networking.k8s.io/v1
-kind: NetworkPolicy
-metadata: {name: srv-from-allowed, namespace: $F}
-spec:
-  podSelector: {matchLabels: {app: fa-srv}}
-  policyTypes: [Ingress]
-  ingress:
-  - from:
-    - podSelector: {matchLabels: {role: allowed}}
-EOT
-{
-  pr_pod "$F" ok1 "$N1" "role: allowed" "$SRV2:8080" "$SRV1:8080"
-  pr_pod "$F" ok2 "$N2" "role: allowed" "$SRV1:8080"
-  pr_pod "$F" no1 "$N1" "role: denied" "$SRV2:8080" "$OPEN2:8080"
-  pr_pod "$F" no2 "$N2" "role: denied" "$SRV1:8080" "$OPEN1:8080"
-} | kc apply -f - >/dev/null
-fa_ready() { kc -n "$F" wait --for=condition=Ready pod --all --timeout=120s >/dev/null || { kc -n "$F" get pods -o wide; return 1; }; }
-check "servers and probers Ready on both nodes (srv1 $SRV1, srv2 $SRV2)" fa_ready
+pr_fixture "$F" fa own
+check "servers and probers Ready on both nodes (srv1 $SRV1, srv2 $SRV2)" pr_ready "$F"
 check "before the faults: no1 ($N1) reaches open2, is dropped at srv2" eval \
   'within 20 reaches "$F" no1 "$OPEN2" 8080 && within 20 dropped "$F" no1 "$SRV2" 8080'
 check "before the faults: no2 ($N2) reaches open1, is dropped at srv1" eval \
@@ -296,8 +250,8 @@ if [ "$CK_FAILED" != "$fa_before" ]; then
   ck_fail "$N2 back: cross-node traffic to its new pods not judged (no manager on $N2: above)"
 else
   {
-    fa_server back2 "$N2" "app: fa-srv, role: allowed"
-    fa_server bopen2 "$N2" "app: fa-open"
+    pr_server "$F" back2 "$N2" "app: fa-srv, role: allowed"
+    pr_server "$F" bopen2 "$N2" "app: fa-open"
   } | kc apply -f - >/dev/null
   back_ready() { kc -n "$F" wait --for=condition=Ready pod/back2 pod/bopen2 --timeout=120s >/dev/null; }
   check "new pods on $N2 are Ready" back_ready

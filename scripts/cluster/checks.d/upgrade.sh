@@ -29,7 +29,6 @@ if [ ! -f "$UP_TAR" ]; then
   return 0
 fi
 U=wck-up
-up_node() { if [ "$1" = 1 ]; then echo "weft-$CL_NAME"; else echo "weft-$CL_NAME-$1"; fi; }
 ds_image() { kc -n kube-system get ds weft -o jsonpath='{.spec.template.spec.containers[0].image}'; }
 IMG_A=$(ds_image)
 IMG_B=$(tar -xOf "$UP_TAR" ./index.json | jq -r '.manifests[0].annotations["io.containerd.image.name"]')
@@ -47,57 +46,13 @@ check "the other build ($IMG_B) imported into every node's containerd" imported
 
 CK_RESTORE+=("kc delete namespace $U --ignore-not-found --wait=true --timeout=120s")
 CK_RESTORE+=("[ \"\$(ds_image)\" = '$IMG_A' ] || { kc -n kube-system set image ds/weft weft-manager='$IMG_A'; kc -n kube-system rollout status ds/weft --timeout=300s; }")
-kc delete namespace "$U" --ignore-not-found --wait=true --timeout=120s >/dev/null 2>&1
-up_server() { # NAME NODE LABELS
-  cat <<EOT
----
-apiVersion: v1
-kind: Pod
-metadata: {name: $1, namespace: $U, labels: {$3}}
-spec:
-  nodeName: $2
-  terminationGracePeriodSeconds: 1
-  containers:
-  - name: c
-    image: $AGNHOST_IMAGE
-    args: [netexec, --http-port=8080]
-EOT
-}
-{
-  echo "apiVersion: v1"
-  echo "kind: Namespace"
-  echo "metadata: {name: $U}"
-  for i in 1 2; do
-    up_server "srv$i" "$(up_node "$i")" "app: up-srv"
-    up_server "open$i" "$(up_node "$i")" "app: up-open"
-  done
-} | kc apply -f - >/dev/null
-kc -n "$U" wait --for=condition=Ready pod --all --timeout=120s >/dev/null
-SRV1=$(pod_ip "$U" srv1) SRV2=$(pod_ip "$U" srv2) OPEN1=$(pod_ip "$U" open1) OPEN2=$(pod_ip "$U" open2)
-kc apply -f - >/dev/null <<EOT
-apiVersion: networking.k8s.io/v1
-kind: NetworkPolicy
-metadata: {name: srv-from-allowed, namespace: $U}
-spec:
-  podSelector: {matchLabels: {app: up-srv}}
-  policyTypes: [Ingress]
-  ingress:
-  - from:
-    - podSelector: {matchLabels: {role: allowed}}
-EOT
-{
-  pr_pod "$U" ok1 "$(up_node 1)" "role: allowed" "$SRV2:8080"
-  pr_pod "$U" ok2 "$(up_node 2)" "role: allowed" "$SRV1:8080"
-  pr_pod "$U" no1 "$(up_node 1)" "role: denied" "$SRV2:8080" "$OPEN2:8080"
-  pr_pod "$U" no2 "$(up_node 2)" "role: denied" "$SRV1:8080" "$OPEN1:8080"
-} | kc apply -f - >/dev/null
-up_ready() { kc -n "$U" wait --for=condition=Ready pod --all --timeout=120s >/dev/null || { kc -n "$U" get pods -o wide; return 1; }; }
-check "servers and probers Ready on both nodes (srv1 $SRV1, srv2 $SRV2)" up_ready
+pr_fixture "$U" up
+check "servers and probers Ready on both nodes (srv1 $SRV1, srv2 $SRV2)" pr_ready "$U"
 # The policy in force before the probers start: the denied clients' first request must
 # already be dropped (each told from a probe error by its control to the open server).
-check "before the roll: no1 ($(up_node 1)) reaches open2, is dropped at srv2" eval \
+check "before the roll: no1 ($(pr_node 1)) reaches open2, is dropped at srv2" eval \
   'within 20 reaches "$U" no1 "$OPEN2" 8080 && within 20 dropped "$U" no1 "$SRV2" 8080'
-check "before the roll: no2 ($(up_node 2)) reaches open1, is dropped at srv1" eval \
+check "before the roll: no2 ($(pr_node 2)) reaches open1, is dropped at srv1" eval \
   'within 20 reaches "$U" no2 "$OPEN1" 8080 && within 20 dropped "$U" no2 "$SRV1" 8080'
 check "before the roll: ok1 reaches srv2, ok2 reaches srv1 (allowed by pod label)" eval \
   'within 20 reaches "$U" ok1 "$SRV2" 8080 && within 20 reaches "$U" ok2 "$SRV1" 8080'
@@ -150,12 +105,12 @@ if took=$(roll "$IMG_B" 2>&1); then ck_pass "rolled to $IMG_B node by node in ${
 T_ROLL1_END=$(date +%s)
 sleep 3
 for i in $(seq "$UP_NODES"); do
-  n=$(up_node "$i")
+  n=$(pr_node "$i")
   check "$n runs $IMG_B, ready" within 60 runs_image "$n" "$IMG_B"
   check "$n: weftctl map verify says consistent (the maps equal a from-scratch computation of $IMG_B)" within 30 verified "$n"
   check "$n: the manager of $IMG_B read back and rewrote the slots $IMG_A wrote" rewrote "$n"
 done
-C_B=$(compiler_of "$(up_node 1)")
+C_B=$(compiler_of "$(pr_node 1)")
 echo "   ($IMG_B's manager: $C_B)"
 
 T_ROLL2=$(date +%s)
@@ -163,7 +118,7 @@ if took=$(roll "$IMG_A" 2>&1); then ck_pass "rolled back to $IMG_A node by node 
 T_ROLL2_END=$(date +%s)
 sleep 3
 for i in $(seq "$UP_NODES"); do
-  n=$(up_node "$i")
+  n=$(pr_node "$i")
   check "$n runs $IMG_A again, ready" within 60 runs_image "$n" "$IMG_A"
   check "$n: weftctl map verify says consistent after the roll back" within 30 verified "$n"
   check "$n: the manager of $IMG_A read back and rewrote the slots $IMG_B wrote ($C_B)" rewrote "$n" "$C_B"
@@ -173,12 +128,12 @@ pr_stop "$U" ok1 ok2 no1 no2
 sleep 2
 for p in ok1 ok2 no1 no2; do pr_log "$U" "$p" >"$CL_LOGS/upgrade-$p.log"; done
 echo "   (probes during the roll to $IMG_B: $(pr_count "$CL_LOGS/upgrade-ok2.log" "$T_ROLL1" "$T_ROLL1_END") from ok2, during the roll back: $(pr_count "$CL_LOGS/upgrade-ok2.log" "$T_ROLL2" "$T_ROLL2_END"); logs $CL_LOGS/upgrade-*.log)"
-check "ok1 ($(up_node 1)) -> srv2: every request answered across both rolls" pr_judge "$CL_LOGS/upgrade-ok1.log" "$SRV2:8080" 0
-check "ok2 ($(up_node 2)) -> srv1: every request answered across both rolls" pr_judge "$CL_LOGS/upgrade-ok2.log" "$SRV1:8080" 0
-check "no1 ($(up_node 1)) -> open2: every request answered (the control of its drops)" pr_judge "$CL_LOGS/upgrade-no1.log" "$OPEN2:8080" 0
-check "no2 ($(up_node 2)) -> open1: every request answered (the control of its drops)" pr_judge "$CL_LOGS/upgrade-no2.log" "$OPEN1:8080" 0
-check "no1 ($(up_node 1)) -> srv2: every request dropped across both rolls" pr_judge "$CL_LOGS/upgrade-no1.log" "$SRV2:8080" 28
-check "no2 ($(up_node 2)) -> srv1: every request dropped across both rolls" pr_judge "$CL_LOGS/upgrade-no2.log" "$SRV1:8080" 28
+check "ok1 ($(pr_node 1)) -> srv2: every request answered across both rolls" pr_judge "$CL_LOGS/upgrade-ok1.log" "$SRV2:8080" 0
+check "ok2 ($(pr_node 2)) -> srv1: every request answered across both rolls" pr_judge "$CL_LOGS/upgrade-ok2.log" "$SRV1:8080" 0
+check "no1 ($(pr_node 1)) -> open2: every request answered (the control of its drops)" pr_judge "$CL_LOGS/upgrade-no1.log" "$OPEN2:8080" 0
+check "no2 ($(pr_node 2)) -> open1: every request answered (the control of its drops)" pr_judge "$CL_LOGS/upgrade-no2.log" "$OPEN1:8080" 0
+check "no1 ($(pr_node 1)) -> srv2: every request dropped across both rolls" pr_judge "$CL_LOGS/upgrade-no1.log" "$SRV2:8080" 28
+check "no2 ($(pr_node 2)) -> srv1: every request dropped across both rolls" pr_judge "$CL_LOGS/upgrade-no2.log" "$SRV1:8080" 28
 check "requests were made during each roll" eval \
   '[ "$(pr_count "$CL_LOGS/upgrade-ok2.log" "$T_ROLL1" "$T_ROLL1_END")" -gt 0 ] && [ "$(pr_count "$CL_LOGS/upgrade-ok2.log" "$T_ROLL2" "$T_ROLL2_END")" -gt 0 ]'
 kc delete namespace "$U" --wait=false >/dev/null 2>&1
