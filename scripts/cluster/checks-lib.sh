@@ -27,6 +27,20 @@ ck_summary() {
   [ "$CK_FAILED" = 0 ]
 }
 
+# within SECONDS CMD...: CMD succeeds before SECONDS have passed (a deadline, not a count of
+# attempts: a probe that times out takes seconds itself); the last attempt's output otherwise.
+within() {
+  local end=$(($(date +%s) + $1)); shift
+  while [ "$(date +%s)" -lt "$end" ]; do
+    "$@" >/dev/null 2>&1 && return 0
+    sleep 1
+  done
+  "$@"
+}
+
+# ck_node I: the name of node I of the cluster (1: the control plane's).
+ck_node() { if [ "$1" = 1 ]; then echo "weft-$CL_NAME"; else echo "weft-$CL_NAME-$1"; fi; }
+
 # eventually SECONDS CMD...: CMD succeeds within SECONDS (polled every second; the last
 # attempt's output is printed when it never did).
 eventually() {

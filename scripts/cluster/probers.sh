@@ -10,9 +10,6 @@
 # counted as a drop. The log is read at the end (pr_log), the pods stay running until their
 # namespace goes.
 
-# pr_node I: the name of node I (1: the control plane's).
-pr_node() { if [ "$1" = 1 ]; then echo "weft-$CL_NAME"; else echo "weft-$CL_NAME-$1"; fi; }
-
 # pr_server NS NAME NODE LABELS: the YAML of an agnhost HTTP server on port 8080.
 pr_server() {
   cat <<EOT
@@ -51,8 +48,8 @@ pr_fixture_make() {
     echo "kind: Namespace"
     echo "metadata: {name: $ns}"
     for i in 1 2; do
-      pr_server "$ns" "srv$i" "$(pr_node "$i")" "app: $app-srv"
-      pr_server "$ns" "open$i" "$(pr_node "$i")" "app: $app-open"
+      pr_server "$ns" "srv$i" "$(ck_node "$i")" "app: $app-srv"
+      pr_server "$ns" "open$i" "$(ck_node "$i")" "app: $app-open"
     done
   } | kc apply -f - >/dev/null || return 1
   kc -n "$ns" wait --for=condition=Ready pod --all --timeout=120s >/dev/null || { kc -n "$ns" get pods -o wide; return 1; }
@@ -71,10 +68,10 @@ EOT
   [ "$own" = own ] && extra=$SRV1:8080
   {
     # shellcheck disable=SC2086 # $extra: one IP:PORT or nothing
-    pr_pod "$ns" ok1 "$(pr_node 1)" "role: allowed" "$SRV2:8080" $extra
-    pr_pod "$ns" ok2 "$(pr_node 2)" "role: allowed" "$SRV1:8080"
-    pr_pod "$ns" no1 "$(pr_node 1)" "role: denied" "$SRV2:8080" "$OPEN2:8080"
-    pr_pod "$ns" no2 "$(pr_node 2)" "role: denied" "$SRV1:8080" "$OPEN1:8080"
+    pr_pod "$ns" ok1 "$(ck_node 1)" "role: allowed" "$SRV2:8080" $extra
+    pr_pod "$ns" ok2 "$(ck_node 2)" "role: allowed" "$SRV1:8080"
+    pr_pod "$ns" no1 "$(ck_node 1)" "role: denied" "$SRV2:8080" "$OPEN2:8080"
+    pr_pod "$ns" no2 "$(ck_node 2)" "role: denied" "$SRV1:8080" "$OPEN1:8080"
   } | kc apply -f - >/dev/null || return 1
   kc -n "$ns" wait --for=condition=Ready pod --all --timeout=120s >/dev/null || { kc -n "$ns" get pods -o wide; return 1; }
 }
@@ -153,13 +150,3 @@ pr_judge() {
 # pr_count LOGFILE FROM TO: how many requests were logged in [FROM, TO).
 pr_count() { awk -v a="$2" -v b="$3" '$2 >= a && $2 < b {n++} END {print n + 0}' "$1"; }
 
-# within SECONDS CMD...: CMD succeeds before SECONDS have passed (a deadline: a probe that times
-# out takes seconds itself); the last attempt's output otherwise.
-within() {
-  local end=$(($(date +%s) + $1)); shift
-  while [ "$(date +%s)" -lt "$end" ]; do
-    "$@" >/dev/null 2>&1 && return 0
-    sleep 1
-  done
-  "$@"
-}

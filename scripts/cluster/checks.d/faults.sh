@@ -28,7 +28,7 @@ if [ "$FA_NODES" -lt 2 ]; then
   return 0
 fi
 F=wck-fa
-N1=$(pr_node 1) N2=$(pr_node 2)
+N1=$(ck_node 1) N2=$(ck_node 2)
 # The partition's rules, in node 2's netns (the cluster's own, never the host's).
 FA_RULES=("OUTPUT -d $CL_API_IP -p tcp --dport 6443 -j DROP" "INPUT -s $CL_API_IP -p tcp --sport 6443 -j DROP")
 fa_unpartition() {

@@ -14,18 +14,7 @@ if [ "$MN_NODES" -lt 2 ]; then
   return 0
 fi
 M=wck-mn
-# within SECONDS CMD...: CMD succeeds before SECONDS have passed (a deadline, not a count of
-# attempts: a probe that times out takes seconds itself); the last attempt's output otherwise.
-within() {
-  local end=$(($(date +%s) + $1)); shift
-  while [ "$(date +%s)" -lt "$end" ]; do
-    "$@" >/dev/null 2>&1 && return 0
-    sleep 1
-  done
-  "$@"
-}
-mn_node() { if [ "$1" = 1 ]; then echo "weft-$CL_NAME"; else echo "weft-$CL_NAME-$1"; fi; }
-N1=$(mn_node 1) N2=$(mn_node 2)
+N1=$(ck_node 1) N2=$(ck_node 2)
 check "the API has the $MN_NODES nodes up recorded" test "$api_nodes" = "$MN_NODES"
 CK_RESTORE+=("kc delete namespace $M --ignore-not-found --wait=true --timeout=120s")
 kc delete namespace "$M" --ignore-not-found --wait=true --timeout=120s >/dev/null 2>&1
@@ -52,7 +41,7 @@ EOT
   echo "metadata: {name: $M}"
   # A server on every node; a client on node 1; two clients on node 2, told apart by role.
   for i in $(seq "$MN_NODES"); do
-    mn_pod "srv$i" "$(mn_node "$i")" "app: mn-server, mn: srv$i" "netexec, --http-port=8080, --udp-port=9080"
+    mn_pod "srv$i" "$(ck_node "$i")" "app: mn-server, mn: srv$i" "netexec, --http-port=8080, --udp-port=9080"
   done
   mn_pod cli1 "$N1" "role: mn-client" pause
   mn_pod cli2 "$N2" "role: allowed" pause
@@ -73,7 +62,7 @@ on_node_cidr() { # POD NODE
   [ "$node" = "$2" ] && in_cidr "$ip" "$cidr" || { echo "$1: node $node, IP $ip; wanted node $2, podCIDR $cidr"; return 1; }
 }
 for i in $(seq "$MN_NODES"); do
-  check "srv$i runs on $(mn_node "$i") with an IP of its podCIDR ($(kc get node "$(mn_node "$i")" -o jsonpath='{.spec.podCIDR}'))" on_node_cidr "srv$i" "$(mn_node "$i")"
+  check "srv$i runs on $(ck_node "$i") with an IP of its podCIDR ($(kc get node "$(ck_node "$i")" -o jsonpath='{.spec.podCIDR}'))" on_node_cidr "srv$i" "$(ck_node "$i")"
 done
 check "cli2 and other2 run on $N2 with IPs of its podCIDR" eval 'on_node_cidr cli2 "$N2" && on_node_cidr other2 "$N2"'
 
@@ -99,7 +88,7 @@ check "the weft DaemonSet is ready on all $MN_NODES nodes" test "$(kc -n kube-sy
 check "the manager on $N1 holds srv1 and cli1, no other node's pod" within 20 own_endpoints "$N1" srv1 cli1
 check "the manager on $N2 holds srv2, cli2 and other2, no other node's pod" within 20 own_endpoints "$N2" srv2 cli2 other2
 for i in $(seq 3 "$MN_NODES"); do
-  check "the manager on $(mn_node "$i") holds srv$i, no other node's pod" within 20 own_endpoints "$(mn_node "$i")" "srv$i"
+  check "the manager on $(ck_node "$i") holds srv$i, no other node's pod" within 20 own_endpoints "$(ck_node "$i")" "srv$i"
 done
 
 SRV1=$(pod_ip "$M" srv1) SRV2=$(pod_ip "$M" srv2)
@@ -113,8 +102,8 @@ check "cross-node ($N2 -> $N1): cli2 reaches srv1 over UDP" reaches "$M" cli2 "$
 check "cross-node ($N1 -> $N2): cli1 reaches srv2 over TCP" reaches "$M" cli1 "$SRV2" 8080
 check "cross-node ($N1 -> $N2): cli1 reaches srv2 over UDP" reaches "$M" cli1 "$SRV2" 9080 udp
 for i in $(seq 3 "$MN_NODES"); do
-  check "cross-node ($N1 -> $(mn_node "$i")): cli1 reaches srv$i over TCP" reaches "$M" cli1 "$(pod_ip "$M" "srv$i")" 8080
-  check "cross-node ($N2 -> $(mn_node "$i")): cli2 reaches srv$i over UDP" reaches "$M" cli2 "$(pod_ip "$M" "srv$i")" 9080 udp
+  check "cross-node ($N1 -> $(ck_node "$i")): cli1 reaches srv$i over TCP" reaches "$M" cli1 "$(pod_ip "$M" "srv$i")" 8080
+  check "cross-node ($N2 -> $(ck_node "$i")): cli2 reaches srv$i over UDP" reaches "$M" cli2 "$(pod_ip "$M" "srv$i")" 9080 udp
 done
 # The control of the drop below: before any policy other2 reaches srv1 across the nodes.
 other2_control=0

@@ -50,9 +50,9 @@ pr_fixture "$U" up
 check "servers and probers Ready on both nodes (srv1 $SRV1, srv2 $SRV2)" pr_ready "$U"
 # The policy in force before the probers start: the denied clients' first request must
 # already be dropped (each told from a probe error by its control to the open server).
-check "before the roll: no1 ($(pr_node 1)) reaches open2, is dropped at srv2" eval \
+check "before the roll: no1 ($(ck_node 1)) reaches open2, is dropped at srv2" eval \
   'within 20 reaches "$U" no1 "$OPEN2" 8080 && within 20 dropped "$U" no1 "$SRV2" 8080'
-check "before the roll: no2 ($(pr_node 2)) reaches open1, is dropped at srv1" eval \
+check "before the roll: no2 ($(ck_node 2)) reaches open1, is dropped at srv1" eval \
   'within 20 reaches "$U" no2 "$OPEN1" 8080 && within 20 dropped "$U" no2 "$SRV1" 8080'
 check "before the roll: ok1 reaches srv2, ok2 reaches srv1 (allowed by pod label)" eval \
   'within 20 reaches "$U" ok1 "$SRV2" 8080 && within 20 reaches "$U" ok2 "$SRV1" 8080'
@@ -105,12 +105,12 @@ if took=$(roll "$IMG_B" 2>&1); then ck_pass "rolled to $IMG_B node by node in ${
 T_ROLL1_END=$(date +%s)
 sleep 3
 for i in $(seq "$UP_NODES"); do
-  n=$(pr_node "$i")
+  n=$(ck_node "$i")
   check "$n runs $IMG_B, ready" within 60 runs_image "$n" "$IMG_B"
   check "$n: weftctl map verify says consistent (the maps equal a from-scratch computation of $IMG_B)" within 30 verified "$n"
   check "$n: the manager of $IMG_B read back and rewrote the slots $IMG_A wrote" rewrote "$n"
 done
-C_B=$(compiler_of "$(pr_node 1)")
+C_B=$(compiler_of "$(ck_node 1)")
 echo "   ($IMG_B's manager: $C_B)"
 
 T_ROLL2=$(date +%s)
@@ -118,7 +118,7 @@ if took=$(roll "$IMG_A" 2>&1); then ck_pass "rolled back to $IMG_A node by node 
 T_ROLL2_END=$(date +%s)
 sleep 3
 for i in $(seq "$UP_NODES"); do
-  n=$(pr_node "$i")
+  n=$(ck_node "$i")
   check "$n runs $IMG_A again, ready" within 60 runs_image "$n" "$IMG_A"
   check "$n: weftctl map verify says consistent after the roll back" within 30 verified "$n"
   check "$n: the manager of $IMG_A read back and rewrote the slots $IMG_B wrote ($C_B)" rewrote "$n" "$C_B"
@@ -128,12 +128,12 @@ pr_stop "$U" ok1 ok2 no1 no2
 sleep 2
 for p in ok1 ok2 no1 no2; do pr_log "$U" "$p" >"$CL_LOGS/upgrade-$p.log"; done
 echo "   (probes during the roll to $IMG_B: $(pr_count "$CL_LOGS/upgrade-ok2.log" "$T_ROLL1" "$T_ROLL1_END") from ok2, during the roll back: $(pr_count "$CL_LOGS/upgrade-ok2.log" "$T_ROLL2" "$T_ROLL2_END"); logs $CL_LOGS/upgrade-*.log)"
-check "ok1 ($(pr_node 1)) -> srv2: every request answered across both rolls" pr_judge "$CL_LOGS/upgrade-ok1.log" "$SRV2:8080" 0
-check "ok2 ($(pr_node 2)) -> srv1: every request answered across both rolls" pr_judge "$CL_LOGS/upgrade-ok2.log" "$SRV1:8080" 0
-check "no1 ($(pr_node 1)) -> open2: every request answered (the control of its drops)" pr_judge "$CL_LOGS/upgrade-no1.log" "$OPEN2:8080" 0
-check "no2 ($(pr_node 2)) -> open1: every request answered (the control of its drops)" pr_judge "$CL_LOGS/upgrade-no2.log" "$OPEN1:8080" 0
-check "no1 ($(pr_node 1)) -> srv2: every request dropped across both rolls" pr_judge "$CL_LOGS/upgrade-no1.log" "$SRV2:8080" 28
-check "no2 ($(pr_node 2)) -> srv1: every request dropped across both rolls" pr_judge "$CL_LOGS/upgrade-no2.log" "$SRV1:8080" 28
+check "ok1 ($(ck_node 1)) -> srv2: every request answered across both rolls" pr_judge "$CL_LOGS/upgrade-ok1.log" "$SRV2:8080" 0
+check "ok2 ($(ck_node 2)) -> srv1: every request answered across both rolls" pr_judge "$CL_LOGS/upgrade-ok2.log" "$SRV1:8080" 0
+check "no1 ($(ck_node 1)) -> open2: every request answered (the control of its drops)" pr_judge "$CL_LOGS/upgrade-no1.log" "$OPEN2:8080" 0
+check "no2 ($(ck_node 2)) -> open1: every request answered (the control of its drops)" pr_judge "$CL_LOGS/upgrade-no2.log" "$OPEN1:8080" 0
+check "no1 ($(ck_node 1)) -> srv2: every request dropped across both rolls" pr_judge "$CL_LOGS/upgrade-no1.log" "$SRV2:8080" 28
+check "no2 ($(ck_node 2)) -> srv1: every request dropped across both rolls" pr_judge "$CL_LOGS/upgrade-no2.log" "$SRV1:8080" 28
 check "requests were made during each roll" eval \
   '[ "$(pr_count "$CL_LOGS/upgrade-ok2.log" "$T_ROLL1" "$T_ROLL1_END")" -gt 0 ] && [ "$(pr_count "$CL_LOGS/upgrade-ok2.log" "$T_ROLL2" "$T_ROLL2_END")" -gt 0 ]'
 kc delete namespace "$U" --wait=false >/dev/null 2>&1
