@@ -96,37 +96,44 @@ pub(super) fn node_cidrs(
         }
     }
     let previous: Vec<ChosenCidr> = store.get_meta(NODE_KEY)?.unwrap_or_default();
-    // An endpoint whose DEL waits in the queue (the kubelet deleted its pod while no manager
-    // ran: a node that was away and got another pod CIDR) is on its way out: the drain after
-    // the restore removes it.
-    let queued: std::collections::BTreeSet<(String, String)> = queue
-        .pending()?
-        .into_iter()
-        .map(|r| (r.container_id, r.ifname))
+    // Each CIDR the last run used that this start would replace.
+    let replaced: Vec<(&ChosenCidr, Option<&ChosenCidr>)> = previous
+        .iter()
+        .map(|old| {
+            let new = chosen
+                .iter()
+                .find(|c| c.cidr.network().is_ipv4() == old.cidr.network().is_ipv4());
+            (old, new)
+        })
+        .filter(|(old, new)| new.map(|n| n.cidr) != Some(old.cidr))
         .collect();
-    let endpoints: Vec<_> = store
-        .load_endpoints()?
-        .into_iter()
-        .filter(|e| !queued.contains(&(e.container_id.clone(), e.ifname.clone())))
-        .collect();
-    for old in &previous {
-        let new = chosen
-            .iter()
-            .find(|c| c.cidr.network().is_ipv4() == old.cidr.network().is_ipv4());
-        if new.map(|n| n.cidr) == Some(old.cidr) {
-            continue;
-        }
-        let count = endpoints
-            .iter()
-            .filter(|e| e.ips.iter().any(|ip| old.cidr.contains(&ip.address)))
-            .count();
-        if count > 0 {
-            return Err(NodeStartError::CidrChanged {
-                old: old.cidr.to_string(),
-                new: new.map_or_else(|| "none".into(), |n| n.cidr.to_string()),
-                count,
-                state_dir: config.state_dir.display().to_string(),
-            });
+    if !replaced.is_empty() {
+        // An endpoint whose DEL waits in the queue (the kubelet deleted its pod while no
+        // manager ran: a node that was away and got another pod CIDR) is on its way out: the
+        // drain after the restore removes it.
+        let queued = queue.pending()?;
+        let endpoints: Vec<_> = store
+            .load_endpoints()?
+            .into_iter()
+            .filter(|e| {
+                !queued
+                    .iter()
+                    .any(|r| r.container_id == e.container_id && r.ifname == e.ifname)
+            })
+            .collect();
+        for (old, new) in replaced {
+            let count = endpoints
+                .iter()
+                .filter(|e| e.ips.iter().any(|ip| old.cidr.contains(&ip.address)))
+                .count();
+            if count > 0 {
+                return Err(NodeStartError::CidrChanged {
+                    old: old.cidr.to_string(),
+                    new: new.map_or_else(|| "none".into(), |n| n.cidr.to_string()),
+                    count,
+                    state_dir: config.state_dir.display().to_string(),
+                });
+            }
         }
     }
     for c in &chosen {
