@@ -4,10 +4,12 @@
 #
 # A prober is an agnhost pod pinned to a node that, once started (pr_go), sends one HTTP
 # request (curl, a new TCP connection, 1 s limit) to each of its targets in turn, about 10 a
-# second, and logs one line per request: "N EPOCH-SECONDS TARGET CODE", CODE being curl's exit
-# status: 0 answered, 28 timed out (what a policy drop looks like: the SYN went unanswered),
-# anything else a failure of the probe itself (7: refused or no route, 6: ...), which is never
-# counted as a drop. The log is read at the end (pr_log), the pods stay running until their
+# second, and logs one line per request: "N EPOCH-SECONDS TARGET CODE CONNECT TOTAL", CODE being
+# curl's exit status: 0 answered, 28 timed out (what a policy drop looks like: the SYN went
+# unanswered), anything else a failure of the probe itself (7: refused or no route, 6: ...),
+# which is never counted as a drop; CONNECT and TOTAL are curl's time_connect and time_total in
+# seconds (CONNECT 0 on a timeout: no SYN-ACK came back within the second; a timeout after a
+# connect is a late answer, not a lost packet). The log is read at the end (pr_log), the pods stay running until their
 # namespace goes.
 
 # pr_server NS NAME NODE LABELS: the YAML of an agnhost HTTP server on port 8080.
@@ -101,8 +103,8 @@ spec:
         for t in \$TARGETS; do
           n=\`expr \$n + 1\`
           c=0
-          curl -s -m 1 -o /dev/null "http://\$t/hostname" || c=\$?
-          echo "\$n \`date +%s\` \$t \$c"
+          o=\`curl -s -m 1 -o /dev/null -w '%{time_connect} %{time_total}' "http://\$t/hostname"\` || c=\$?
+          echo "\$n \`date +%s\` \$t \$c \$o"
         done
         sleep 0.07
       done
@@ -120,7 +122,7 @@ pr_stop() { local ns=$1 p; shift; for p in "$@"; do kc -n "$ns" exec "$p" -- tou
 pr_log() {
   local out
   out=$(kc -n "$1" logs "$2" 2>&1) || { echo "pr_log $1/$2: $out" >&2; return 1; }
-  grep -E '^[0-9]+ [0-9]+ [0-9.:]+ [0-9]+$' <<<"$out"
+  grep -E '^[0-9]+ [0-9]+ [0-9.:]+ [0-9]+( [0-9.]+ [0-9.]+)?$' <<<"$out"
 }
 
 # pr_judge LOGFILE TARGET WANT [FROM [TO]]: every request to TARGET logged in [FROM, TO) (epoch
@@ -134,13 +136,13 @@ pr_judge() {
       n++
       if ($4 == w) ok++
       else if ($4 == 0) ans++
-      else if ($4 == 28) drop++
+      else if ($4 == 28) { drop++; if (!d) d = $0 }
       else { err++; if (!e) e = $0 }
     }
     END {
       printf "%d requests to %s: %d as wanted (%s)", n, t, ok, (w == 0 ? "answered" : "dropped")
       if (ans) printf ", %d ANSWERED", ans
-      if (drop) printf ", %d DROPPED (timed out)", drop
+      if (drop) printf ", %d DROPPED (timed out; first: %s)", drop, d
       if (err) printf ", %d probe errors (first: %s)", err, e
       printf "\n"
       exit !(n > 0 && ok == n)

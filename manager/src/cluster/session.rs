@@ -24,6 +24,11 @@ pub struct Desired {
     /// The node's pods (CRD mode publishes them as `WeftEndpoint` objects; kvstore mode
     /// publishes `ips`).
     pub pods: Vec<PodRecord>,
+    /// `pods` holds every pod of this node: the pod watch has listed (a pod's uid comes from
+    /// it). Until then a pod missing from `pods` may only be unknown yet, so CRD mode deletes
+    /// none of the `WeftEndpoint` objects it published: after a restart they stay, and other
+    /// nodes keep the pods' addresses and identities, until the list says which pods are gone.
+    pub pods_listed: bool,
 }
 
 /// One pod of this node, as CRD mode publishes it.

@@ -182,6 +182,12 @@ impl CrdCluster {
                 published.insert(id.clone(), ep.clone());
             }
         }
+        if !desired.pods_listed {
+            // A pod missing from `want` may only be unknown yet (the pod watch has not listed
+            // since a restart): withdrawing its object would drop its address from every other
+            // node's ipcache until the list comes in, and their policy with it.
+            return Ok(());
+        }
         let stale: Vec<(String, String)> = published
             .keys()
             .filter(|k| !want.contains_key(*k))

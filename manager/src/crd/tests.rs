@@ -169,6 +169,7 @@ fn desired(refs: &[(LabelSet, Identity)], pods: Vec<PodRecord>) -> Desired {
         ips: Vec::new(),
         refs: refs.iter().cloned().collect(),
         pods,
+        pods_listed: true,
     }
 }
 
@@ -515,7 +516,7 @@ fn two_started_agents_publish_their_pods_and_learn_each_others() {
     );
     assert_eq!(b.nodes().keys().collect::<Vec<_>>(), ["a"]);
     // The pod goes: a withdraws its object (poked), b lets go of the address.
-    *local_a.0.lock().unwrap() = Desired::default();
+    *local_a.0.lock().unwrap() = desired(&[], Vec::new());
     a.poke();
     until("b forgets a's pod", &|| b.remote_ip_count() == 0);
     assert!(mem.endpoints().is_empty());
@@ -556,4 +557,57 @@ fn a_pod_seen_before_its_identitys_key_waits_for_it() {
     mem.apply_endpoint(&ep).unwrap();
     drain(&a, &arx, &log);
     assert_eq!(log.take(), ["ip- 10.2.0.5"]);
+}
+
+#[test]
+fn a_restart_withdraws_no_endpoint_before_the_pod_list_and_the_stale_ones_after_it() {
+    let mem = Arc::new(MemApi::new());
+    let me = node("a", "192.0.2.1", "10.1.0.0/24");
+    let (c, rx) = agent(mem.clone(), &me);
+    let log = Log::default();
+    drain(&c, &rx, &log);
+    let (mut published, mut reported) = (BTreeMap::new(), BTreeSet::new());
+    let pods = vec![pod("web-1", "10.1.0.5", 300), pod("db-1", "10.1.0.6", 301)];
+    c.publish(&desired(&[], pods.clone()), &mut published, &mut reported)
+        .unwrap();
+    assert_eq!(mem.endpoints().len(), 2);
+
+    // The manager restarts: the session starts from what the API server holds, and its pods
+    // have no uid until the pod watch lists (none is in `pods` yet).
+    let (c, rx) = agent(mem.clone(), &me);
+    drain(&c, &rx, &log);
+    let mut published = view_of(&c).endpoints_of("a");
+    assert_eq!(published.len(), 2);
+    let before_list = Desired {
+        pods_listed: false,
+        ..desired(&[], Vec::new())
+    };
+    c.publish(&before_list, &mut published, &mut reported)
+        .unwrap();
+    assert_eq!(
+        mem.endpoints().len(),
+        2,
+        "before the pod list no object is withdrawn: other nodes keep the pods' addresses"
+    );
+    let only_web = Desired {
+        pods_listed: false,
+        ..desired(&[], vec![pods[0].clone()])
+    };
+    c.publish(&only_web, &mut published, &mut reported).unwrap();
+    assert_eq!(
+        mem.endpoints().len(),
+        2,
+        "a pod known early changes nothing"
+    );
+
+    // Listed: db-1 is gone (deleted while the manager was down), web-1 stays.
+    c.publish(
+        &desired(&[], vec![pods[0].clone()]),
+        &mut published,
+        &mut reported,
+    )
+    .unwrap();
+    let eps = mem.endpoints();
+    assert_eq!(eps.len(), 1);
+    assert_eq!(eps[0].name, "web-1");
 }

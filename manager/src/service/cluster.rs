@@ -226,7 +226,14 @@ impl Local for Manager {
                 })
             })
             .collect();
-        Desired { ips, refs, pods }
+        // Ready in Kubernetes mode means the watches' initial lists, the pods' included, are in.
+        let pods_listed = cache.is_some() && self.is_ready();
+        Desired {
+            ips,
+            refs,
+            pods,
+            pods_listed,
+        }
     }
 }
 

@@ -11,6 +11,10 @@
 #   - every request of noI to srvJ dropped (no pod unprotected at any moment), each told from a
 #     probe error, and every one of its requests to openJ answered (the positive control: the
 #     prober, its network and its node work all along),
+#   - no WeftEndpoint of the fixture's pods withdrawn during the rolls (a watch of them that saw
+#     their listing saw no DELETED event): a manager starting in a new pod once withdrew its
+#     node's objects until its pod watch listed, and the other node dropped those pods' requests
+#     as the world's for that moment,
 # then, after the roll to the other build and after the roll back: every weft pod runs the
 # image rolled to and is ready, `weftctl map verify` says consistent on every node, and each
 # manager's log says it found slots another policy compiler wrote (the other encoding version)
@@ -57,6 +61,14 @@ check "before the roll: no2 ($(ck_node 2)) reaches open1, is dropped at srv1" ev
 check "before the roll: ok1 reaches srv2, ok2 reaches srv1 (allowed by pod label)" eval \
   'within 20 reaches "$U" ok1 "$SRV2" 8080 && within 20 reaches "$U" ok2 "$SRV1" 8080'
 check "probers started" pr_go "$U" ok1 ok2 no1 no2
+# Every WeftEndpoint event of the fixture's pods during the rolls: a manager starting in a new
+# pod must not withdraw its node's objects (every other node would drop the pods' addresses
+# and identities from its ipcache, and its policy would see them as the world until they are
+# published again); the probers catch that only when a request falls in the gap.
+kc -n "$U" get weftendpoints -w --output-watch-events -o jsonpath='{.type} {.object.metadata.name}{"\n"}' \
+  >"$CL_LOGS/upgrade-weftendpoints.txt" 2>&1 &
+UP_WATCH=$!
+CK_RESTORE+=("kill $UP_WATCH")
 sleep 5
 
 weft_pod_on() { kc -n kube-system get pods -l k8s-app=weft --field-selector "spec.nodeName=$1" -o jsonpath='{.items[0].metadata.name}'; }
@@ -124,6 +136,14 @@ for i in $(seq "$UP_NODES"); do
   check "$n: the manager of $IMG_A read back and rewrote the slots $IMG_B wrote ($C_B)" rewrote "$n" "$C_B"
 done
 sleep 2
+kill "$UP_WATCH" 2>/dev/null
+# withdrew_none: the watch saw the 8 pods' objects listed (it worked) and no DELETED event.
+withdrew_none() {
+  local f=$CL_LOGS/upgrade-weftendpoints.txt
+  [ "$(grep -c '^ADDED ' "$f")" -ge 8 ] || { echo "the watch of WeftEndpoints saw no listing: $(head -3 "$f")"; return 1; }
+  ! grep '^DELETED ' "$f" || { echo "(withdrawn during the rolls: $f)"; return 1; }
+}
+check "no pod's WeftEndpoint withdrawn across both rolls (other nodes kept its address and identity)" withdrew_none
 pr_stop "$U" ok1 ok2 no1 no2
 sleep 2
 for p in ok1 ok2 no1 no2; do pr_log "$U" "$p" >"$CL_LOGS/upgrade-$p.log"; done
