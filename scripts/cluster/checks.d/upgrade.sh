@@ -68,7 +68,10 @@ check "probers started" pr_go "$U" ok1 ok2 no1 no2
 kc -n "$U" get weftendpoints -w --output-watch-events -o jsonpath='{.type} {.object.metadata.name}{"\n"}' \
   >"$CL_LOGS/upgrade-weftendpoints.txt" 2>&1 &
 UP_WATCH=$!
-CK_RESTORE+=("kill $UP_WATCH")
+# The function's subshell and its kubectl (nsenter execs it), so no watch outlives the group; the
+# subshell ends when kubectl does, so it being alive says the watch still runs.
+up_unwatch() { pkill -P "$UP_WATCH" 2>/dev/null; kill "$UP_WATCH" 2>/dev/null; }
+CK_RESTORE+=("up_unwatch")
 sleep 5
 
 weft_pod_on() { kc -n kube-system get pods -l k8s-app=weft --field-selector "spec.nodeName=$1" -o jsonpath='{.items[0].metadata.name}'; }
@@ -136,11 +139,15 @@ for i in $(seq "$UP_NODES"); do
   check "$n: the manager of $IMG_A read back and rewrote the slots $IMG_B wrote ($C_B)" rewrote "$n" "$C_B"
 done
 sleep 2
-kill "$UP_WATCH" 2>/dev/null
-# withdrew_none: the watch saw the 8 pods' objects listed (it worked) and no DELETED event.
+UP_WATCHED=1
+kill -0 "$UP_WATCH" 2>/dev/null || UP_WATCHED=0
+up_unwatch
+# withdrew_none: the watch saw the 8 pods' objects listed (it worked), was still watching at the
+# end, and saw no DELETED event.
 withdrew_none() {
   local f=$CL_LOGS/upgrade-weftendpoints.txt
   [ "$(grep -c '^ADDED ' "$f")" -ge 8 ] || { echo "the watch of WeftEndpoints saw no listing: $(head -3 "$f")"; return 1; }
+  [ "$UP_WATCHED" = 1 ] || { echo "the watch of WeftEndpoints ended before the rolls did: $(tail -3 "$f")"; return 1; }
   ! grep '^DELETED ' "$f" || { echo "(withdrawn during the rolls: $f)"; return 1; }
 }
 check "no pod's WeftEndpoint withdrawn across both rolls (other nodes kept its address and identity)" withdrew_none
