@@ -23,8 +23,8 @@ use crate::daemon::config::Config;
 use crate::datapath::{BpfDatapath, Datapath, DatapathConfig, DatapathError};
 use crate::endpoint::ipam::Pool;
 use crate::endpoint::{EndpointError, Registry};
+use crate::node::ChosenCidr;
 use crate::node::hostnet::{HostNet, HostNetError, NetlinkHostNet};
-use crate::node::{ChosenCidr, NodeError};
 use crate::policy_state::{PolicyState, PolicyStateError};
 use crate::service::{Manager, from_api_labels};
 use crate::store::{Store, StoreError};
@@ -32,9 +32,6 @@ use crate::store::{Store, StoreError};
 /// Start-up failures; each message says what to do.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    /// Node CIDR selection.
-    #[error(transparent)]
-    Node(#[from] NodeError),
     /// State database.
     #[error(transparent)]
     Store(#[from] StoreError),
