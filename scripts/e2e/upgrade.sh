@@ -71,12 +71,21 @@ ip netns exec "$WEFT_P-app1" timeout 300 nc -lk 80 >/dev/null 2>&1 &
 LISTENER=$!
 ip netns exec "$WEFT_P-app2" ping -i 0.02 -q "$APP1" >"$WEFT_TMP/ping.out" 2>&1 &
 PING=$!
-stop_traffic() { kill -INT "$PING" 2>/dev/null; kill "$LISTENER" 2>/dev/null; rm -f "$WEFT_TMP/probing"; }
+# The prober stops (its last connect done) before the listener goes: a connect racing the
+# listener's kill would be refused by the test, not by the datapath.
+stop_traffic() {
+  rm -f "$WEFT_TMP/probing"
+  [ -n "${PROBES:-}" ] && wait "$PROBES" 2>/dev/null
+  kill -INT "$PING" 2>/dev/null; kill "$LISTENER" 2>/dev/null
+}
 trap 'rc=$?; stop_traffic; (exit $rc); weft_cleanup' EXIT
 probe_log=$WEFT_TMP/probes
 touch "$WEFT_TMP/probing"
+# Each line: the time and "ok", or "failed" with nc's reason (a timeout is a lost SYN; a
+# refusal means the listener was gone).
 ( while [ -e "$WEFT_TMP/probing" ]; do
-    in_pod app2 nc -z -w 1 "$APP1" 80 >/dev/null 2>&1 && echo ok >>"$probe_log" || echo failed >>"$probe_log"
+    t=$(date +%T.%N)
+    if e=$(in_pod app2 nc -v -z -w 1 "$APP1" 80 2>&1); then echo "$t ok"; else echo "$t failed: $e"; fi >>"$probe_log"
     sleep 0.1
   done ) &
 PROBES=$!
@@ -133,11 +142,12 @@ untrusted_round unversioned "$S2:$ID1:9997" app2 app1 "$APP2" "unversioned build
   'slots=3 written_by="?an unversioned build"? ' "by an unversioned build"
 
 sleep 0.5
-stop_traffic; wait "$PROBES" "$PING" "$LISTENER" 2>/dev/null
+stop_traffic; wait "$PING" "$LISTENER" 2>/dev/null
 sent=$(grep -o '[0-9]* packets transmitted' "$WEFT_TMP/ping.out" | awk '{print $1}')
 got=$(grep -o '[0-9]* received' "$WEFT_TMP/ping.out" | awk '{print $1}')
 probes=$(wc -l <"$probe_log")
 echo "   ping app2 -> app1 every 20 ms: $sent sent, $got received; $probes TCP connects app2 -> app1:80"
 check "0 lost pings across the three upgrades" test "${sent:-0}" -gt 100 -a "$sent" = "$got"
-check "every TCP connect app2 -> app1:80 succeeded" test "$probes" -gt 20 -a "$(grep -c failed "$probe_log")" = 0
+every_connect_ok() { test "$probes" -gt 20 -a "$(grep -c failed "$probe_log")" = 0 || { grep failed "$probe_log"; return 1; }; }
+check "every TCP connect app2 -> app1:80 succeeded" every_connect_ok
 weft_summary
