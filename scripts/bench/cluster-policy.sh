@@ -74,7 +74,21 @@ probe_check() {
     grep '^{' | jq -r '"\(.name) \(.answered) \(.sent - .send_errors)"'
 }
 all_answer() { probe_check "$@" | awk '{n++} $2 == 0 || $3 <= 0 {bad=1} END {exit !(n > 0 && !bad)}'; }
+# unanswered PID TARGETS: the raw check lines (2 s) of the targets that gave no answer, on one line.
+unanswered() {
+  in_pod_net "$1" python3 "$BC_PY/cluster_probe.py" check "$2" "$UDP_PORT" --interval-ms 50 --seconds 2 |
+    grep '^{' | jq -c 'select(.answered == 0)' | head -5 | tr '\n' ' '
+}
 none_answer() { probe_check "$@" | awk '{n++} $2 != 0 || $3 <= 0 {bad=1} END {exit !(n > 0 && !bad)}'; }
+
+# diagnose IMPL: what the daemon and the API server say about the pods, into $RUN/diag.* (kept
+# with --out), before a positive control stops the run; always fails (so `|| diagnose || die`).
+diagnose() {
+  kc get pods -A -o wide >"$RUN/diag.pods.txt" 2>&1
+  [ "$1" = cilium ] && kc -n kube-system exec ds/cilium -c cilium-agent -- cilium-dbg endpoint list >"$RUN/diag.cilium-endpoints.txt" 2>&1
+  bc_log "  diagnostics in $RUN/diag.*"
+  return 1
+}
 
 # policy_part IMPL TAG
 policy_part() {
@@ -94,10 +108,18 @@ policy_part() {
   PROBER_PID=$(pod_pid "$CLI_NS" prober) && CONTROL_PID=$(pod_pid "$CLI_NS" control) ||
     bc_die "cannot find the probers' processes (ctr task ls in the node)"
 
-  # Positive controls: before any policy both probers reach every target.
-  all_answer "$PROBER_PID" "$RUN/targets.$tag" 3 && all_answer "$PROBER_PID" "$RUN/tdeny.$tag" 3 ||
-    bc_die "before any policy, the prober does not reach every target: a network or tool error, not a policy ($(probe_check "$PROBER_PID" "$RUN/targets.$tag" 2 | awk '$2 == 0' | head -3 | tr '\n' ' '))"
-  all_answer "$CONTROL_PID" "$RUN/targets.$tag" 3 || bc_die "before any policy, the control prober does not reach every target"
+  # Positive controls: before any policy both probers reach every target. A pod can be Ready
+  # before its network answers (its daemon still setting up the endpoint): waited for, up to
+  # 120 s, and a wait is logged; a target that never answers stops the run with what both
+  # probers saw of it (answers, sends, send errors by errno).
+  local w0=$SECONDS
+  wait_for 120 "every target to answer the prober (no policy yet)" all_answer "$PROBER_PID" "$RUN/targets.$tag" 3 ||
+    diagnose "$impl" || bc_die "before any policy, the prober does not reach every target within 120 s: a network or tool error, not a policy; prober: $(unanswered "$PROBER_PID" "$RUN/targets.$tag"); control: $(unanswered "$CONTROL_PID" "$RUN/targets.$tag")"
+  [ $((SECONDS - w0)) -le 4 ] || bc_log "  every target answered the prober $((SECONDS - w0)) s after the pods were Ready"
+  all_answer "$PROBER_PID" "$RUN/tdeny.$tag" 3 ||
+    bc_die "before any policy, the prober does not reach tdeny: $(unanswered "$PROBER_PID" "$RUN/tdeny.$tag")"
+  all_answer "$CONTROL_PID" "$RUN/targets.$tag" 3 ||
+    bc_die "before any policy, the control prober does not reach every target: $(unanswered "$CONTROL_PID" "$RUN/targets.$tag")"
 
   setup_policies_yaml | kc apply -f - >/dev/null || bc_die "cannot create clusterloader2's setup policies"
   # Now the prober is denied (a policy drop: the control, whose only difference is that no

@@ -2,11 +2,14 @@
 //! edited, and parsing every rule again costs far more than applying the one change. A JSON rule
 //! list is split into its elements' texts; an element whose exact text was parsed before is
 //! not parsed again but named by the content hash of the rule it gave ([`Piece::Known`]), which
-//! the repository resolves to its identical rule ([`crate::repository::Incoming`]). Anything
-//! unusual (YAML, objects, errors) takes the full parser, so results and error messages are
-//! exactly [`super::parse_policy_file`]'s.
+//! the repository resolves to its identical rule ([`crate::repository::Incoming`]). A YAML rule
+//! list or `List` of policy objects is split the same way into its items
+//! ([`super::yaml_items`]). Anything unusual (other shapes, an item giving other than one rule,
+//! errors, warnings) takes the full parser, so results and error messages are exactly
+//! [`super::parse_policy_file`]'s.
 
-use super::{Note, ParseError, cilium, parse_noted, walk};
+use super::yaml_items::{self, Shape};
+use super::{Note, ParseError, cilium, parse_noted, parse_value, walk};
 use crate::repository::{Incoming, Repository};
 use crate::rule::{Rule, hash_of};
 use std::collections::HashMap;
@@ -21,9 +24,22 @@ pub enum Piece<'a> {
     Known {
         /// Content hash of the rule.
         rule: u64,
-        /// The element's JSON text.
+        /// The element's text.
         text: &'a str,
+        /// How `text` is parsed alone.
+        form: Form,
     },
+}
+
+/// What an element's text is, which says how it is parsed alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Form {
+    /// An element of a JSON rule list.
+    Json,
+    /// An item (`- ...`) of a YAML rule list.
+    YamlRule,
+    /// An item (`- ...`) of a YAML `List`'s `items`: a policy object giving one rule.
+    YamlListItem,
 }
 
 /// Element text hash → content hash of the rule it parses to. Each entry is a fact about the
@@ -64,45 +80,67 @@ impl ParseMemo {
     /// that has any is never memoized, so they come back on every import.
     pub fn parse<'a>(&mut self, file: &str, text: &'a str) -> Result<Vec<Piece<'a>>, ParseError> {
         self.notes.clear();
-        let mut full = || {
-            parse_noted(file, text).map(|p| {
-                self.notes = p.notes;
-                p.rules.into_iter().map(Piece::Parsed).collect()
-            })
-        };
-        let Some(elements) = split_reusing(text, self.last.as_ref()) else {
-            return full();
-        };
+        if let Some(elements) = split_reusing(text, self.last.as_ref()) {
+            if let Some(pieces) = self.memoized(text, &elements, Form::Json) {
+                // Into the same buffer: a fresh one would fault in the file's pages on every
+                // import.
+                let last = self.last.get_or_insert_with(LastFile::default);
+                last.text.clear();
+                last.text.push_str(text);
+                last.elements = elements;
+                return Ok(pieces);
+            }
+        } else if let Some(split) = yaml_items::split(text)
+            && let Some(form) = yaml_form(&split)
+        {
+            let items: Vec<Element> = split
+                .items
+                .iter()
+                .map(|&(start, end)| (start, end, hash_of(&(form, text.get(start..end)))))
+                .collect();
+            if let Some(pieces) = self.memoized(text, &items, form) {
+                return Ok(pieces);
+            }
+        }
+        parse_noted(file, text).map(|p| {
+            self.notes = p.notes;
+            p.rules.into_iter().map(Piece::Parsed).collect()
+        })
+    }
+
+    /// The pieces of a split text, or `None` when an element new to the memo gives an error
+    /// or a warning (the full parser reports it, with the rule's location and path).
+    fn memoized<'a>(
+        &mut self,
+        text: &'a str,
+        elements: &[Element],
+        form: Form,
+    ) -> Option<Vec<Piece<'a>>> {
         if self.by_text.len() > 4 * elements.len() + 4096 {
             self.by_text.clear();
         }
         let mut out = Vec::with_capacity(elements.len());
-        for &(start, end, h) in &elements {
+        for &(start, end, h) in elements {
             let element = text.get(start..end).unwrap_or_default();
             if let Some(&rule) = self.by_text.get(&h) {
                 out.push(Piece::Known {
                     rule,
                     text: element,
+                    form,
                 });
                 continue;
             }
-            // An error or a warning is reported by the full parser, with the rule's location
-            // and path.
-            let (Ok(rule), notes) = walk::collecting_notes(false, || parse_element(element)) else {
-                return full();
+            let (Ok(rule), notes) = walk::collecting_notes(false, || parse_alone(form, element))
+            else {
+                return None;
             };
             if !notes.is_empty() {
-                return full();
+                return None;
             }
             self.by_text.insert(h, rule.content_hash());
             out.push(Piece::Parsed(rule));
         }
-        // Into the same buffer: a fresh one would fault in the file's pages on every import.
-        let last = self.last.get_or_insert_with(LastFile::default);
-        last.text.clear();
-        last.text.push_str(text);
-        last.elements = elements;
-        Ok(out)
+        Some(out)
     }
 
     /// The warnings of the last [`Self::parse`] (e.g. CIDRs with host bits set, masked).
@@ -124,9 +162,9 @@ pub fn incoming(pieces: Vec<Piece<'_>>, repo: &Repository) -> Result<Vec<Incomin
         .into_iter()
         .map(|p| match p {
             Piece::Parsed(r) => Ok(Incoming::New(r)),
-            Piece::Known { rule, text } => match positions.get(&rule) {
+            Piece::Known { rule, text, form } => match positions.get(&rule) {
                 Some(&i) => Ok(Incoming::Existing(i)),
-                None => parse_element(text).map(Incoming::New),
+                None => parse_alone(form, text).map(Incoming::New),
             },
         })
         .collect()
@@ -134,9 +172,48 @@ pub fn incoming(pieces: Vec<Piece<'_>>, repo: &Repository) -> Result<Vec<Incomin
 
 /// Parses one element of a JSON rule list, as the full parser does inside the list.
 pub fn parse_element(text: &str) -> Result<Rule, String> {
-    let v: serde_json::Value = serde_json::from_str(text).map_err(|e| e.to_string())?;
+    parse_alone(Form::Json, text)
+}
+
+/// Parses one element alone, as the full parser does in its file.
+fn parse_alone(form: Form, text: &str) -> Result<Rule, String> {
+    let v = match form {
+        Form::Json => serde_json::from_str(text).map_err(|e| e.to_string())?,
+        Form::YamlRule | Form::YamlListItem => yaml_item(text)?,
+    };
+    if form == Form::YamlListItem {
+        let mut rules = Vec::new();
+        walk::without_paths(|| parse_value(&v, "", &mut rules))
+            .map_err(|(_, e)| format!("{}: {}", e.path, e.message))?;
+        let [rule] = <[Rule; 1]>::try_from(rules)
+            .map_err(|r| format!("the object gives {} rules, not one", r.len()))?;
+        return Ok(rule);
+    }
     walk::without_paths(|| cilium::parse_rule(&v, ""))
         .map_err(|e| format!("{}: {}", e.path, e.message))
+}
+
+/// The value of a YAML item's text (`- ...`): a sequence of that one value.
+fn yaml_item(text: &str) -> Result<serde_json::Value, String> {
+    match serde_yaml::from_str(text).map_err(|e| e.to_string())? {
+        serde_json::Value::Array(items) => <[serde_json::Value; 1]>::try_from(items)
+            .map(|[v]| v)
+            .map_err(|items| format!("{} values, not one item", items.len())),
+        _ => Err("not a sequence item".into()),
+    }
+}
+
+/// How a split YAML file's items are parsed: a `List`'s only when its text before the items
+/// says `kind: List` (or `...List`), as the full parser requires.
+fn yaml_form(split: &yaml_items::Split<'_>) -> Option<Form> {
+    match split.shape {
+        Shape::Rules => Some(Form::YamlRule),
+        Shape::List => {
+            let header: serde_json::Value = serde_yaml::from_str(split.header).ok()?;
+            let kind = header.get("kind")?.as_str()?;
+            (kind == "List" || kind.ends_with("List")).then_some(Form::YamlListItem)
+        }
+    }
 }
 
 fn skip_ws(b: &[u8], mut i: usize) -> usize {
@@ -420,6 +497,88 @@ mod tests {
             resolve(memo.parse("f", yaml).unwrap(), &[]),
             parse_policy_file("f", yaml).unwrap()
         );
+    }
+
+    fn yaml_rule(name: &str, port: u16) -> String {
+        format!(
+            "- labels:\n  - key: name\n    value: {name}\n  endpointSelector:\n    matchLabels: {{app: a}}\n  ingress:\n  - toPorts:\n    - ports:\n      - port: \"{port}\"\n        protocol: TCP\n"
+        )
+    }
+
+    fn cnp(name: &str, port: u16) -> String {
+        format!(
+            "- apiVersion: cilium.io/v2\n  kind: CiliumNetworkPolicy\n  metadata: {{name: {name}, namespace: default}}\n  spec:\n    endpointSelector: {{}}\n    ingress:\n    - toPorts:\n      - ports:\n        - port: \"{port}\"\n"
+        )
+    }
+
+    /// Imports `first`, then `second` (which edits its last element): the second import parses
+    /// only that element, and both equal the full parse.
+    fn reparses_only_the_edited_element(first: &str, second: &str, form: Form) {
+        let mut memo = ParseMemo::new();
+        let pieces = memo.parse("f", first).unwrap();
+        assert!(pieces.iter().all(|p| matches!(p, Piece::Parsed(_))));
+        let rules = resolve(pieces, &[]);
+        assert_eq!(rules, parse_policy_file("f", first).unwrap());
+        let pieces = memo.parse("f", second).unwrap();
+        let (last, rest) = pieces.split_last().unwrap();
+        assert!(matches!(last, Piece::Parsed(_)));
+        assert!(
+            rest.iter()
+                .all(|p| matches!(p, Piece::Known { form: f, .. } if *f == form)),
+            "{rest:?}"
+        );
+        assert_eq!(
+            resolve(pieces, &rules),
+            parse_policy_file("f", second).unwrap()
+        );
+    }
+
+    #[test]
+    fn a_yaml_rule_list_is_memoized_by_item() {
+        let file = |port| format!("# rules\n{}{}", yaml_rule("a", 80), yaml_rule("b", port));
+        reparses_only_the_edited_element(&file(81), &file(82), Form::YamlRule);
+    }
+
+    #[test]
+    fn a_yaml_list_of_policy_objects_is_memoized_by_item() {
+        let file = |port| {
+            format!(
+                "apiVersion: v1\nkind: List\nitems:\n{}{}",
+                cnp("a", 80),
+                cnp("b", port)
+            )
+        };
+        reparses_only_the_edited_element(&file(81), &file(82), Form::YamlListItem);
+    }
+
+    #[test]
+    fn yaml_errors_warnings_and_aliases_take_the_full_parser() {
+        let mut memo = ParseMemo::new();
+        let good = format!("{}{}", yaml_rule("a", 80), yaml_rule("b", 81));
+        memo.parse("f", &good).unwrap();
+        for text in [
+            format!("{}- endpointSelector: 3\n", yaml_rule("a", 80)),
+            format!(
+                "{}- endpointSelector: {{}}\n  egress: [{{toCIDR: [10.0.0.1/8]}}]\n",
+                yaml_rule("a", 80)
+            ),
+            format!(
+                "{}- &x {{endpointSelector: {{}}}}\n- *x\n",
+                yaml_rule("a", 80)
+            ),
+            format!("kind: NotAList\nitems:\n{}", cnp("a", 80)),
+        ] {
+            let want = crate::parse::parse_noted("f", &text);
+            let got = memo.parse("f", &text);
+            match (&want, &got) {
+                (Ok(want), Ok(got)) => {
+                    assert!(got.iter().all(|p| matches!(p, Piece::Parsed(_))), "{text}");
+                    assert_eq!(want.notes, memo.take_notes(), "{text}");
+                }
+                (Err(w), Err(g)) => assert_eq!(w, g, "{text}"),
+                _ => panic!("{text}: full {want:?}, memo {got:?}"),
+            }
+        }
     }
 
     #[test]

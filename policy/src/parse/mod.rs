@@ -12,6 +12,7 @@ mod k8s;
 pub mod memo;
 mod ports;
 mod walk;
+mod yaml_items;
 
 use crate::rule::Rule;
 use serde::Deserialize;
