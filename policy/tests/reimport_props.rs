@@ -33,6 +33,28 @@ fn element() -> impl Strategy<Value = String> {
     ]
 }
 
+/// Imports `files` in turn through the memo and through the full path (parse every rule,
+/// [`Repository::add`]): the same change, repository and errors each time.
+fn memo_equals_full(name: &str, files: &[String]) -> Result<(), TestCaseError> {
+    let mut memo = ParseMemo::new();
+    let mut fast = Repository::new();
+    let mut slow = Repository::new();
+    for text in files {
+        let want = parse_policy_file(name, text);
+        let got = memo.parse(name, text);
+        match (want, got) {
+            (Err(w), Err(g)) => prop_assert_eq!(w, g),
+            (Ok(rules), Ok(pieces)) => {
+                let inc = incoming(pieces, &fast).unwrap();
+                prop_assert_eq!(fast.add_reusing(inc), slow.add(rules));
+                prop_assert_eq!(&fast, &slow);
+            }
+            (w, g) => prop_assert!(false, "full {:?} vs memo {:?}", w, g.map(|p| p.len())),
+        }
+    }
+    Ok(())
+}
+
 fn file() -> impl Strategy<Value = String> {
     (proptest::collection::vec(element(), 0..6), 0usize..3).prop_map(|(els, ws)| {
         let sep = [",", " ,\n", ",\t"][ws];
@@ -43,22 +65,7 @@ fn file() -> impl Strategy<Value = String> {
 proptest! {
     #[test]
     fn memoized_reimport_equals_parsing_everything(files in proptest::collection::vec(file(), 1..5)) {
-        let mut memo = ParseMemo::new();
-        let mut fast = Repository::new();
-        let mut slow = Repository::new();
-        for text in &files {
-            let want = parse_policy_file("p.json", text);
-            let got = memo.parse("p.json", text);
-            match (want, got) {
-                (Err(w), Err(g)) => prop_assert_eq!(w, g),
-                (Ok(rules), Ok(pieces)) => {
-                    let inc = incoming(pieces, &fast).unwrap();
-                    prop_assert_eq!(fast.add_reusing(inc), slow.add(rules));
-                    prop_assert_eq!(&fast, &slow);
-                }
-                (w, g) => prop_assert!(false, "full {:?} vs memo {:?}", w.is_ok(), g.is_ok()),
-            }
-        }
+        memo_equals_full("p.json", &files)?;
     }
 
     #[test]
@@ -111,21 +118,6 @@ fn yaml_file() -> impl Strategy<Value = String> {
 proptest! {
     #[test]
     fn memoized_yaml_reimport_equals_parsing_everything(files in proptest::collection::vec(yaml_file(), 1..5)) {
-        let mut memo = ParseMemo::new();
-        let mut fast = Repository::new();
-        let mut slow = Repository::new();
-        for text in &files {
-            let want = parse_policy_file("p.yaml", text);
-            let got = memo.parse("p.yaml", text);
-            match (want, got) {
-                (Err(w), Err(g)) => prop_assert_eq!(w, g),
-                (Ok(rules), Ok(pieces)) => {
-                    let inc = incoming(pieces, &fast).unwrap();
-                    prop_assert_eq!(fast.add_reusing(inc), slow.add(rules));
-                    prop_assert_eq!(&fast, &slow);
-                }
-                (w, g) => prop_assert!(false, "full {:?} vs memo {:?}", w, g.map(|p| p.len())),
-            }
-        }
+        memo_equals_full("p.yaml", &files)?;
     }
 }
