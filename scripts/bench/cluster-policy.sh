@@ -113,8 +113,10 @@ policy_part() {
   # 120 s, and a wait is logged; a target that never answers stops the run with what both
   # probers saw of it (answers, sends, send errors by errno).
   local w0=$SECONDS
-  wait_for 120 "every target to answer the prober (no policy yet)" all_answer "$PROBER_PID" "$RUN/targets.$tag" 3 ||
-    diagnose "$impl" || bc_die "before any policy, the prober does not reach every target within 120 s: a network or tool error, not a policy; prober: $(unanswered "$PROBER_PID" "$RUN/targets.$tag"); control: $(unanswered "$CONTROL_PID" "$RUN/targets.$tag")"
+  until all_answer "$PROBER_PID" "$RUN/targets.$tag" 3; do
+    [ $((SECONDS - w0)) -lt 120 ] ||
+      diagnose "$impl" || bc_die "before any policy, the prober does not reach every target within 120 s: a network or tool error, not a policy; prober: $(unanswered "$PROBER_PID" "$RUN/targets.$tag"); control: $(unanswered "$CONTROL_PID" "$RUN/targets.$tag")"
+  done
   [ $((SECONDS - w0)) -le 4 ] || bc_log "  every target answered the prober $((SECONDS - w0)) s after the pods were Ready"
   all_answer "$PROBER_PID" "$RUN/tdeny.$tag" 3 ||
     bc_die "before any policy, the prober does not reach tdeny: $(unanswered "$PROBER_PID" "$RUN/tdeny.$tag")"
