@@ -18,7 +18,29 @@
 #     default directories, no ld.so.cache needed. A static EXE brings nothing else.
 #
 #   oci_arch   the OCI architecture name of this machine (amd64, arm64)
+#
+#   oci_ensure_debs PKG...
+#     installs those of the Debian packages PKG that are missing (an image takes files from them),
+#     as scripts/setup does; fails, saying which and how, when it cannot.
 # shellcheck shell=bash
+
+oci_ensure_debs() {
+  local p missing=()
+  for p in "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  [ ${#missing[@]} = 0 ] && return 0
+  if [ "$(id -u)" != 0 ]; then
+    echo "missing Debian packages ${missing[*]}: apt-get install ${missing[*]} (as root)" >&2
+    return 1
+  fi
+  echo "installing Debian packages ${missing[*]}" >&2
+  DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null || {
+    echo "apt-get install ${missing[*]} failed" >&2
+    return 1
+  }
+}
 
 oci_arch() {
   case $(uname -m) in
