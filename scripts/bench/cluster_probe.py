@@ -41,7 +41,7 @@ def read_targets(path):
             if line.strip():
                 name, ip = line.split()[:2]
                 out.append({"name": name, "ip": ip, "sends": [], "answered": None, "first": None,
-                            "recv": None, "errors": 0, "error_kinds": {}})
+                            "recv": None, "errors": {}})
     if not out:
         sys.exit(f"cluster_probe: no targets in {path}")
     return out
@@ -63,9 +63,8 @@ def run(targets, port, interval, until, want, on_answer):
                 try:
                     s.sendto(f"echo {i} {seq}".encode(), (t["ip"], port))
                 except OSError as e:
-                    t["errors"] += 1
                     kind = errno.errorcode.get(e.errno, str(e.errno))
-                    t["error_kinds"][kind] = t["error_kinds"].get(kind, 0) + 1
+                    t["errors"][kind] = t["errors"].get(kind, 0) + 1
             if first_round:
                 print("ready", flush=True)
                 first_round = False
@@ -119,7 +118,7 @@ def first(a):
     for t in targets:
         print(json.dumps({"name": t["name"], "ip": t["ip"], "first": t["first"], "recv": t["recv"],
                           "sent_before": t.get("seq", len(t["sends"])), "sent": len(t["sends"]),
-                          "send_errors": t["errors"], "send_error_kinds": t["error_kinds"]}), flush=True)
+                          "send_errors": sum(t["errors"].values()), "send_error_kinds": t["errors"]}), flush=True)
     return 0
 
 
@@ -136,7 +135,7 @@ def check(a):
     linger(s, targets, on_answer, 0.5)
     for t in targets:
         print(json.dumps({"name": t["name"], "ip": t["ip"], "sent": len(t["sends"]), "answered": t["got"],
-                          "send_errors": t["errors"], "send_error_kinds": t["error_kinds"]}), flush=True)
+                          "send_errors": sum(t["errors"].values()), "send_error_kinds": t["errors"]}), flush=True)
     return 0
 
 
@@ -155,7 +154,7 @@ def stream(a):
     for t in targets:
         ok = t["ok"] + b"\0" * (len(t["sends"]) - len(t["ok"]))
         print(json.dumps({"name": t["name"], "ip": t["ip"], "sends": t["sends"], "answered": list(ok),
-                          "send_errors": t["errors"], "send_error_kinds": t["error_kinds"]}), flush=True)
+                          "send_errors": sum(t["errors"].values()), "send_error_kinds": t["errors"]}), flush=True)
     return 0
 
 

@@ -170,11 +170,6 @@ pub fn incoming(pieces: Vec<Piece<'_>>, repo: &Repository) -> Result<Vec<Incomin
         .collect()
 }
 
-/// Parses one element of a JSON rule list, as the full parser does inside the list.
-pub fn parse_element(text: &str) -> Result<Rule, String> {
-    parse_alone(Form::Json, text)
-}
-
 /// Parses one element alone, as the full parser does in its file.
 fn parse_alone(form: Form, text: &str) -> Result<Rule, String> {
     let v = match form {

@@ -13,7 +13,7 @@
 //! documents) is not split at all: such a file takes the full parser.
 
 /// What a split file's items are.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Shape {
     /// The file is a block sequence of Cilium rules.
     Rules,
@@ -81,7 +81,7 @@ pub(crate) fn split(text: &str) -> Option<Split<'_>> {
                 last.1 = start;
             }
             items.push((start, text.len()));
-        } else if shape == Some(Shape::List) && header_end.is_none() && items.is_empty() {
+        } else if shape == Some(Shape::List) && header_end.is_none() {
             if is_items_key(line) {
                 header_end = Some(at);
             }
