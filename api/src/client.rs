@@ -121,6 +121,17 @@ impl Client {
         self.call(Method::POST, path, Some(body)).await
     }
 
+    /// `PUT path` with `body` sent as it is (`application/octet-stream`: a file's bytes, not
+    /// wrapped in JSON) → JSON.
+    pub async fn put_bytes<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: Vec<u8>,
+    ) -> Result<T, ClientError> {
+        self.call_raw(Method::PUT, path, Payload::Bytes(Bytes::from(body)))
+            .await
+    }
+
     /// `DELETE path` → JSON.
     pub async fn delete<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
         self.call(Method::DELETE, path, None::<&()>).await
@@ -128,7 +139,7 @@ impl Client {
 
     /// Raw status + body of `GET path` (for `healthz`, whose body is not the point).
     pub async fn get_status(&self, path: &str) -> Result<(u16, Bytes), ClientError> {
-        self.raw(Method::GET, path, Bytes::new()).await
+        self.raw(Method::GET, path, Payload::None).await
     }
 
     /// Streams the body of `GET path`, calling `on_chunk` for every chunk until the server ends it
@@ -138,7 +149,7 @@ impl Client {
         path: &str,
         mut on_chunk: impl FnMut(&[u8]) -> bool,
     ) -> Result<(), ClientError> {
-        let req = build_request(Method::GET, path, Bytes::new())?;
+        let req = build_request(Method::GET, path, Payload::None)?;
         let mut sender = self.connect().await?;
         let resp = sender
             .send_request(req)
@@ -172,9 +183,20 @@ impl Client {
         body: Option<&B>,
     ) -> Result<T, ClientError> {
         let payload = match body {
-            Some(b) => Bytes::from(serde_json::to_vec(b).map_err(ClientError::Encode)?),
-            None => Bytes::new(),
+            Some(b) => Payload::Json(Bytes::from(
+                serde_json::to_vec(b).map_err(ClientError::Encode)?,
+            )),
+            None => Payload::None,
         };
+        self.call_raw(method, path, payload).await
+    }
+
+    async fn call_raw<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        payload: Payload,
+    ) -> Result<T, ClientError> {
         let (status, bytes) = self.raw(method, path, payload).await?;
         let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         if !status.is_success() {
@@ -190,7 +212,7 @@ impl Client {
         &self,
         method: Method,
         path: &str,
-        payload: Bytes,
+        payload: Payload,
     ) -> Result<(u16, Bytes), ClientError> {
         let mut req = build_request(method, path, payload)?;
         if let Some(mut sender) = self.take_idle().await {
@@ -271,13 +293,26 @@ impl Client {
     }
 }
 
+/// A request's body and what it is.
+enum Payload {
+    None,
+    Json(Bytes),
+    /// Bytes sent as they are.
+    Bytes(Bytes),
+}
+
 /// A request for `path`; a path no URI can hold (too long, bad characters) is the caller's
 /// input error, reported rather than a panic.
 fn build_request(
     method: Method,
     path: &str,
-    payload: Bytes,
+    payload: Payload,
 ) -> Result<Request<Full<Bytes>>, ClientError> {
+    let (content_type, payload) = match payload {
+        Payload::None => (None, Bytes::new()),
+        Payload::Json(b) => (Some("application/json"), b),
+        Payload::Bytes(b) => (Some("application/octet-stream"), b),
+    };
     if payload.len() > crate::MAX_REQUEST_BODY {
         return Err(ClientError::TooLarge {
             size: payload.len(),
@@ -288,8 +323,8 @@ fn build_request(
         .method(method)
         .uri(path)
         .header(hyper::header::HOST, "weft");
-    if !payload.is_empty() {
-        builder = builder.header(hyper::header::CONTENT_TYPE, "application/json");
+    if let Some(t) = content_type {
+        builder = builder.header(hyper::header::CONTENT_TYPE, t);
     }
     builder
         .body(Full::new(payload))

@@ -5,6 +5,15 @@
 use serde::{Deserialize, Serialize};
 use std::net::IpAddr;
 
+/// `PUT /v1/policies?file=NAME`, the import that sends the file's bytes as the body (as Cilium's
+/// `PUT /policy` takes a policy): the path naming `file`, percent-encoded. What weftctl uses: a
+/// large file is not encoded into a JSON string and decoded again on the way.
+#[must_use]
+pub fn import_file_path(file: &str) -> String {
+    let name: String = form_urlencoded::byte_serialize(file.as_bytes()).collect();
+    format!("/v1/policies?file={name}")
+}
+
 /// `POST /v1/policies`: the file's name (for error messages) and its text.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ImportRequest {

@@ -100,44 +100,54 @@ fn replaces(incoming: &Rule, labels: &LabelSet) -> bool {
 }
 
 /// Old rules × incoming keys up to which the rules an import replaces are found by testing
-/// each key directly; above it, through a [`ReplaceIndex`]. A re-imported file names most of
+/// each key directly; above it, through a [`LabelIndex`]. A re-imported file names most of
 /// its rules by position ([`Incoming::Existing`]); those replace themselves, so only the few
 /// rules it does not name are tested, and building the index would cost more than that.
 const DIRECT_TESTS: usize = 8192;
 
-/// Replacement keys indexed so that finding the rules an import replaces is linear, not
-/// rules × keys: a rule's labels contain a key only if they contain each of its labels, so each
-/// key is filed under its label that the fewest keys share (`rule=r7`, not `bench=policy`),
-/// compared by key and value since a key label without source matches any source.
-struct ReplaceIndex<'a> {
-    by_label: HashMap<(&'a str, &'a str), Vec<&'a [&'a Label]>>,
+/// The labels of the rules an import does not name, indexed so that finding those its keys
+/// replace is linear in the keys, not rules × keys: a rule's labels contain a key only if they
+/// contain each of its labels, so a key is looked up under its label that the fewest rules carry
+/// (`rule=r7`, not `bench=policy`), compared by key and value since a key label without source
+/// matches any source.
+struct LabelIndex<'a> {
+    by_label: HashMap<(&'a str, &'a str), Vec<usize>>,
 }
 
-impl<'a> ReplaceIndex<'a> {
-    fn new(keys: &'a BTreeSet<Vec<&'a Label>>) -> Self {
-        let kv = |l: &&'a Label| (l.key.as_str(), l.value.as_str());
-        let mut freq: HashMap<(&str, &str), usize> = HashMap::new();
-        for l in keys.iter().flatten() {
-            *freq.entry(kv(l)).or_default() += 1;
-        }
-        let mut by_label: HashMap<(&str, &str), Vec<&[&Label]>> = HashMap::new();
-        for k in keys {
-            if let Some(rarest) = k
-                .iter()
-                .map(kv)
-                .min_by_key(|x| freq.get(x).copied().unwrap_or(0))
-            {
-                by_label.entry(rarest).or_default().push(k);
+impl<'a> LabelIndex<'a> {
+    /// Indexes `rules` (position, rule).
+    fn new(rules: impl Iterator<Item = (usize, &'a Rule)>) -> Self {
+        let mut by_label: HashMap<(&str, &str), Vec<usize>> = HashMap::new();
+        for (i, r) in rules {
+            for l in r.labels.iter() {
+                by_label
+                    .entry((l.key.as_str(), l.value.as_str()))
+                    .or_default()
+                    .push(i);
             }
         }
         Self { by_label }
     }
 
-    fn replaces(&self, labels: &LabelSet) -> bool {
-        labels.iter().any(|l| {
-            self.by_label
-                .get(&(l.key.as_str(), l.value.as_str()))
-                .is_some_and(|ks| ks.iter().any(|k| labels.contains_all(k.iter().copied())))
+    /// Positions in `old` of the indexed rules whose labels contain every label of `key` (not
+    /// empty).
+    fn containing<'k>(
+        &'k self,
+        old: &'k [Rule],
+        key: &'k [&'k Label],
+    ) -> impl Iterator<Item = usize> + 'k {
+        let candidates = key
+            .iter()
+            .map(|l| {
+                self.by_label
+                    .get(&(l.key.as_str(), l.value.as_str()))
+                    .map_or(&[][..], Vec::as_slice)
+            })
+            .min_by_key(|c| c.len())
+            .unwrap_or(&[]);
+        candidates.iter().copied().filter(move |&j| {
+            old.get(j)
+                .is_some_and(|r| r.labels.contains_all(key.iter().copied()))
         })
     }
 }
@@ -169,16 +179,27 @@ fn replaced_by(old: &[Rule], incoming: &[Incoming], direct_tests: usize) -> Vec<
         .filter_map(|r| resolve(old, r))
         .filter(|r| has_key(r))
         .collect();
-    let rest = replaced.iter_mut().zip(old).filter(|(x, _)| !**x);
     if unnamed.saturating_mul(keyed.len()) <= direct_tests {
-        for (x, rule) in rest {
+        for (x, rule) in replaced.iter_mut().zip(old).filter(|(x, _)| !**x) {
             *x = keyed.iter().any(|k| replaces(k, &rule.labels));
         }
     } else {
-        let keys: BTreeSet<Vec<&Label>> = keyed.iter().map(|r| replace_key(r).collect()).collect();
-        let index = ReplaceIndex::new(&keys);
-        for (x, rule) in rest {
-            *x = index.replaces(&rule.labels);
+        let index = LabelIndex::new(
+            old.iter()
+                .enumerate()
+                .filter(|(i, _)| !replaced.get(*i).copied().unwrap_or(true)),
+        );
+        let mut hits = Vec::new();
+        let mut key = Vec::new();
+        for k in &keyed {
+            key.clear();
+            key.extend(replace_key(k));
+            hits.extend(index.containing(old, &key));
+        }
+        for j in hits {
+            if let Some(x) = replaced.get_mut(j) {
+                *x = true;
+            }
         }
     }
     (0..old.len())
@@ -289,22 +310,27 @@ impl Repository {
                 }
             }
         }
-        let mut gone: Vec<usize> = unpaired.into_iter().flatten().collect();
-        gone.sort_unstable();
-        let mut removed = Vec::with_capacity(gone.len());
-        self.rules = Vec::with_capacity(old.len() - gone.len() + added.len());
-        self.hashes = Vec::with_capacity(self.rules.capacity());
-        let mut gone = gone.into_iter().peekable();
-        for (i, (r, h)) in old.into_iter().zip(old_hashes).enumerate() {
-            if gone.next_if_eq(&i).is_some() {
-                removed.push(r);
-            } else {
-                self.rules.push(r);
-                self.hashes.push(h);
+        let mut gone: Vec<bool> = vec![false; old.len()];
+        for i in unpaired.into_iter().flatten() {
+            if let Some(g) = gone.get_mut(i) {
+                *g = true;
             }
         }
-        self.rules.extend(added.iter().cloned());
-        self.hashes.extend(added_hashes);
+        // In place: the kept rules stay in their vector (no copy of the whole repository for a
+        // change of one rule).
+        let (mut rules, mut hashes) = (old, old_hashes);
+        let mut at = 0..;
+        let removed: Vec<Rule> = rules
+            .extract_if(.., |_| {
+                at.next().is_some_and(|i| gone.get(i) == Some(&true))
+            })
+            .collect();
+        let mut at = 0..;
+        hashes.retain(|_| at.next().is_some_and(|i| gone.get(i) != Some(&true)));
+        rules.extend(added.iter().cloned());
+        hashes.extend(added_hashes);
+        self.rules = rules;
+        self.hashes = hashes;
         RepoChange {
             revision: self.revision,
             added,

@@ -5,7 +5,7 @@
 # (bad flags) run as root. WEFT_BIN=DIR runs it against other binaries: that is how
 # docs/SECURITY.md shows each check failing on the binaries from before the fixes.
 source "$(dirname "$0")/../lib.sh"
-weft_plan 45
+weft_plan 46
 command -v setpriv >/dev/null || die "setpriv is missing (util-linux): run scripts/setup"
 command -v curl >/dev/null || die "curl is missing: run scripts/setup"
 NOBODY=65534
@@ -258,6 +258,7 @@ check "405 is JSON {kind,message}" status_is 405 "$WEFT_TMP/r405" -X DELETE http
 check "400 (bad JSON) is JSON {kind,message}" status_is 400 "$WEFT_TMP/r400" -X POST -H 'content-type: application/json' --data-binary '{' http://weft/v1/endpoints
 head -c $((3 << 20)) /dev/zero | tr '\0' ' ' >"$WEFT_TMP/3m"
 check "413 is JSON {kind,message}" status_is 413 "$WEFT_TMP/r413" -X POST -H 'content-type: application/json' --data-binary @"$WEFT_TMP/3m" http://weft/v1/policies
+check "413 is JSON {kind,message} for a policy file sent as bytes (PUT)" status_is 413 "$WEFT_TMP/r413put" -X PUT --data-binary @"$WEFT_TMP/3m" "http://weft/v1/policies?file=big.json"
 head -c $((4 << 20)) /dev/zero | tr '\0' ' ' >"$WEFT_TMP/big-policy.json"
 check_fails "weftctl refuses a 4 MB policy, naming the size limit" "accepts at most [0-9]+ bytes per request" weftctl policy import "$WEFT_TMP/big-policy.json"
 check "nothing changed" test "$(world)" = "$before"

@@ -4,8 +4,8 @@ use serde_json::Value;
 use std::time::{Duration, Instant};
 use weft_api::client::{Client, ClientError};
 use weft_api::{
-    Allocation, Endpoint, ImportRequest, ImportResult, LabelsRequest, StatusResponse,
-    TracePeerRequest, TraceRequest, TraceResult, VerifyReport,
+    Allocation, Endpoint, ImportResult, LabelsRequest, StatusResponse, TracePeerRequest,
+    TraceRequest, TraceResult, VerifyReport,
 };
 
 use crate::cli::{
@@ -180,15 +180,13 @@ fn trace_peer(s: &str) -> TracePeerRequest {
 async fn policy(client: &Client, output: Output, cmd: PolicyCmd) -> Result<(), CtlError> {
     match cmd {
         PolicyCmd::Import { file, wait } => {
-            let content = std::fs::read_to_string(&file).map_err(|source| CtlError::ReadFile {
+            // The file's bytes as they are: the manager checks that they are UTF-8 text.
+            let content = std::fs::read(&file).map_err(|source| CtlError::ReadFile {
                 path: file.display().to_string(),
                 source,
             })?;
-            let body = ImportRequest {
-                file: file.display().to_string(),
-                content,
-            };
-            let r: ImportResult = client.post("/v1/policies", &body).await?;
+            let path = weft_api::policy::import_file_path(&file.display().to_string());
+            let r: ImportResult = client.put_bytes(&path, content).await?;
             if wait {
                 wait_revision(client, r.revision).await?;
             }

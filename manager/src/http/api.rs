@@ -3,6 +3,7 @@
 
 use axum::Router;
 use axum::body::Bytes;
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -126,7 +127,10 @@ pub fn router(manager: Shared) -> Router {
         .route("/v1/ipam", get(ipam))
         .route(
             "/v1/policies",
-            get(list_policies).post(import_policy).delete(delete_policy),
+            get(list_policies)
+                .post(import_policy)
+                .put(import_policy_file)
+                .delete(delete_policy),
         )
         .route("/v1/policy/trace", post(trace))
         .route("/v1/identities", get(identities))
@@ -280,6 +284,38 @@ async fn ipam(State(m): State<Shared>) -> Reply {
 async fn import_policy(State(m): State<Shared>, bytes: Bytes) -> Reply {
     let req: ImportRequest = body(&bytes)?;
     json(&m.import_policy(&req.file, &req.content)?)
+}
+
+#[derive(Deserialize)]
+struct ImportFileQuery {
+    file: Option<String>,
+}
+
+/// `PUT /v1/policies?file=NAME`: the file's bytes are the body, as Cilium's `PUT /policy`
+/// takes them (`weft_api::policy::import_file_path`).
+async fn import_policy_file(
+    State(m): State<Shared>,
+    query: Result<Query<ImportFileQuery>, QueryRejection>,
+    bytes: Bytes,
+) -> Reply {
+    let invalid = |msg: String| HttpError::new(StatusCode::BAD_REQUEST, ApiErrorKind::Invalid, msg);
+    let Query(q) = query.map_err(|e| {
+        invalid(format!(
+            "the query does not decode ({e}): give the file's name as ?file=NAME, percent-encoded"
+        ))
+    })?;
+    let file = q.file.filter(|f| !f.is_empty()).ok_or_else(|| {
+        invalid(
+            "no file name: give it as ?file=NAME (percent-encoded); it names the file in errors"
+                .to_owned(),
+        )
+    })?;
+    let text = std::str::from_utf8(&bytes).map_err(|e| {
+        invalid(format!(
+            "{file}: not UTF-8 text ({e}): a policy file is JSON or YAML; convert it to UTF-8"
+        ))
+    })?;
+    json(&m.import_policy(&file, text)?)
 }
 
 async fn list_policies(State(m): State<Shared>) -> Reply {

@@ -603,6 +603,35 @@ fn cases(ready: &weft_api::Endpoint) -> Vec<Case> {
             "invalid",
             "not valid JSON",
         ),
+        // The same import with the file's bytes as the body (weftctl's form).
+        case(
+            "policy file without a name",
+            request("PUT", "/v1/policies", b"[]"),
+            400,
+            "invalid",
+            "no file name: give it as ?file=NAME",
+        ),
+        case(
+            "policy file with an empty name",
+            request("PUT", "/v1/policies?file=", b"[]"),
+            400,
+            "invalid",
+            "no file name",
+        ),
+        case(
+            "policy file not UTF-8",
+            request("PUT", "/v1/policies?file=p%20q.json", b"[\"\xff\"]"),
+            400,
+            "invalid",
+            "p q.json: not UTF-8 text",
+        ),
+        case(
+            "policy file garbage",
+            request("PUT", "/v1/policies?file=p.yaml", b"\x00\x01not a policy"),
+            400,
+            "invalid",
+            "p.yaml",
+        ),
         case(
             "trace body not JSON",
             request("POST", "/v1/policy/trace", b"nope"),
@@ -698,5 +727,44 @@ fn weftctl_tells_cluster_rules_by_the_label_the_watchers_set() {
     assert_eq!(
         weft_k8s::policy::origin_label().to_string(),
         weft_api::policy::CLUSTER_POLICY_LABEL
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_file_sent_as_bytes_imports_as_its_json_form_does() {
+    let rules = r#"[{"labels":[{"key":"name","value":"r1"}],"endpointSelector":{"matchLabels":{"app":"web"}},"ingress":[{"fromEndpoints":[{"matchLabels":{"app":"cli"}}]}]}]"#;
+    let by_bytes = world();
+    let by_json = world();
+    // A name that needs percent-encoding comes back whole in the manager's messages.
+    let name = "dir with space/a&b=c?.json";
+    let client = weft_api::client::Client::new(&by_bytes.sock);
+    let path = weft_api::policy::import_file_path(name);
+    let put: weft_api::ImportResult = client
+        .put_bytes(&path, rules.as_bytes().to_vec())
+        .await
+        .unwrap();
+    let post: weft_api::ImportResult = weft_api::client::Client::new(&by_json.sock)
+        .post(
+            "/v1/policies",
+            &weft_api::ImportRequest {
+                file: name.into(),
+                content: rules.into(),
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!((put.revision, put.rules), (post.revision, post.rules));
+    assert_eq!(put.rules, 1);
+    assert_eq!(by_bytes.m.policies(), by_json.m.policies());
+    let broken = client
+        .put_bytes::<weft_api::ImportResult>(&path, b"[{\"endpointSelector\": 7}]".to_vec())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(broken.contains(name), "{broken}");
+    assert_eq!(
+        by_bytes.m.policies(),
+        by_json.m.policies(),
+        "a broken file changes nothing"
     );
 }
