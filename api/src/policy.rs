@@ -14,6 +14,17 @@ pub fn import_file_path(file: &str) -> String {
     format!("/v1/policies?file={name}")
 }
 
+/// `DELETE /v1/policies?labels=...`: the path deleting the rules that carry every label of
+/// `labels` (`k=v` or `source:k=v`), joined by `,` and percent-encoded (a `+`, `&` or `#` in a
+/// label reaches the manager as written).
+#[must_use]
+pub fn delete_policies_path(labels: &[String]) -> String {
+    let query = form_urlencoded::Serializer::new(String::new())
+        .append_pair("labels", &labels.join(","))
+        .finish();
+    format!("/v1/policies?{query}")
+}
+
 /// `POST /v1/policies`: the file's name (for error messages) and its text.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ImportRequest {
@@ -134,4 +145,29 @@ pub struct VerifyReport {
     pub ipcache_entries: usize,
     /// One line per disagreement (at most a few per endpoint).
     pub problems: Vec<String>,
+}
+
+#[cfg(test)]
+mod path_tests {
+    use super::{delete_policies_path, import_file_path};
+
+    /// The query of `path` as the manager's `Query` extractor decodes it.
+    fn query(path: &str) -> Vec<(String, String)> {
+        let q = path.split_once('?').map_or("", |(_, q)| q);
+        form_urlencoded::parse(q.as_bytes()).into_owned().collect()
+    }
+
+    #[test]
+    fn names_and_labels_reach_the_manager_as_written() {
+        let file = "dir with space/a&b=c+d#e%f?.yaml";
+        assert_eq!(
+            query(&import_file_path(file)),
+            [("file".into(), file.into())]
+        );
+        let labels = vec!["name=c++".to_owned(), "k8s:a/b=x&y#z".to_owned()];
+        assert_eq!(
+            query(&delete_policies_path(&labels)),
+            [("labels".into(), "name=c++,k8s:a/b=x&y#z".into())]
+        );
+    }
 }

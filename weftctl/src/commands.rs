@@ -211,7 +211,7 @@ async fn policy(client: &Client, output: Output, cmd: PolicyCmd) -> Result<(), C
             let path = if all {
                 "/v1/policies?all=true".to_string()
             } else {
-                format!("/v1/policies?labels={}", labels.join(","))
+                weft_api::policy::delete_policies_path(&labels)
             };
             let r: ImportResult = client.delete(&path).await?;
             match output {
