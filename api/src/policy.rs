@@ -10,8 +10,7 @@ use std::net::IpAddr;
 /// large file is not encoded into a JSON string and decoded again on the way.
 #[must_use]
 pub fn import_file_path(file: &str) -> String {
-    let name: String = form_urlencoded::byte_serialize(file.as_bytes()).collect();
-    format!("/v1/policies?file={name}")
+    policies_path("file", file)
 }
 
 /// `DELETE /v1/policies?labels=...`: the path deleting the rules that carry every label of
@@ -19,8 +18,13 @@ pub fn import_file_path(file: &str) -> String {
 /// label reaches the manager as written).
 #[must_use]
 pub fn delete_policies_path(labels: &[String]) -> String {
+    policies_path("labels", &labels.join(","))
+}
+
+/// `/v1/policies?NAME=VALUE`, the value percent-encoded.
+fn policies_path(name: &str, value: &str) -> String {
     let query = form_urlencoded::Serializer::new(String::new())
-        .append_pair("labels", &labels.join(","))
+        .append_pair(name, value)
         .finish();
     format!("/v1/policies?{query}")
 }

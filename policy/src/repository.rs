@@ -319,14 +319,12 @@ impl Repository {
         // In place: the kept rules stay in their vector (no copy of the whole repository for a
         // change of one rule).
         let (mut rules, mut hashes) = (old, old_hashes);
-        let mut at = 0..;
+        let mut goes = gone.iter().copied();
         let removed: Vec<Rule> = rules
-            .extract_if(.., |_| {
-                at.next().is_some_and(|i| gone.get(i) == Some(&true))
-            })
+            .extract_if(.., |_| goes.next().unwrap_or(false))
             .collect();
-        let mut at = 0..;
-        hashes.retain(|_| at.next().is_some_and(|i| gone.get(i) != Some(&true)));
+        let mut goes = gone.iter().copied();
+        hashes.retain(|_| !goes.next().unwrap_or(false));
         rules.extend(added.iter().cloned());
         hashes.extend(added_hashes);
         self.rules = rules;

@@ -35,6 +35,11 @@ impl HttpError {
             },
         )
     }
+
+    /// 400 `invalid`: the request itself is wrong; `message` says how to fix it.
+    fn invalid(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, ApiErrorKind::Invalid, message)
+    }
 }
 
 impl IntoResponse for HttpError {
@@ -67,9 +72,7 @@ impl From<ManagerError> for HttpError {
             ) => Self::new(StatusCode::CONFLICT, ApiErrorKind::Conflict, msg),
             ManagerError::Endpoint(EndpointError::Invalid(_) | EndpointError::Ipam(_))
             | ManagerError::Invalid(_)
-            | ManagerError::ClusterIdentity(_) => {
-                Self::new(StatusCode::BAD_REQUEST, ApiErrorKind::Invalid, msg)
-            }
+            | ManagerError::ClusterIdentity(_) => Self::invalid(msg),
             ManagerError::NotReady => {
                 Self::new(StatusCode::SERVICE_UNAVAILABLE, ApiErrorKind::NotReady, msg)
             }
@@ -99,11 +102,7 @@ fn json<T: serde::Serialize>(v: &T) -> Reply {
 /// "zz" is not a MAC address ...`).
 fn body<T: DeserializeOwned>(bytes: &Bytes) -> Result<T, HttpError> {
     let bad = |e: &dyn std::fmt::Display| {
-        HttpError::new(
-            StatusCode::BAD_REQUEST,
-            ApiErrorKind::Invalid,
-            format!("request body is not valid JSON for this call: {e}"),
-        )
+        HttpError::invalid(format!("request body is not valid JSON for this call: {e}"))
     };
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let v = serde_path_to_error::deserialize(&mut de).map_err(|e| bad(&e))?;
@@ -227,9 +226,7 @@ async fn list_endpoints(State(m): State<Shared>, Query(q): Query<OwnerQuery>) ->
             json(&m.find(&c, &i).into_iter().collect::<Vec<_>>())
         }
         (None, None) => json(&m.endpoints()),
-        _ => Err(HttpError::new(
-            StatusCode::BAD_REQUEST,
-            ApiErrorKind::Invalid,
+        _ => Err(HttpError::invalid(
             "give both container_id and ifname, or neither",
         )),
     }
@@ -260,9 +257,7 @@ async fn register(State(m): State<Shared>, Path(id): Path<u32>, bytes: Bytes) ->
 
 async fn delete_endpoint(State(m): State<Shared>, Query(q): Query<OwnerQuery>) -> Reply {
     let (Some(c), Some(i)) = (q.container_id, q.ifname) else {
-        return Err(HttpError::new(
-            StatusCode::BAD_REQUEST,
-            ApiErrorKind::Invalid,
+        return Err(HttpError::invalid(
             "DELETE /v1/endpoints needs container_id and ifname query parameters",
         ));
     };
@@ -298,20 +293,18 @@ async fn import_policy_file(
     query: Result<Query<ImportFileQuery>, QueryRejection>,
     bytes: Bytes,
 ) -> Reply {
-    let invalid = |msg: String| HttpError::new(StatusCode::BAD_REQUEST, ApiErrorKind::Invalid, msg);
     let Query(q) = query.map_err(|e| {
-        invalid(format!(
+        HttpError::invalid(format!(
             "the query does not decode ({e}): give the file's name as ?file=NAME, percent-encoded"
         ))
     })?;
     let file = q.file.filter(|f| !f.is_empty()).ok_or_else(|| {
-        invalid(
-            "no file name: give it as ?file=NAME (percent-encoded); it names the file in errors"
-                .to_owned(),
+        HttpError::invalid(
+            "no file name: give it as ?file=NAME (percent-encoded); it names the file in errors",
         )
     })?;
     let text = std::str::from_utf8(&bytes).map_err(|e| {
-        invalid(format!(
+        HttpError::invalid(format!(
             "{file}: not UTF-8 text ({e}): a policy file is JSON or YAML; convert it to UTF-8"
         ))
     })?;
