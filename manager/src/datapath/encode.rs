@@ -19,7 +19,7 @@
 //! datapath takes the entry of smallest precedence across the identities a packet matches.
 //! [`lookup`] is the userspace mirror of the datapath's decision.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use weft_ebpf::{self as abi, PolicyKey, PolicyValue};
 use weft_policy::mapstate::{
     Direction, EndpointPolicy, PolicyEntry, Tier, TierAction, TierFlags, TierVerdict, Verdict,
@@ -72,6 +72,12 @@ pub struct PolicyBlock {
     pub key: PolicyKey,
     /// Bits of `key` that must match (72, 80 or 80 + port prefix).
     pub prefix_len: u32,
+}
+
+impl PolicyBlock {
+    const fn new(key: PolicyKey, prefix_len: u32) -> Self {
+        Self { key, prefix_len }
+    }
 }
 
 /// Encoded policy of a slot: block → value (`VERDICT_ALLOW` or `VERDICT_DENY` in the
@@ -220,7 +226,9 @@ fn encode_entries_as(
     entries: &BTreeMap<PolicyEntry, Verdict>,
     split_any_protocol: bool,
 ) -> Encoded {
-    let mut out = Encoded::new();
+    // Blocks are gathered in a vector and sorted once: thousands of entries per slot, each a
+    // search and insert into a tree otherwise.
+    let mut blocks: Vec<(PolicyBlock, PolicyValue)> = Vec::with_capacity(entries.len());
     for (entry, verdict) in entries {
         let value = value_of(entry.tier, *verdict);
         let key = PolicyKey {
@@ -230,65 +238,64 @@ fn encode_entries_as(
             proto: entry.proto,
             dport: 0,
         };
-        let mut add = |b: PolicyBlock| {
-            let v = out.entry(b).or_insert(value);
-            *v = if is_policy_layer(value) {
-                // VERDICT_DENY > VERDICT_ALLOW: deny wins.
-                (*v).max(value)
-            } else {
-                // Disjoint by contract; were two the same block, the first in precedence.
-                std::cmp::min_by_key(*v, value, PolicyValue::precedence)
-            };
-        };
         if entry.proto == 0 && split_any_protocol {
             // The upgrade check's encoding: the two halves of the protocol byte.
             for proto in [0, 0x80] {
-                add(PolicyBlock {
-                    prefix_len: abi::POLICY_FIXED_PREFIX + 1,
-                    key: PolicyKey { proto, ..key },
-                });
+                let key = PolicyKey { proto, ..key };
+                blocks.push((PolicyBlock::new(key, abi::POLICY_FIXED_PREFIX + 1), value));
             }
         } else if entry.proto == 0 {
             // Any protocol: ports are meaningless (the contract says they must be "any").
-            add(PolicyBlock {
-                prefix_len: abi::POLICY_FIXED_PREFIX,
-                key,
-            });
+            blocks.push((PolicyBlock::new(key, abi::POLICY_FIXED_PREFIX), value));
         } else {
             for (start, bits) in port_block_iter(entry.port_lo, entry.port_hi) {
-                add(PolicyBlock {
-                    prefix_len: abi::POLICY_FULL_PREFIX - bits,
-                    key: PolicyKey {
-                        dport: start.to_be(),
-                        ..key
-                    },
-                });
+                let key = PolicyKey {
+                    dport: start.to_be(),
+                    ..key
+                };
+                blocks.push((PolicyBlock::new(key, abi::POLICY_FULL_PREFIX - bits), value));
             }
         }
     }
-    // Only a deny of the same identity and direction can cover an allow block: grouping them
-    // keeps this pass linear in practice (a policy has thousands of allows, few denies each).
-    // Tier values are neither: the carving is the NetworkPolicy layer's alone.
-    let mut denies: HashMap<(u32, u8), Vec<PolicyBlock>> = HashMap::new();
-    for (b, _) in out.iter().filter(|&(_, v)| v.verdict == abi::VERDICT_DENY) {
-        denies
-            .entry((b.key.identity, b.key.direction))
-            .or_default()
-            .push(*b);
-    }
-    if denies.is_empty() {
-        return out;
-    }
-    for (b, v) in &mut out {
-        if v.verdict == abi::VERDICT_ALLOW
-            && denies
-                .get(&(b.key.identity, b.key.direction))
-                .is_some_and(|ds| ds.iter().any(|d| contains(d, b)))
-        {
-            *v = PolicyValue::verdict(abi::VERDICT_DENY);
+    // Stable: blocks several entries give are folded in the entries' order.
+    blocks.sort_by_key(|&(b, _)| b);
+    blocks.dedup_by(|later, kept| {
+        let same = later.0 == kept.0;
+        if same {
+            kept.1 = if is_policy_layer(later.1) {
+                // VERDICT_DENY > VERDICT_ALLOW: deny wins.
+                kept.1.max(later.1)
+            } else {
+                // Disjoint by contract; were two the same block, the first in precedence.
+                std::cmp::min_by_key(kept.1, later.1, PolicyValue::precedence)
+            };
+        }
+        same
+    });
+    // Only a deny of the same identity and direction can cover an allow block, and one
+    // identity's blocks in one direction are a contiguous run of the sorted blocks (a policy
+    // has thousands of allows, few denies each). Tier values are neither: the carving is the
+    // NetworkPolicy layer's alone.
+    let mut denies: Vec<PolicyBlock> = Vec::new();
+    for run in blocks.chunk_by_mut(|a, b| {
+        (a.0.key.identity, a.0.key.direction) == (b.0.key.identity, b.0.key.direction)
+    }) {
+        denies.clear();
+        denies.extend(
+            run.iter()
+                .filter(|(_, v)| v.verdict == abi::VERDICT_DENY)
+                .map(|(b, _)| *b),
+        );
+        if denies.is_empty() {
+            continue;
+        }
+        for (b, v) in run.iter_mut() {
+            if v.verdict == abi::VERDICT_ALLOW && denies.iter().any(|d| contains(d, b)) {
+                *v = PolicyValue::verdict(abi::VERDICT_DENY);
+            }
         }
     }
-    out
+    blocks.into_iter().collect()
 }
 
 /// A digest of a slot's contents (its blocks and its enforcement and tier flags) that stays the

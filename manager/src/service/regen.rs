@@ -12,7 +12,9 @@ use weft_policy::mapstate::{EndpointPolicy, Identity, PolicyEntry, Verdict};
 use weft_policy::repository::RepoChange;
 use weft_policy::rule::NamedPorts;
 
-use super::work::{Update, change_work, identity_work};
+use super::work::{
+    Target, Update, change_targets, change_update, identity_update, pipelined, slot_targets,
+};
 use super::{Manager, ManagerError, State, from_api_labels};
 use crate::node::ipcache::Source;
 use crate::policy_state::Effects;
@@ -42,9 +44,14 @@ impl Manager {
         change: &RepoChange,
         effects: &Effects,
     ) -> Result<usize, ManagerError> {
-        let (identities, work) = change_work(self, st, change, effects);
-        let done: BTreeSet<u32> = work.iter().map(|(slot, _)| *slot).collect();
-        let n = self.apply_work(st, &identities, work)?
+        let (identities, targets) = change_targets(self, st, change, effects);
+        let done: BTreeSet<u32> = targets.iter().map(|(slot, ..)| *slot).collect();
+        let update = change_update(&st.pol, change, &identities);
+        let (n, whole) = self.apply_work(&mut st.slots, &identities, &targets, move |t| {
+            Some(update(t))
+        })?;
+        let n = n
+            + self.regenerate_slots(st, &whole)?
             + self.regenerate_identities(st, effects, &done)?;
         let rev = st.pol.repo().revision();
         let ready: Vec<u32> = st
@@ -70,48 +77,60 @@ impl Manager {
         if effects.changed.is_empty() {
             return Ok(0);
         }
-        let work = identity_work(self, st, effects, skip);
-        self.apply_work(st, &effects.identities, work)
+        let targets = slot_targets(self, st, skip);
+        let update = identity_update(&st.pol, effects);
+        let (n, whole) = self.apply_work(&mut st.slots, &effects.identities, &targets, update)?;
+        Ok(n + self.regenerate_slots(st, &whole)?)
     }
 
-    /// Installs per-slot work: the new entries of `identities` where given, a full
-    /// regeneration where not. Returns how many endpoints had their policy changed.
+    /// Computes what each target needs (`update`; `None`: nothing) and installs the new entries
+    /// of `identities` as they come ([`pipelined`]). Returns how many endpoints had their
+    /// policy changed, and the slots that need a whole regeneration instead.
     fn apply_work(
         &self,
-        st: &mut State,
+        slots: &mut SlotTable,
         identities: &BTreeSet<Identity>,
-        work: Vec<(u32, Update)>,
-    ) -> Result<usize, ManagerError> {
-        let mut full = Vec::new();
+        targets: &[Target],
+        update: impl Fn(&Target) -> Option<Update> + Sync,
+    ) -> Result<(usize, Vec<u32>), ManagerError> {
+        let mut whole = Vec::new();
         let mut n = 0;
-        for (slot, update) in work {
+        pipelined(targets, update, |(slot, ..), update| {
             match update {
-                Update::Whole => full.extend(st.slots.members(slot)),
-                Update::Identities(entries) => {
-                    self.apply_identities(st, slot, identities, &entries)?;
-                    n += st.slots.members(slot).len();
+                None => {}
+                Some(Update::Whole) => whole.push(*slot),
+                Some(Update::Identities(entries)) => {
+                    self.apply_identities(slots, *slot, identities, &entries)?;
+                    n += slots.members(*slot).len();
                 }
             }
-        }
-        Ok(n + self.regenerate(st, &full)?)
+            Ok::<_, ManagerError>(())
+        })?;
+        Ok((n, whole))
+    }
+
+    /// Regenerates the members of `slots` whole.
+    fn regenerate_slots(&self, st: &mut State, slots: &[u32]) -> Result<usize, ManagerError> {
+        let members: Vec<u32> = slots.iter().flat_map(|s| st.slots.members(*s)).collect();
+        self.regenerate(st, &members)
     }
 
     /// Replaces the entries of `identities` in a slot.
     fn apply_identities(
         &self,
-        st: &mut State,
+        slots: &mut SlotTable,
         slot: u32,
         identities: &BTreeSet<Identity>,
         entries: &BTreeMap<PolicyEntry, Verdict>,
     ) -> Result<(), ManagerError> {
         let t0 = std::time::Instant::now();
-        let generation = st.slots.begin_write(slot, false);
+        let generation = slots.begin_write(slot, false);
         let digest = self
             .datapath
             .apply_policy_identities(slot, identities, entries, generation)
             .inspect_err(|_| self.prom.regeneration_failed())?;
         self.prom.regenerated(t0.elapsed());
-        st.slots.written(slot, generation, digest, None);
+        slots.written(slot, generation, digest, None);
         tracing::debug!(
             slot,
             identities = identities.len(),
@@ -126,20 +145,19 @@ impl Manager {
     /// Writes a whole policy into a slot (diffed by the datapath against what it holds).
     pub(crate) fn write_slot(
         &self,
-        st: &mut State,
+        slots: &mut SlotTable,
         slot: u32,
         policy: &EndpointPolicy,
     ) -> Result<(), ManagerError> {
         let t0 = std::time::Instant::now();
-        let generation = st.slots.begin_write(slot, true);
+        let generation = slots.begin_write(slot, true);
         let digest = self
             .datapath
             .apply_policy(slot, policy, generation)
             .inspect_err(|_| self.prom.regeneration_failed())?;
         self.prom.regenerated(t0.elapsed());
         let enforcement = crate::slots::Enforcement::of(policy);
-        st.slots
-            .written(slot, generation, digest, Some(enforcement));
+        slots.written(slot, generation, digest, Some(enforcement));
         tracing::debug!(
             slot,
             entries = policy.entries.len(),
@@ -147,24 +165,6 @@ impl Manager {
             "slot regenerated"
         );
         self.regenerations.fetch_add(1, Ordering::Relaxed);
-        Ok(())
-    }
-
-    /// Points an endpoint at `slot` (written already), then releases the slot it leaves if
-    /// nobody else uses it: the old entries go only once no endpoint can look them up.
-    pub(crate) fn move_to_slot(
-        &self,
-        st: &mut State,
-        endpoint_id: u32,
-        slot: u32,
-    ) -> Result<(), ManagerError> {
-        if st.slots.slot_of(endpoint_id) == Some(slot) {
-            return Ok(());
-        }
-        self.datapath.switch_slot(endpoint_id, slot)?;
-        if let Some(old) = st.slots.join(endpoint_id, slot) {
-            self.retire_slot(st, old)?;
-        }
         Ok(())
     }
 
@@ -232,7 +232,7 @@ impl Manager {
                 st.slots.computed(slot);
                 return Ok(slot);
             }
-            let written = self.write_slot(st, slot, &policy);
+            let written = self.write_slot(&mut st.slots, slot, &policy);
             if written.is_err() && st.slots.is_unused(slot) {
                 // Nobody points at it: remove what may have been written.
                 let _ = self.release_if_unused(st, slot);
@@ -465,38 +465,67 @@ impl Manager {
         trust: bool,
     ) -> Result<usize, ManagerError> {
         let rev = st.pol.repo().revision();
-        let mut changed = 0;
-        // Slots already brought up to date by this call.
-        let mut current: BTreeSet<u32> = BTreeSet::new();
+        // Each ready endpoint's slot (created where its key has none), and the slots to
+        // compute: once each, not those a restart trusts.
+        let mut moves: Vec<(u32, Option<u32>, u32)> = Vec::new();
+        let mut targets: Vec<Target> = Vec::new();
+        let mut seen: BTreeSet<u32> = BTreeSet::new();
         for &id in ids {
-            let Some(ep) = st.reg.get(id).cloned() else {
+            let Some(ep) = st.reg.get(id) else {
                 continue;
             };
             if ep.state != EndpointState::Ready {
                 continue;
             }
-            let named = self.named_ports(&ep);
+            let named = self.named_ports(ep);
             let key = SlotKey::new(ep.identity, &named);
             let old = st.slots.slot_of(id);
             let slot = match old {
                 Some(s) if st.slots.key(s) == Some(key) => s,
                 _ => st.slots.ensure(key).0,
             };
-            if current.insert(slot) && !(trust && st.slots.trusted(slot)) {
-                let policy = st.pol.compute(&from_api_labels(&ep.labels), &named);
-                if st.slots.digest(slot) == Some(crate::datapath::policy_digest(&policy)) {
-                    st.slots.computed(slot);
-                } else {
-                    self.write_slot(st, slot, &policy)?;
-                    changed += st.slots.members(slot).len();
-                }
+            if seen.insert(slot) && !(trust && st.slots.trusted(slot)) {
+                targets.push((slot, from_api_labels(&ep.labels), named));
             }
+            moves.push((id, old, slot));
+        }
+        // Computed (and digested) on the workers while the slots before are written.
+        let mut changed = 0;
+        let pol = &st.pol;
+        let slots = &mut st.slots;
+        let compute = |(_, labels, named): &Target| {
+            let policy = pol.compute(labels, named);
+            let digest = crate::datapath::policy_digest(&policy);
+            (policy, digest)
+        };
+        pipelined(&targets, compute, |(slot, ..), (policy, digest)| {
+            if slots.digest(*slot) == Some(digest) {
+                slots.computed(*slot);
+            } else {
+                self.write_slot(slots, *slot, &policy)?;
+                changed += slots.members(*slot).len();
+            }
+            Ok::<_, ManagerError>(())
+        })?;
+        // Every endpoint joins its (written) slot before any slot it left is retired: a slot
+        // one endpoint leaves may be the one another joins.
+        let mut left = Vec::new();
+        let mut switched = Ok(());
+        for &(id, old, slot) in &moves {
             if old != Some(slot) {
-                self.move_to_slot(st, id, slot)?;
+                switched = self.datapath.switch_slot(id, slot);
+                if switched.is_err() {
+                    break;
+                }
+                left.extend(st.slots.join(id, slot));
                 changed += 1;
             }
             st.reg.set_revision(id, rev);
         }
+        for slot in left {
+            self.retire_slot(st, slot)?;
+        }
+        switched?;
         Ok(changed)
     }
 }
