@@ -68,11 +68,13 @@ for _mix, _text in MIXES:
          f"manager_rss_peak_mib/{_scale}", "value", "<=", 40, "#29"),
         (f"manager RSS steady ≤ 30 MiB, {_text}", f"manager_rss_mib/{_scale}", "value", "<=", 30, "§8, #29"),
     ]
-    for _kind, _bound, _what in (("same", 300, "same build"), ("upgrade", 600, "after an upgrade to another build")):
+    for _kind, _bound, _what in (("same", 300, "same build"),
+                                 ("upgrade-policy", 600, "after an upgrade whose policy computation differs"),
+                                 ("upgrade", 600, "after an upgrade whose policy encoding differs")):
         TARGETS.append(
             (f"restart → ready ≤ {_bound} ms ({_what}), 250 endpoints, 1000 rules, {_text}",
              f"restart_ready_ms/{_scale}/restart={_kind}", "value", "<=", _bound, "#29"))
-    for _kind in ("same", "upgrade", "cold"):
+    for _kind in ("same", "upgrade-policy", "upgrade", "cold"):
         TARGETS.append(
             (f"0 packets lost across the restarts ({_kind}), 250 endpoints, 1000 rules, {_text}",
              f"restart_ping_lost/{_scale}/restart={_kind}", "value", "<=", 0, "§8, #29"))
