@@ -12,6 +12,7 @@ mod error;
 mod labels;
 mod metrics;
 mod monitor;
+mod pipeline;
 mod policy_api;
 mod regen;
 mod trim;

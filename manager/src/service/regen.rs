@@ -12,9 +12,8 @@ use weft_policy::mapstate::{EndpointPolicy, Identity, PolicyEntry, Verdict};
 use weft_policy::repository::RepoChange;
 use weft_policy::rule::NamedPorts;
 
-use super::work::{
-    Target, Update, change_targets, change_update, identity_update, pipelined, slot_targets,
-};
+use super::pipeline::pipelined;
+use super::work::{Target, Update, change_targets, change_update, identity_update, slot_targets};
 use super::{Manager, ManagerError, State, from_api_labels};
 use crate::node::ipcache::Source;
 use crate::policy_state::Effects;
