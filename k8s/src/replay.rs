@@ -5,7 +5,8 @@
 //! by hanging (a healthy idle watch); with no watch response left, watches hang. GETs of single
 //! objects come from a map; PATCH bodies are recorded. Every request is logged. Events can
 //! also be pushed into the hanging watches of a path while the server runs ([`Replay::push`],
-//! or `POST /replay/push?path=...` from a script), and a whole script can come from JSON
+//! or `POST /replay/push?path=...` from a script, which answers how many watches took the event
+//! and when, `pushed_unix_us`), and a whole script can come from JSON
 //! ([`Replay::from_script`]: the `weft-k8s-replay` binary of the end-to-end test).
 
 use axum::body::Body;
@@ -269,6 +270,9 @@ async fn handle(State(r): State<Replay>, req: Request) -> Response {
                 &json!({"error": "body is not JSON"}),
             );
         };
+        // The wall clock when the event enters the watches (a benchmark times from it what a
+        // watcher does with the event, without its own curl's start-up).
+        let pushed_unix_us = unix_micros();
         let n = r.push(&target, event);
         // No open watch to take it (the client is between watches): the caller retries.
         let status = if n == 0 {
@@ -276,7 +280,10 @@ async fn handle(State(r): State<Replay>, req: Request) -> Response {
         } else {
             StatusCode::OK
         };
-        return json_response(status, &json!({"delivered": n}));
+        return json_response(
+            status,
+            &json!({"delivered": n, "pushed_unix_us": pushed_unix_us}),
+        );
     }
     if method == Method::PATCH {
         let bytes = axum::body::to_bytes(req.into_body(), 1 << 20)
@@ -339,6 +346,13 @@ async fn handle(State(r): State<Replay>, req: Request) -> Response {
         .header("content-type", "application/json")
         .body(body)
         .unwrap_or_default()
+}
+
+/// Microseconds since the Unix epoch (0 for a clock before it).
+fn unix_micros() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
 }
 
 fn not_found(path: &str) -> Value {

@@ -137,8 +137,9 @@ result() {
 # (scripts/bench/verdict_probe.py: the client sends a datagram carrying its send time every
 # PROBE_US µs, default 200; the server reports the first it receives). Before COMMAND the flow
 # must be counted as policy drops on SERVER's ingress (a drop, not a broken prober), or the
-# script dies. Sets PROBE_DELAY (µs from COMMAND's start to that packet's send time) and
-# PROBE_CMD (µs until COMMAND returned); returns 1 with PROBE_ERROR when nothing arrives within
+# script dies. Sets PROBE_DELAY (µs from COMMAND's start to that packet's send time),
+# PROBE_FIRST (that send time, µs since the epoch) and PROBE_CMD (µs until COMMAND returned);
+# returns 1 with PROBE_ERROR when nothing arrives within
 # 10 s, and dies when COMMAND fails.
 probe_change() {
   local srv=$1 cli=$2 ip=$3 port=$4 rp sp d0 d1 t0 t1 first out
@@ -171,6 +172,7 @@ probe_change() {
   first=$(tail -1 "$WEFT_TMP/recv.out")
   PROBE_CMD=$((10#$t1 - 10#$t0))
   if [[ $first =~ ^[0-9]+$ ]]; then
+    PROBE_FIRST=$first
     PROBE_DELAY=$((first - 10#$t0))
     return 0
   fi
