@@ -27,12 +27,13 @@ fn now_us() -> u64 {
     .unwrap()
 }
 
-/// One HTTP/1.1 request on its own connection; the status and the JSON body.
-async fn request(url: &str, method: &str, target: &str, body: &str) -> (u16, Value) {
+/// One push (an HTTP/1.1 POST of `event` on its own connection); the status and the JSON body.
+async fn push(url: &str, event: &Value) -> (u16, Value) {
+    let body = event.to_string();
     let addr = url.strip_prefix("http://").unwrap();
     let mut s = TcpStream::connect(addr).await.unwrap();
     let req = format!(
-        "{method} {target} HTTP/1.1\r\nHost: replay\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "POST /replay/push?path={PATH} HTTP/1.1\r\nHost: replay\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
     s.write_all(req.as_bytes()).await.unwrap();
@@ -52,9 +53,8 @@ async fn push_answers_when_the_event_entered_the_open_watches() {
     let url = replay.serve().await.unwrap();
     let event =
         json!({"type": "MODIFIED", "object": {"metadata": {"name": "x", "resourceVersion": "7"}}});
-    let target = format!("/replay/push?path={PATH}");
 
-    let (status, body) = request(&url, "POST", &target, &event.to_string()).await;
+    let (status, body) = push(&url, &event).await;
     assert_eq!(status, 409, "no watch open: {body}");
     assert_eq!(body["delivered"], 0);
 
@@ -72,7 +72,7 @@ async fn push_answers_when_the_event_entered_the_open_watches() {
     }
     // The server subscribed the watch before it answered the headers.
     let before = now_us();
-    let (status, body) = request(&url, "POST", &target, &event.to_string()).await;
+    let (status, body) = push(&url, &event).await;
     let after = now_us();
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["delivered"], 1);
