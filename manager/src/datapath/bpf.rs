@@ -84,6 +84,7 @@ impl BpfDatapath {
             programs: opened.programs,
             filters: None,
             installed: HashMap::new(),
+            scratch: Vec::new(),
             unloaded: BTreeSet::new(),
             slot_flags: HashMap::new(),
             slot_of: HashMap::new(),

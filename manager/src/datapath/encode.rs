@@ -19,6 +19,8 @@
 //! datapath takes the entry of smallest precedence across the identities a packet matches.
 //! [`lookup`] is the userspace mirror of the datapath's decision.
 
+use std::borrow::Borrow;
+use std::cmp::Ordering;
 use std::collections::BTreeMap;
 use weft_ebpf::{self as abi, PolicyKey, PolicyValue};
 use weft_policy::mapstate::{
@@ -38,7 +40,7 @@ pub const POLICY_ENCODING_VERSION: u32 =
     if SPLIT_ANY_PROTOCOL && !cfg!(feature = "upgrade-test-unstamped") {
         UPGRADE_TEST_ENCODING_VERSION
     } else {
-        2
+        3
     };
 
 /// The encoding version of a build with the feature `upgrade-test-encoding` (far above the
@@ -62,6 +64,9 @@ pub const POLICY_ENCODING_GOLDENS: &[(u32, u64)] = &[
     // ClusterNetworkPolicy tiers: the tier in the key's direction byte, action and precedence
     // in the value, the tier flags in the entry flags and the slot digest.
     (2, 0xbe9e_4995_400d_3d77),
+    // The slot digest over the digests of its identities' blocks (a one-rule change re-digests
+    // the identities it touches only).
+    (3, 0x3b27_1036_81b1_fb36),
 ];
 
 /// One LPM entry of the `policy` map: prefix length and key data.
@@ -219,6 +224,15 @@ pub fn encode_entries(policy_id: u32, entries: &BTreeMap<PolicyEntry, Verdict>) 
     encode_entries_as(policy_id, entries, SPLIT_ANY_PROTOCOL)
 }
 
+/// [`encode_entries`] as a vector in key order (what a slot write diffs and packs: no tree to
+/// build and free per write).
+pub(crate) fn encode_sorted(
+    policy_id: u32,
+    entries: &BTreeMap<PolicyEntry, Verdict>,
+) -> Vec<(PolicyBlock, PolicyValue)> {
+    encode_sorted_as(policy_id, entries, SPLIT_ANY_PROTOCOL)
+}
+
 /// [`encode_entries`], with any-protocol blocks split in two when `split_any_protocol` (the
 /// encoding of feature `upgrade-test-encoding`).
 fn encode_entries_as(
@@ -226,6 +240,17 @@ fn encode_entries_as(
     entries: &BTreeMap<PolicyEntry, Verdict>,
     split_any_protocol: bool,
 ) -> Encoded {
+    encode_sorted_as(policy_id, entries, split_any_protocol)
+        .into_iter()
+        .collect()
+}
+
+/// [`encode_sorted`], with any-protocol blocks split as [`encode_entries_as`] says.
+fn encode_sorted_as(
+    policy_id: u32,
+    entries: &BTreeMap<PolicyEntry, Verdict>,
+    split_any_protocol: bool,
+) -> Vec<(PolicyBlock, PolicyValue)> {
     // Blocks are gathered in a vector and sorted once: thousands of entries per slot, each a
     // search and insert into a tree otherwise.
     let mut blocks: Vec<(PolicyBlock, PolicyValue)> = Vec::with_capacity(entries.len());
@@ -295,35 +320,49 @@ fn encode_entries_as(
             }
         }
     }
-    blocks.into_iter().collect()
+    blocks
 }
 
 /// A digest of a slot's contents (its blocks and its enforcement and tier flags) that stays the
-/// same across builds (it is persisted): FNV-1a over the key bytes, prefix lengths and values,
-/// in order.
+/// same across builds (it is persisted): FNV-1a over the flags and, one identity after the
+/// other in key order, the digest of that identity's blocks ([`RunDigest`]). A write of some
+/// identities' entries re-digests those identities only (`super::shadow`).
 #[must_use]
 pub fn digest(encoded: &Encoded, flags: u32) -> u64 {
-    digest_sorted(encoded.iter().map(|(b, v)| (*b, *v)), flags)
-}
-
-/// The [`digest`] of entries given in key order.
-fn digest_sorted(entries: impl Iterator<Item = (PolicyBlock, PolicyValue)>, flags: u32) -> u64 {
-    let mut d = Digest::new(flags);
-    for (b, v) in entries {
-        d.add(&b, v);
+    let mut runs = Vec::new();
+    let mut open: Option<(u32, RunDigest)> = None;
+    for (b, v) in encoded {
+        let identity = b.key.identity;
+        if open.as_ref().is_some_and(|(id, _)| *id != identity)
+            && let Some((_, d)) = open.take()
+        {
+            runs.push(d.finish());
+        }
+        open.get_or_insert_with(|| (identity, RunDigest::new()))
+            .1
+            .add(b, *v);
     }
-    d.finish()
+    runs.extend(open.map(|(_, d)| d.finish()));
+    slot_digest(flags, runs.into_iter())
 }
 
-/// A [`digest`] fed one entry at a time, in key order (a write digests the slot while it
-/// packs its shadow, in the same pass).
-pub(crate) struct Digest(weft_api::fnv::Fnv64);
+/// The [`digest`] of a slot from its flags and its identities' digests, in identity order.
+pub(crate) fn slot_digest(flags: u32, runs: impl Iterator<Item = u64>) -> u64 {
+    let mut h = weft_api::fnv::Fnv64::new();
+    h.feed(&flags.to_le_bytes());
+    for run in runs {
+        h.feed(&run.to_le_bytes());
+    }
+    h.finish()
+}
 
-impl Digest {
-    pub(crate) fn new(flags: u32) -> Self {
-        let mut h = weft_api::fnv::Fnv64::new();
-        h.feed(&flags.to_le_bytes());
-        Self(h)
+/// The digest of one identity's blocks of a slot, fed one block at a time in key order:
+/// FNV-1a over each block's prefix length, key bytes (without the slot) and value.
+pub(crate) struct RunDigest(weft_api::fnv::Fnv64);
+
+impl RunDigest {
+    pub(crate) fn new() -> Self {
+        Self(weft_api::fnv::Fnv64::new())
     }
 
     fn feed(&mut self, bytes: &[u8]) {
@@ -337,7 +376,7 @@ impl Digest {
         self.feed(&b.key.dport.to_le_bytes());
         self.feed(&[v.verdict]);
         // Only a tier value has a precedence; the verdict says whether one follows, and a
-        // NetworkPolicy slot digests as it did before tiers.
+        // NetworkPolicy entry digests without it.
         if !is_policy_layer(v) {
             self.feed(&[v.rule]);
             self.feed(&v.priority.to_le_bytes());
@@ -397,44 +436,47 @@ pub(crate) fn tier_flags(flags: u32) -> TierFlags {
     }
 }
 
-/// What to change to go from `old` to `new`: upserts (new or changed) to write first, then the
-/// stale blocks to remove.
+/// What to change to go from `old` to `new` (each in key order, as an [`Encoded`] or a shadow
+/// iterates): upserts (new or changed) to write first, then the stale blocks to remove.
 #[must_use]
-pub(crate) fn diff(
-    old: &Encoded,
-    new: &Encoded,
-) -> (Vec<(PolicyBlock, PolicyValue)>, Vec<PolicyBlock>) {
-    // Both maps iterate in key order: one merge pass instead of a lookup per block.
+pub(crate) fn diff<B, V, C, W>(
+    old: impl IntoIterator<Item = (B, V)>,
+    new: impl IntoIterator<Item = (C, W)>,
+) -> (Vec<(PolicyBlock, PolicyValue)>, Vec<PolicyBlock>)
+where
+    B: Borrow<PolicyBlock>,
+    V: Borrow<PolicyValue>,
+    C: Borrow<PolicyBlock>,
+    W: Borrow<PolicyValue>,
+{
+    // Both iterate in key order: one merge pass instead of a lookup per block.
     let (mut upserts, mut removes) = (Vec::new(), Vec::new());
-    let (mut o, mut n) = (old.iter().peekable(), new.iter().peekable());
+    let (mut o, mut n) = (old.into_iter().peekable(), new.into_iter().peekable());
     loop {
-        match (o.peek(), n.peek()) {
+        let order = match (o.peek(), n.peek()) {
             (None, None) => break,
-            (Some(&(ob, _)), None) => {
-                removes.push(*ob);
-                o.next();
+            (Some(_), None) => Ordering::Less,
+            (None, Some(_)) => Ordering::Greater,
+            (Some((ob, _)), Some((nb, _))) => ob.borrow().cmp(nb.borrow()),
+        };
+        match order {
+            Ordering::Less => {
+                if let Some((ob, _)) = o.next() {
+                    removes.push(*ob.borrow());
+                }
             }
-            (None, Some(&(nb, nv))) => {
-                upserts.push((*nb, *nv));
-                n.next();
+            Ordering::Greater => {
+                if let Some((nb, nv)) = n.next() {
+                    upserts.push((*nb.borrow(), *nv.borrow()));
+                }
             }
-            (Some(&(ob, ov)), Some(&(nb, nv))) => match ob.cmp(nb) {
-                std::cmp::Ordering::Less => {
-                    removes.push(*ob);
-                    o.next();
+            Ordering::Equal => {
+                if let (Some((_, ov)), Some((nb, nv))) = (o.next(), n.next())
+                    && ov.borrow() != nv.borrow()
+                {
+                    upserts.push((*nb.borrow(), *nv.borrow()));
                 }
-                std::cmp::Ordering::Greater => {
-                    upserts.push((*nb, *nv));
-                    n.next();
-                }
-                std::cmp::Ordering::Equal => {
-                    if ov != nv {
-                        upserts.push((*nb, *nv));
-                    }
-                    o.next();
-                    n.next();
-                }
-            },
+            }
         }
     }
     (upserts, removes)

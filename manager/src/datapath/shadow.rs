@@ -2,11 +2,15 @@
 //! write), delta-encoded: each entry is stored as what changed from the one before it in key
 //! order. A slot's entries are one identity's ports after another, so most entries are a flag
 //! byte and a one-byte port step: ~2 bytes each, against 12 packed and 25–40 in a `BTreeMap` node
-//! (~330 000 entries in today's pod mix: docs/BENCHMARKS.md, "Manager memory"). A write
-//! decodes its one slot, diffs, and encodes what reached the kernel.
+//! (~330 000 entries in today's pod mix: docs/BENCHMARKS.md, "Manager memory").
+//!
+//! The entries of one identity are a run that starts from a zeroed entry of that identity, and
+//! the shadow keeps, per run, its identity, where its bytes end and its digest: a write of some
+//! identities' entries (a one-rule change) decodes and re-encodes those runs only, copies the
+//! others' bytes, and digests the slot from the runs' digests.
 
-use super::encode::{Encoded, PolicyBlock};
-use std::collections::BTreeMap;
+use super::encode::{Encoded, PolicyBlock, RunDigest, slot_digest};
+use std::collections::{BTreeMap, BTreeSet};
 use weft_ebpf::{self as abi, PolicyKey, PolicyValue};
 
 /// One entry without its slot id (the shadow's key) and with a one-byte prefix length (the
@@ -23,113 +27,196 @@ struct Entry {
 
 const _: () = assert!(abi::POLICY_FULL_PREFIX <= u8::MAX as u32);
 
-// The flag byte: which fields differ from the previous entry (the first is compared with
-// all zeros). The port step always follows, as a varint. NetworkPolicy entries never change
-// rule or priority (both 0): tiers cost nothing where there are none.
-const IDENTITY: u8 = 1;
+// The flag byte: which fields differ from the previous entry of the run (the first is compared
+// with a zeroed entry of the run's identity). The port step always follows, as a varint.
+// NetworkPolicy entries never change rule or priority (both 0): tiers cost nothing where there
+// are none.
 const BYTE_FLAGS: [u8; 5] = [2, 4, 8, 16, 32];
 const PRIORITY: u8 = 64;
 
+/// One identity's entries in a shadow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Run {
+    identity: u32,
+    /// Where its bytes end (they start where the run before ends).
+    end: u32,
+    /// The digest of its entries ([`RunDigest`]).
+    digest: u64,
+}
+
 /// A slot's installed entries, in key order.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub(crate) struct Shadow(Box<[u8]>);
+pub(crate) struct Shadow {
+    bytes: Box<[u8]>,
+    runs: Box<[Run]>,
+}
+
+/// Builds a shadow run by run from entries in key order.
+struct Packer<'a> {
+    out: &'a mut Vec<u8>,
+    runs: Vec<Run>,
+    /// The open run's digest, and the entry before the next one.
+    open: Option<(RunDigest, Entry)>,
+}
+
+impl<'a> Packer<'a> {
+    fn new(scratch: &'a mut Vec<u8>, runs: usize) -> Self {
+        scratch.clear();
+        Self {
+            out: scratch,
+            runs: Vec::with_capacity(runs),
+            open: None,
+        }
+    }
+
+    fn push(&mut self, (b, v): (PolicyBlock, PolicyValue)) {
+        let identity = b.key.identity;
+        if self
+            .open
+            .as_ref()
+            .is_some_and(|(_, prev)| prev.identity != identity)
+        {
+            self.close();
+        }
+        let (digest, prev) = self.open.get_or_insert_with(|| {
+            let start = Entry {
+                identity,
+                ..Entry::default()
+            };
+            (RunDigest::new(), start)
+        });
+        digest.add(&b, v);
+        let e = Entry {
+            identity,
+            dport: b.key.dport,
+            priority: v.priority,
+            // Never saturates: see `Entry`.
+            bytes: [
+                b.key.direction,
+                b.key.proto,
+                u8::try_from(b.prefix_len).unwrap_or(u8::MAX),
+                v.verdict,
+                v.rule,
+            ],
+        };
+        let mut flags = if e.priority == prev.priority {
+            0
+        } else {
+            PRIORITY
+        };
+        for ((flag, now), before) in BYTE_FLAGS.iter().zip(e.bytes).zip(prev.bytes) {
+            if now != before {
+                flags |= flag;
+            }
+        }
+        self.out.push(flags);
+        for ((flag, now), before) in BYTE_FLAGS.iter().zip(e.bytes).zip(prev.bytes) {
+            if now != before {
+                debug_assert!(flags & flag != 0);
+                self.out.push(now);
+            }
+        }
+        if flags & PRIORITY != 0 {
+            self.out.extend(e.priority.to_le_bytes());
+        }
+        // Ports are in network byte order: the next port's step is in the high byte.
+        put_varint(
+            self.out,
+            u32::from(e.dport.wrapping_sub(prev.dport).swap_bytes()),
+        );
+        *prev = e;
+    }
+
+    /// Copies a run of another shadow (with its bytes) as it is.
+    fn copy(&mut self, run: &Run, bytes: &[u8]) {
+        self.close();
+        self.out.extend_from_slice(bytes);
+        self.runs.push(Run {
+            end: self.end(),
+            ..*run
+        });
+    }
+
+    fn end(&self) -> u32 {
+        // A slot's shadow is far below 4 GiB (the trie holds at most its max_entries).
+        u32::try_from(self.out.len()).unwrap_or(u32::MAX)
+    }
+
+    fn close(&mut self) {
+        if let Some((digest, prev)) = self.open.take() {
+            self.runs.push(Run {
+                identity: prev.identity,
+                end: self.end(),
+                digest: digest.finish(),
+            });
+        }
+    }
+
+    /// The shadow: an exact copy of the buffer's bytes.
+    fn finish(mut self) -> Shadow {
+        self.close();
+        Shadow {
+            bytes: Box::from(self.out.as_slice()),
+            runs: self.runs.into_boxed_slice(),
+        }
+    }
+}
 
 impl Shadow {
     /// Encodes a slot's entries.
     pub(crate) fn pack(encoded: &Encoded) -> Self {
-        Self::pack_sorted(encoded.iter().map(|(b, v)| (*b, *v)), encoded.len())
+        Self::pack_into(&mut Vec::new(), encoded.iter().map(|(b, v)| (*b, *v)))
     }
 
-    /// Encodes entries given in key order (`hint`: about how many).
-    fn pack_sorted(entries: impl Iterator<Item = (PolicyBlock, PolicyValue)>, hint: usize) -> Self {
-        let mut out = Vec::with_capacity(hint * 4);
-        let mut prev = Entry::default();
-        for (b, v) in entries {
-            let e = Entry {
-                identity: b.key.identity,
-                dport: b.key.dport,
-                priority: v.priority,
-                // Never saturates: see `Entry`.
-                bytes: [
-                    b.key.direction,
-                    b.key.proto,
-                    u8::try_from(b.prefix_len).unwrap_or(u8::MAX),
-                    v.verdict,
-                    v.rule,
-                ],
-            };
-            let changed = BYTE_FLAGS.iter().zip(e.bytes).zip(prev.bytes);
-            let mut flags = if e.identity == prev.identity {
-                0
-            } else {
-                IDENTITY
-            };
-            if e.priority != prev.priority {
-                flags |= PRIORITY;
-            }
-            for ((flag, now), before) in changed.clone() {
-                if now != before {
-                    flags |= flag;
-                }
-            }
-            out.push(flags);
-            if flags & IDENTITY != 0 {
-                // Keys ascend, so the step is small; wrapping keeps any order exact.
-                put_varint(&mut out, e.identity.wrapping_sub(prev.identity));
-            }
-            out.extend(
-                changed
-                    .filter(|&((flag, _), _)| flags & flag != 0)
-                    .map(|((_, now), _)| now),
-            );
-            if flags & PRIORITY != 0 {
-                out.extend(e.priority.to_le_bytes());
-            }
-            // Ports are in network byte order: the next port's step is in the high byte.
-            put_varint(
-                &mut out,
-                u32::from(e.dport.wrapping_sub(prev.dport).swap_bytes()),
-            );
-            prev = e;
-        }
-        Self(out.into_boxed_slice())
+    /// Encodes entries given in key order through `scratch` (cleared first), and keeps an
+    /// exact copy of its bytes: a writer that keeps one buffer packs every slot into pages it
+    /// already has, where a buffer per write faulted fresh pages in and gave them back.
+    pub(crate) fn pack_into(
+        scratch: &mut Vec<u8>,
+        entries: impl Iterator<Item = (PolicyBlock, PolicyValue)>,
+    ) -> Self {
+        let mut packer = Packer::new(scratch, 0);
+        entries.for_each(|e| packer.push(e));
+        packer.finish()
+    }
+
+    /// The digest of the slot with enforcement and tier `flags` ([`slot_digest`]).
+    pub(crate) fn digest(&self, flags: u32) -> u64 {
+        slot_digest(flags, self.runs.iter().map(|r| r.digest))
     }
 
     /// The entries of `slot` as they were packed.
+    #[cfg(test)]
     pub(crate) fn unpack(&self, slot: u32) -> Encoded {
         self.iter(slot).collect()
     }
 
     /// The entries of `slot`, in key order, without building a map.
     pub(crate) fn iter(&self, slot: u32) -> impl Iterator<Item = (PolicyBlock, PolicyValue)> + '_ {
-        self.entries().map(move |e| {
-            let [.., verdict, rule] = e.bytes;
-            let value = PolicyValue {
-                verdict,
-                rule,
-                priority: e.priority,
-            };
-            (block(slot, &e), value)
+        self.runs_with_bytes()
+            .flat_map(move |(run, bytes)| run_entries(slot, run.identity, bytes))
+    }
+
+    /// Each run with its bytes.
+    fn runs_with_bytes(&self) -> impl Iterator<Item = (&Run, &[u8])> + '_ {
+        let mut start = 0;
+        self.runs.iter().map(move |run| {
+            let bytes = self
+                .bytes
+                .get(start as usize..run.end as usize)
+                .unwrap_or_default();
+            start = run.end;
+            (run, bytes)
         })
     }
 
     /// These entries with `changes` applied (`Some`: the entry's new value, `None`: removed),
-    /// in one pass over both: a write changing a few entries of a large slot never decodes the
-    /// slot into a map (docs/BENCHMARKS.md, "one-rule change").
+    /// in one pass over both, packed through `scratch` ([`Self::pack_into`]).
     pub(crate) fn merged(
         &self,
         slot: u32,
         changes: &BTreeMap<PolicyBlock, Option<PolicyValue>>,
-    ) -> Self {
-        self.merged_with(slot, changes, |_| {})
-    }
-
-    /// [`Self::merged`], showing `each` every entry of the result in key order.
-    pub(crate) fn merged_with(
-        &self,
-        slot: u32,
-        changes: &BTreeMap<PolicyBlock, Option<PolicyValue>>,
-        each: impl FnMut(&(PolicyBlock, PolicyValue)),
+        scratch: &mut Vec<u8>,
     ) -> Self {
         let mut base = self.iter(slot).peekable();
         let mut changes = changes.iter().peekable();
@@ -151,41 +238,114 @@ impl Shadow {
                 }
             }
         });
-        Self::pack_sorted(merged.inspect(each), self.0.len() / 2)
+        Self::pack_into(scratch, merged)
+    }
+
+    /// For a write of some identities' entries: the entries of `identities` the slot holds (the
+    /// write's diff base), and the slot once `new` (in key order) replaced them, packed through
+    /// `scratch`:
+    /// what [`Self::merged`] gives once the whole diff reached the kernel. Only the runs of
+    /// `identities` and of the identities in `new` are decoded; the others' bytes are copied.
+    pub(crate) fn replacing(
+        &self,
+        slot: u32,
+        identities: &BTreeSet<u32>,
+        new: &[(PolicyBlock, PolicyValue)],
+        scratch: &mut Vec<u8>,
+    ) -> (Vec<(PolicyBlock, PolicyValue)>, Self) {
+        let mut old = Vec::new();
+        let mut packer = Packer::new(scratch, self.runs.len() + 1);
+        let mut new = new.iter().copied().peekable();
+        for (run, bytes) in self.runs_with_bytes() {
+            while let Some(e) = new.next_if(|(b, _)| b.key.identity < run.identity) {
+                packer.push(e);
+            }
+            let replaced = identities.contains(&run.identity);
+            let has_new = new
+                .peek()
+                .is_some_and(|(b, _)| b.key.identity == run.identity);
+            if !replaced && !has_new {
+                packer.copy(run, bytes);
+                continue;
+            }
+            // The run's entries: the diff base when replaced, else kept under `new`'s.
+            let mut kept = run_entries(slot, run.identity, bytes).peekable();
+            if replaced {
+                old.extend(kept.by_ref());
+            }
+            loop {
+                let next_new = new.peek().filter(|(b, _)| b.key.identity == run.identity);
+                match (kept.peek(), next_new) {
+                    (Some(k), Some(n)) if k.0 < n.0 => packer.push(*k),
+                    (Some(k), Some(n)) if k.0 == n.0 => {
+                        kept.next();
+                        continue;
+                    }
+                    (Some(k), None) => packer.push(*k),
+                    (_, Some(n)) => {
+                        packer.push(*n);
+                        new.next();
+                        continue;
+                    }
+                    (None, None) => break,
+                }
+                kept.next();
+            }
+        }
+        new.for_each(|e| packer.push(e));
+        (old, packer.finish())
     }
 
     /// The keys of `slot`'s entries, in key order.
     pub(crate) fn blocks(&self, slot: u32) -> impl Iterator<Item = PolicyBlock> + '_ {
         self.iter(slot).map(|(b, _)| b)
     }
+}
 
-    fn entries(&self) -> impl Iterator<Item = Entry> + '_ {
-        let mut bytes = self.0.iter().copied();
-        let mut prev = Entry::default();
-        std::iter::from_fn(move || {
-            let flags = bytes.next()?;
-            let mut e = prev;
-            if flags & IDENTITY != 0 {
-                e.identity = prev.identity.wrapping_add(get_varint(&mut bytes));
+/// The entries of one run of `identity` (its bytes), as blocks of `slot`.
+fn run_entries(
+    slot: u32,
+    identity: u32,
+    bytes: &[u8],
+) -> impl Iterator<Item = (PolicyBlock, PolicyValue)> + '_ {
+    entries(bytes, identity).map(move |e| {
+        let [.., verdict, rule] = e.bytes;
+        let value = PolicyValue {
+            verdict,
+            rule,
+            priority: e.priority,
+        };
+        (block(slot, &e), value)
+    })
+}
+
+/// The entries of one run's bytes.
+fn entries(bytes: &[u8], identity: u32) -> impl Iterator<Item = Entry> + '_ {
+    let mut bytes = bytes.iter().copied();
+    let mut prev = Entry {
+        identity,
+        ..Entry::default()
+    };
+    std::iter::from_fn(move || {
+        let flags = bytes.next()?;
+        let mut e = prev;
+        for (flag, field) in BYTE_FLAGS.iter().zip(&mut e.bytes) {
+            if flags & flag != 0 {
+                *field = bytes.next().unwrap_or_default();
             }
-            for (flag, field) in BYTE_FLAGS.iter().zip(&mut e.bytes) {
-                if flags & flag != 0 {
-                    *field = bytes.next().unwrap_or_default();
-                }
-            }
-            if flags & PRIORITY != 0 {
-                let lo = bytes.next().unwrap_or_default();
-                let hi = bytes.next().unwrap_or_default();
-                e.priority = u16::from_le_bytes([lo, hi]);
-            }
-            // The step was a u16: truncating gives it back.
-            #[allow(clippy::cast_possible_truncation)]
-            let step = (get_varint(&mut bytes) as u16).swap_bytes();
-            e.dport = prev.dport.wrapping_add(step);
-            prev = e;
-            Some(e)
-        })
-    }
+        }
+        if flags & PRIORITY != 0 {
+            let lo = bytes.next().unwrap_or_default();
+            let hi = bytes.next().unwrap_or_default();
+            e.priority = u16::from_le_bytes([lo, hi]);
+        }
+        // The step was a u16: truncating gives it back.
+        #[allow(clippy::cast_possible_truncation)]
+        let step = (get_varint(&mut bytes) as u16).swap_bytes();
+        e.dport = prev.dport.wrapping_add(step);
+        prev = e;
+        Some(e)
+    })
 }
 
 fn block(slot: u32, e: &Entry) -> PolicyBlock {
@@ -230,7 +390,7 @@ fn get_varint(bytes: &mut impl Iterator<Item = u8>) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::datapath::encode::encode_entries;
+    use crate::datapath::encode::{digest, encode_entries};
     use std::collections::BTreeMap;
     use weft_policy::mapstate::{Direction, PolicyEntry, Tier, TierAction, TierVerdict, Verdict};
 
@@ -360,9 +520,9 @@ mod tests {
         let shadow = Shadow::pack(&encoded);
         assert_eq!(shadow.unpack(9), encoded);
         assert!(
-            shadow.0.len() <= encoded.len() * 2 + 20,
+            shadow.bytes.len() <= encoded.len() * 2 + 20,
             "{} bytes",
-            shadow.0.len()
+            shadow.bytes.len()
         );
     }
 
@@ -413,16 +573,83 @@ mod tests {
                 }
             }
         }
-        let merged = shadow.merged(9, &changes);
+        let merged = shadow.merged(9, &changes, &mut Vec::new());
         assert_eq!(merged.unpack(9), expected);
         assert_eq!(merged, Shadow::pack(&expected));
         assert_eq!(
-            Shadow::default().merged(9, &changes).unpack(9),
+            Shadow::default()
+                .merged(9, &changes, &mut Vec::new())
+                .unpack(9),
             changes
                 .iter()
                 .filter_map(|(b, v)| v.map(|v| (*b, v)))
                 .collect::<Encoded>()
         );
-        assert_eq!(shadow.merged(9, &BTreeMap::new()), shadow);
+        assert_eq!(shadow.merged(9, &BTreeMap::new(), &mut Vec::new()), shadow);
+    }
+
+    #[test]
+    fn replacing_some_identities_equals_merging_their_diff() {
+        let base = ports_of([256, 300, 70_000], 8000..8040);
+        let shadow = Shadow::pack(&base);
+        let identities = BTreeSet::from([300, 5000, 70_000]);
+        // 300 keeps some ports, changes one verdict and gains others; 70 000 loses all of its
+        // entries; 5 000 (absent before) gains one; 256 is not among the identities, and an
+        // entry of it in `new` is added to its others.
+        let mut new: Encoded = ports_of([300, 300, 300], 8020..8060);
+        new.insert(
+            raw(300, 0, 6, 8021u16.to_be(), abi::POLICY_FULL_PREFIX),
+            v(2),
+        );
+        new.insert(
+            raw(5000, 1, 17, 53u16.to_be(), abi::POLICY_FULL_PREFIX),
+            v(1),
+        );
+        new.insert(raw(256, 1, 6, 7u16.to_be(), abi::POLICY_FULL_PREFIX), v(1));
+        let mut scratch = vec![0xaa; 3];
+        let sorted: Vec<(PolicyBlock, PolicyValue)> = new.iter().map(|(b, v)| (*b, *v)).collect();
+        let (old, after) = shadow.replacing(9, &identities, &sorted, &mut scratch);
+        let old: Encoded = old.into_iter().collect();
+        let want_old: Encoded = base
+            .iter()
+            .filter(|(b, _)| identities.contains(&b.key.identity))
+            .map(|(b, v)| (*b, *v))
+            .collect();
+        assert_eq!(old, want_old);
+        let (upserts, removes) = crate::datapath::encode::diff(&old, &new);
+        let changes: BTreeMap<PolicyBlock, Option<PolicyValue>> = upserts
+            .into_iter()
+            .map(|(b, v)| (b, Some(v)))
+            .chain(removes.into_iter().map(|b| (b, None)))
+            .collect();
+        let merged = shadow.merged(9, &changes, &mut Vec::new());
+        // The same bytes, runs and run digests: the copied runs are what packing gives.
+        assert_eq!(after, merged);
+        assert!(after.unpack(9).keys().all(|b| b.key.identity != 70_000));
+        assert_eq!(after.unpack(9).len(), 40 + 1 + 40 + 1);
+        assert_eq!(after.digest(3), digest(&after.unpack(9), 3));
+        // The scratch buffer's earlier bytes are not in the result.
+        assert_eq!(
+            Shadow::pack_into(&mut scratch, std::iter::empty()),
+            Shadow::default()
+        );
+    }
+
+    #[test]
+    fn the_digest_from_the_runs_is_the_digest_of_the_entries() {
+        let encoded = ports_of([256, 300, 70_000], 8000..8010);
+        let shadow = Shadow::pack(&encoded);
+        assert_eq!(shadow.digest(5), digest(&encoded, 5));
+        assert_ne!(shadow.digest(5), shadow.digest(4));
+        assert_eq!(Shadow::default().digest(5), digest(&Encoded::new(), 5));
+        // Moving one entry from one identity to the next changes the digest.
+        let mut moved = encoded.clone();
+        moved.remove(&raw(300, 0, 6, 8009u16.to_be(), abi::POLICY_FULL_PREFIX));
+        moved.insert(
+            raw(70_000, 0, 6, 9u16.to_be(), abi::POLICY_FULL_PREFIX),
+            v(1),
+        );
+        assert_ne!(Shadow::pack(&moved).digest(5), shadow.digest(5));
+        assert_eq!(Shadow::pack(&moved).digest(5), digest(&moved, 5));
     }
 }

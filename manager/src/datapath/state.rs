@@ -3,8 +3,7 @@
 
 use super::batch;
 use super::encode::{
-    Digest, Encoded, PolicyBlock, SLOT_FLAGS, diff, encode_entries, encode_policy,
-    enforcement_flags, flag_bits,
+    Encoded, PolicyBlock, SLOT_FLAGS, diff, encode_sorted, enforcement_flags, flag_bits,
 };
 use super::error::DatapathError;
 use super::shadow::Shadow;
@@ -70,6 +69,8 @@ pub(crate) struct Maps {
     /// What the policy map holds per slot, for the slots whose entries were read back or
     /// written by this process (the diff base of the next write), packed.
     pub(crate) installed: HashMap<u32, Shadow>,
+    /// The buffer every shadow of a write is packed through ([`Shadow::pack_into`]).
+    pub(crate) scratch: Vec<u8>,
     /// Slots a previous run left in the trie whose entries were not read back (a restart that
     /// trusted them): read back together, with one dump, the first time one is written.
     pub(crate) unloaded: BTreeSet<u32>,
@@ -388,16 +389,20 @@ impl Maps {
         generation: u64,
     ) -> Result<u64, DatapathError> {
         self.ensure_loaded(slot)?;
-        let new = encode_policy(slot, policy);
+        let new = encode_sorted(slot, &policy.entries);
+        let flags = enforcement_flags(policy);
         let base = self.installed.remove(&slot).unwrap_or_default();
-        let (upserts, removes) = diff(&base.unpack(slot), &new);
+        let (upserts, removes) = diff(base.iter(slot), new.iter().map(|(b, v)| (b, v)));
+        let after = Shadow::pack_into(&mut self.scratch, new.into_iter());
+        let complete = (after.digest(flags), after);
         self.write(
             slot,
             &base,
             &upserts,
             &removes,
-            Some(enforcement_flags(policy)),
+            Some(flags),
             generation,
+            complete,
         )
     }
 
@@ -411,20 +416,25 @@ impl Maps {
         generation: u64,
     ) -> Result<u64, DatapathError> {
         self.ensure_loaded(slot)?;
-        let new = encode_entries(slot, entries);
+        let new = encode_sorted(slot, entries);
         let base = self.installed.remove(&slot).unwrap_or_default();
-        let old: Encoded = base
-            .iter(slot)
-            .filter(|(b, _)| identities.contains(&b.key.identity))
-            .collect();
-        let (upserts, removes) = diff(&old, &new);
-        self.write(slot, &base, &upserts, &removes, None, generation)
+        let flags = self.slot_flags.get(&slot).copied().unwrap_or(0);
+        let (old, after) = base.replacing(slot, identities, &new, &mut self.scratch);
+        let (upserts, removes) = diff(
+            old.iter().map(|(b, v)| (b, v)),
+            new.iter().map(|(b, v)| (b, v)),
+        );
+        let complete = (after.digest(flags), after);
+        self.write(slot, &base, &upserts, &removes, None, generation, complete)
     }
 
     /// Writes a diff into the policy map over `base` (the slot's shadow, taken out of
-    /// `installed`) and records in `installed` exactly what reached the kernel, also after a
-    /// failure half-way. The slot's generation is 0 while it is written and `generation` once
-    /// it is complete. Returns the digest of the slot's contents.
+    /// `installed`) and records in `installed` exactly what reached the kernel: `complete` (the
+    /// slot's shadow and digest once every write of the diff is in, computed by the caller in
+    /// the pass that diffed) when the write completes, the diff's part that reached the kernel
+    /// merged over `base` after a failure half-way. The slot's generation is 0 while it is
+    /// written and `generation` once it is complete. Returns the digest of the slot's contents.
+    #[allow(clippy::too_many_arguments)]
     fn write(
         &mut self,
         slot: u32,
@@ -433,6 +443,7 @@ impl Maps {
         removes: &[PolicyBlock],
         flags: Option<u32>,
         generation: u64,
+        complete: (u64, Shadow),
     ) -> Result<u64, DatapathError> {
         let (mut upserts_done, mut removes_done) = (0, 0);
         let result = (|| {
@@ -455,6 +466,11 @@ impl Maps {
             deleted.map_err(batch_error)?;
             self.set_generation(slot, generation)
         })();
+        let Err(error) = result else {
+            let (digest, shadow) = complete;
+            self.installed.insert(slot, shadow);
+            return Ok(digest);
+        };
         // Upserts and removes are disjoint (`diff`); a remove is the later write.
         let reached: BTreeMap<PolicyBlock, Option<abi::PolicyValue>> = upserts
             .iter()
@@ -462,11 +478,9 @@ impl Maps {
             .map(|&(b, v)| (b, Some(v)))
             .chain(removes.iter().take(removes_done).map(|&b| (b, None)))
             .collect();
-        let flags = self.slot_flags.get(&slot).copied().unwrap_or(0);
-        let mut print = Digest::new(flags);
-        let shadow = base.merged_with(slot, &reached, |(b, v)| print.add(b, *v));
+        let shadow = base.merged(slot, &reached, &mut self.scratch);
         self.installed.insert(slot, shadow);
-        result.map(|()| print.finish())
+        Err(error)
     }
 
     /// Removes a slot's entries, then its generation (the key stays while entries may remain).
@@ -483,7 +497,7 @@ impl Maps {
         if let Err(e) = deleted {
             if let Some(shadow) = self.installed.get_mut(&slot) {
                 let removed = blocks.iter().take(e.done).map(|&b| (b, None)).collect();
-                *shadow = shadow.merged(slot, &removed);
+                *shadow = shadow.merged(slot, &removed, &mut self.scratch);
             }
             return Err(batch_error(e));
         }
