@@ -99,25 +99,22 @@ impl<'a> Packer<'a> {
                 v.rule,
             ],
         };
-        let mut flags = if e.priority == prev.priority {
-            0
-        } else {
-            PRIORITY
-        };
+        // The flag byte first, set once the fields that follow it are known.
+        let at = self.out.len();
+        self.out.push(0);
+        let mut flags = 0;
         for ((flag, now), before) in BYTE_FLAGS.iter().zip(e.bytes).zip(prev.bytes) {
             if now != before {
                 flags |= flag;
-            }
-        }
-        self.out.push(flags);
-        for ((flag, now), before) in BYTE_FLAGS.iter().zip(e.bytes).zip(prev.bytes) {
-            if now != before {
-                debug_assert!(flags & flag != 0);
                 self.out.push(now);
             }
         }
-        if flags & PRIORITY != 0 {
+        if e.priority != prev.priority {
+            flags |= PRIORITY;
             self.out.extend(e.priority.to_le_bytes());
+        }
+        if let Some(byte) = self.out.get_mut(at) {
+            *byte = flags;
         }
         // Ports are in network byte order: the next port's step is in the high byte.
         put_varint(
@@ -243,9 +240,9 @@ impl Shadow {
 
     /// For a write of some identities' entries: the entries of `identities` the slot holds (the
     /// write's diff base), and the slot once `new` (in key order) replaced them, packed through
-    /// `scratch`:
-    /// what [`Self::merged`] gives once the whole diff reached the kernel. Only the runs of
-    /// `identities` and of the identities in `new` are decoded; the others' bytes are copied.
+    /// `scratch`: what [`Self::merged`] gives once the whole diff reached the kernel. Only the
+    /// runs of `identities` and of the identities in `new` are decoded; the others' bytes are
+    /// copied.
     pub(crate) fn replacing(
         &self,
         slot: u32,
