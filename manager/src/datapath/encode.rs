@@ -19,7 +19,6 @@
 //! datapath takes the entry of smallest precedence across the identities a packet matches.
 //! [`lookup`] is the userspace mirror of the datapath's decision.
 
-use std::borrow::Borrow;
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
 use weft_ebpf::{self as abi, PolicyKey, PolicyValue};
@@ -329,21 +328,22 @@ fn encode_sorted_as(
 /// identities' entries re-digests those identities only (`super::shadow`).
 #[must_use]
 pub fn digest(encoded: &Encoded, flags: u32) -> u64 {
-    let mut runs = Vec::new();
-    let mut open: Option<(u32, RunDigest)> = None;
+    let mut runs: Vec<(u32, RunDigest)> = Vec::new();
     for (b, v) in encoded {
         let identity = b.key.identity;
-        if open.as_ref().is_some_and(|(id, _)| *id != identity)
-            && let Some((_, d)) = open.take()
-        {
-            runs.push(d.finish());
+        if runs.last().is_none_or(|(id, _)| *id != identity) {
+            runs.push((identity, RunDigest::new()));
         }
-        open.get_or_insert_with(|| (identity, RunDigest::new()))
-            .1
-            .add(b, *v);
+        if let Some((_, run)) = runs.last_mut() {
+            run.add(b, *v);
+        }
     }
-    runs.extend(open.map(|(_, d)| d.finish()));
-    slot_digest(flags, runs.into_iter())
+    slot_digest(flags, runs.iter().map(|(_, run)| run.finish()))
+}
+
+/// An [`Encoded`]'s entries by value, in key order.
+pub(crate) fn pairs(encoded: &Encoded) -> impl Iterator<Item = (PolicyBlock, PolicyValue)> + '_ {
+    encoded.iter().map(|(b, v)| (*b, *v))
 }
 
 /// The [`digest`] of a slot from its flags and its identities' digests, in identity order.
@@ -436,19 +436,14 @@ pub(crate) fn tier_flags(flags: u32) -> TierFlags {
     }
 }
 
-/// What to change to go from `old` to `new` (each in key order, as an [`Encoded`] or a shadow
-/// iterates): upserts (new or changed) to write first, then the stale blocks to remove.
+/// What to change to go from `old` to `new` (each in key order, as [`pairs`] of an [`Encoded`]
+/// or a shadow iterates): upserts (new or changed) to write first, then the stale blocks to
+/// remove.
 #[must_use]
-pub(crate) fn diff<B, V, C, W>(
-    old: impl IntoIterator<Item = (B, V)>,
-    new: impl IntoIterator<Item = (C, W)>,
-) -> (Vec<(PolicyBlock, PolicyValue)>, Vec<PolicyBlock>)
-where
-    B: Borrow<PolicyBlock>,
-    V: Borrow<PolicyValue>,
-    C: Borrow<PolicyBlock>,
-    W: Borrow<PolicyValue>,
-{
+pub(crate) fn diff(
+    old: impl IntoIterator<Item = (PolicyBlock, PolicyValue)>,
+    new: impl IntoIterator<Item = (PolicyBlock, PolicyValue)>,
+) -> (Vec<(PolicyBlock, PolicyValue)>, Vec<PolicyBlock>) {
     // Both iterate in key order: one merge pass instead of a lookup per block.
     let (mut upserts, mut removes) = (Vec::new(), Vec::new());
     let (mut o, mut n) = (old.into_iter().peekable(), new.into_iter().peekable());
@@ -457,24 +452,16 @@ where
             (None, None) => break,
             (Some(_), None) => Ordering::Less,
             (None, Some(_)) => Ordering::Greater,
-            (Some((ob, _)), Some((nb, _))) => ob.borrow().cmp(nb.borrow()),
+            (Some((ob, _)), Some((nb, _))) => ob.cmp(nb),
         };
         match order {
-            Ordering::Less => {
-                if let Some((ob, _)) = o.next() {
-                    removes.push(*ob.borrow());
-                }
-            }
-            Ordering::Greater => {
-                if let Some((nb, nv)) = n.next() {
-                    upserts.push((*nb.borrow(), *nv.borrow()));
-                }
-            }
+            Ordering::Less => removes.extend(o.next().map(|(ob, _)| ob)),
+            Ordering::Greater => upserts.extend(n.next()),
             Ordering::Equal => {
                 if let (Some((_, ov)), Some((nb, nv))) = (o.next(), n.next())
-                    && ov.borrow() != nv.borrow()
+                    && ov != nv
                 {
-                    upserts.push((*nb.borrow(), *nv.borrow()));
+                    upserts.push((nb, nv));
                 }
             }
         }

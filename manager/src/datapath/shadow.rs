@@ -9,7 +9,7 @@
 //! identities' entries (a one-rule change) decodes and re-encodes those runs only, copies the
 //! others' bytes, and digests the slot from the runs' digests.
 
-use super::encode::{Encoded, PolicyBlock, RunDigest, slot_digest};
+use super::encode::{Encoded, PolicyBlock, RunDigest, pairs, slot_digest};
 use std::collections::{BTreeMap, BTreeSet};
 use weft_ebpf::{self as abi, PolicyKey, PolicyValue};
 
@@ -162,7 +162,7 @@ impl<'a> Packer<'a> {
 impl Shadow {
     /// Encodes a slot's entries.
     pub(crate) fn pack(encoded: &Encoded) -> Self {
-        Self::pack_into(&mut Vec::new(), encoded.iter().map(|(b, v)| (*b, *v)))
+        Self::pack_into(&mut Vec::new(), pairs(encoded))
     }
 
     /// Encodes entries given in key order through `scratch` (cleared first), and keeps an
@@ -604,7 +604,7 @@ mod tests {
         );
         new.insert(raw(256, 1, 6, 7u16.to_be(), abi::POLICY_FULL_PREFIX), v(1));
         let mut scratch = vec![0xaa; 3];
-        let sorted: Vec<(PolicyBlock, PolicyValue)> = new.iter().map(|(b, v)| (*b, *v)).collect();
+        let sorted: Vec<(PolicyBlock, PolicyValue)> = pairs(&new).collect();
         let (old, after) = shadow.replacing(9, &identities, &sorted, &mut scratch);
         let old: Encoded = old.into_iter().collect();
         let want_old: Encoded = base
@@ -613,7 +613,7 @@ mod tests {
             .map(|(b, v)| (*b, *v))
             .collect();
         assert_eq!(old, want_old);
-        let (upserts, removes) = crate::datapath::encode::diff(&old, &new);
+        let (upserts, removes) = crate::datapath::encode::diff(pairs(&old), pairs(&new));
         let changes: BTreeMap<PolicyBlock, Option<PolicyValue>> = upserts
             .into_iter()
             .map(|(b, v)| (b, Some(v)))

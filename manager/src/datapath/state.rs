@@ -392,7 +392,7 @@ impl Maps {
         let new = encode_sorted(slot, &policy.entries);
         let flags = enforcement_flags(policy);
         let base = self.installed.remove(&slot).unwrap_or_default();
-        let (upserts, removes) = diff(base.iter(slot), new.iter().map(|(b, v)| (b, v)));
+        let (upserts, removes) = diff(base.iter(slot), new.iter().copied());
         let after = Shadow::pack_into(&mut self.scratch, new.into_iter());
         let complete = (after.digest(flags), after);
         self.write(
@@ -420,10 +420,7 @@ impl Maps {
         let base = self.installed.remove(&slot).unwrap_or_default();
         let flags = self.slot_flags.get(&slot).copied().unwrap_or(0);
         let (old, after) = base.replacing(slot, identities, &new, &mut self.scratch);
-        let (upserts, removes) = diff(
-            old.iter().map(|(b, v)| (b, v)),
-            new.iter().map(|(b, v)| (b, v)),
-        );
+        let (upserts, removes) = diff(old, new.iter().copied());
         let complete = (after.digest(flags), after);
         self.write(slot, &base, &upserts, &removes, None, generation, complete)
     }

@@ -196,7 +196,7 @@ fn diff_upserts_changed_and_new_then_removes_stale() {
         Verdict::Allow,
     );
     let (ea, eb) = (encode_policy(1, &a), encode_policy(1, &b));
-    let (upserts, removes) = diff(&ea, &eb);
+    let (upserts, removes) = diff(pairs(&ea), pairs(&eb));
     assert_eq!(upserts.len(), 2);
     assert!(
         upserts
@@ -210,7 +210,7 @@ fn diff_upserts_changed_and_new_then_removes_stale() {
     );
     assert_eq!(removes.len(), 1);
     assert_eq!(u16::from_be(removes[0].key.dport), 443);
-    assert_eq!(diff(&eb, &eb), (vec![], vec![]));
+    assert_eq!(diff(pairs(&eb), pairs(&eb)), (vec![], vec![]));
 }
 
 #[test]
@@ -253,7 +253,7 @@ fn diff_matches_a_lookup_per_block_on_random_maps() {
             .copied()
             .collect();
         assert_eq!(
-            diff(&old, &new),
+            diff(pairs(&old), pairs(&new)),
             (want_upserts, want_removes),
             "round {round}"
         );
