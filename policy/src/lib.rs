@@ -23,4 +23,5 @@ pub mod repository;
 pub mod rule;
 pub mod selector;
 pub mod selectorcache;
+mod subjects;
 pub mod trace;

@@ -2,6 +2,7 @@
 
 use crate::labels::{Label, LabelSet, keys, source};
 use crate::rule::{PeerSelector, Rule};
+use crate::subjects::{SubjectIndex, SubjectKeys};
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeSet, HashMap};
@@ -50,10 +51,37 @@ pub enum Incoming {
 pub struct Repository {
     rules: Vec<Rule>,
     revision: u64,
-    /// [`Rule::content_hash`] of each rule, same order: a re-import finds its unchanged rules
-    /// without hashing the whole repository again. Derived from `rules`, so not stored.
+    /// The hashes of each rule, same order: a re-import finds its unchanged rules and the
+    /// index its rules' selectors without hashing the whole repository again. Derived from
+    /// `rules`, so not stored.
     #[serde(skip)]
-    hashes: Vec<u64>,
+    hashes: Vec<Hashes>,
+    /// The rules by endpoint selector, for [`Self::selecting`]. Derived from `rules`.
+    #[serde(skip)]
+    subjects: SubjectIndex,
+}
+
+/// A rule's hashes, kept beside it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Hashes {
+    /// [`Rule::content_hash`].
+    rule: u64,
+    /// Its endpoint selector's keys in the [`SubjectIndex`].
+    subject: SubjectKeys,
+}
+
+impl Hashes {
+    fn of(rule: &Rule) -> Self {
+        Self {
+            rule: rule.content_hash(),
+            subject: SubjectKeys::of(&rule.endpoint_selector),
+        }
+    }
+}
+
+/// The index of the rules with these hashes by endpoint selector.
+fn subjects(hashes: &[Hashes]) -> SubjectIndex {
+    SubjectIndex::new(hashes.iter().map(|h| &h.subject))
 }
 
 /// The serialized form of a [`Repository`].
@@ -215,17 +243,20 @@ impl Repository {
             rules: Vec::new(),
             revision: 1,
             hashes: Vec::new(),
+            subjects: SubjectIndex::default(),
         }
     }
 
     /// A repository as persisted: its rules (in the order to keep) and revision.
     #[must_use]
     pub fn restore(rules: Vec<Rule>, revision: u64) -> Self {
-        let hashes = rules.iter().map(Rule::content_hash).collect();
+        let hashes: Vec<Hashes> = rules.iter().map(Hashes::of).collect();
+        let subjects = subjects(&hashes);
         Self {
             rules,
             revision,
             hashes,
+            subjects,
         }
     }
 
@@ -256,7 +287,7 @@ impl Repository {
     pub fn positions_by_hash(&self) -> HashMap<u64, usize> {
         let mut out = HashMap::with_capacity(self.hashes.len());
         for (i, h) in self.hashes.iter().enumerate() {
-            out.entry(*h).or_insert(i);
+            out.entry(h.rule).or_insert(i);
         }
         out
     }
@@ -280,13 +311,13 @@ impl Repository {
         for r in rules {
             let h = match &r {
                 Incoming::New(r) => r.content_hash(),
-                Incoming::Existing(i) => old_hashes.get(*i).copied().unwrap_or_default(),
+                Incoming::Existing(i) => old_hashes.get(*i).map(|o| o.rule).unwrap_or_default(),
             };
             let same = |slot: &Option<usize>| match (&r, slot) {
                 (_, None) => false,
                 (Incoming::Existing(i), Some(j)) if i == j => true,
                 (r, Some(j)) => {
-                    old_hashes.get(*j) == Some(&h)
+                    old_hashes.get(*j).map(|o| o.rule) == Some(h)
                         && old.get(*j).is_some()
                         && old.get(*j) == resolve(&old, r)
                 }
@@ -301,12 +332,18 @@ impl Repository {
                 hint = k + 1;
             } else {
                 let rule = match r {
-                    Incoming::New(r) => Some(r),
-                    Incoming::Existing(i) => old.get(i).cloned(),
+                    Incoming::New(r) => Some((
+                        Hashes {
+                            rule: h,
+                            subject: SubjectKeys::of(&r.endpoint_selector),
+                        },
+                        r,
+                    )),
+                    Incoming::Existing(i) => old_hashes.get(i).cloned().zip(old.get(i).cloned()),
                 };
-                if let Some(rule) = rule {
+                if let Some((hashes, rule)) = rule {
                     added.push(rule);
-                    added_hashes.push(h);
+                    added_hashes.push(hashes);
                 }
             }
         }
@@ -327,6 +364,7 @@ impl Repository {
         hashes.retain(|_| !goes.next().unwrap_or(false));
         rules.extend(added.iter().cloned());
         hashes.extend(added_hashes);
+        self.subjects = subjects(&hashes);
         self.rules = rules;
         self.hashes = hashes;
         RepoChange {
@@ -368,6 +406,7 @@ impl Repository {
         }
         if !removed.is_empty() {
             self.revision += 1;
+            self.subjects = subjects(&self.hashes);
         }
         RepoChange {
             revision: self.revision,
@@ -383,13 +422,16 @@ impl Repository {
             .filter(move |r| r.labels.contains_all(filter))
     }
 
-    /// Rules that apply to an endpoint with these labels.
+    /// Rules that apply to an endpoint with these labels, in the repository's order. Only the
+    /// selectors of rules indexed under one of the labels are matched ([`SubjectIndex`]).
     pub fn selecting<'a>(
         &'a self,
         endpoint_labels: &'a LabelSet,
     ) -> impl Iterator<Item = &'a Rule> + 'a {
-        self.rules
-            .iter()
+        self.subjects
+            .candidates(endpoint_labels)
+            .into_iter()
+            .filter_map(|i| self.rules.get(i))
             .filter(move |r| r.endpoint_selector.matches(endpoint_labels))
     }
 
