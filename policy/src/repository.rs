@@ -51,9 +51,9 @@ pub enum Incoming {
 pub struct Repository {
     rules: Vec<Rule>,
     revision: u64,
-    /// The hashes of each rule, same order: a re-import finds its unchanged rules and the
-    /// index its rules' selectors without hashing the whole repository again. Derived from
-    /// `rules`, so not stored.
+    /// Each rule's content hash and index keys, same order: a re-import finds its unchanged
+    /// rules, and the index is rebuilt, without hashing the whole repository again. Derived
+    /// from `rules`, so not stored.
     #[serde(skip)]
     hashes: Vec<Hashes>,
     /// The rules by endpoint selector, for [`Self::selecting`]. Derived from `rules`.

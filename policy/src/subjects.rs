@@ -55,8 +55,8 @@ impl SubjectIndex {
     pub(crate) fn new<'a>(rules: impl Iterator<Item = &'a SubjectKeys>) -> Self {
         let mut by_label: HashMap<u64, Vec<usize>> = HashMap::new();
         let mut unindexed = Vec::new();
-        for (i, keys) in rules.enumerate() {
-            match &keys.0 {
+        for (i, subject) in rules.enumerate() {
+            match &subject.0 {
                 Some(labels) => {
                     for &k in labels {
                         let bucket = by_label.entry(k).or_default();
