@@ -334,7 +334,10 @@ impl Datapath for BpfDatapath {
     }
 
     fn kernel_state(&self) -> Result<KernelState, DatapathError> {
-        let policy = self.lock().kernel_policy(|_| true)?.into_iter().collect();
+        let blocks = self.lock().kernel_policy(|_| true)?;
+        let policy = super::state::by_slot(&blocks)
+            .map(|(slot, run)| (slot, run.iter().copied().collect()))
+            .collect();
         let generations = self.lock().generations()?;
         let ipcache = self.ipcache_entries()?;
         let maps = self.lock();

@@ -328,14 +328,19 @@ fn encode_sorted_as(
 /// identities' entries re-digests those identities only (`super::shadow`).
 #[must_use]
 pub fn digest(encoded: &Encoded, flags: u32) -> u64 {
+    digest_sorted(pairs(encoded), flags)
+}
+
+/// The [`digest`] of blocks given in key order.
+fn digest_sorted(blocks: impl Iterator<Item = (PolicyBlock, PolicyValue)>, flags: u32) -> u64 {
     let mut runs: Vec<(u32, RunDigest)> = Vec::new();
-    for (b, v) in encoded {
+    for (b, v) in blocks {
         let identity = b.key.identity;
         if runs.last().is_none_or(|(id, _)| *id != identity) {
             runs.push((identity, RunDigest::new()));
         }
         if let Some((_, run)) = runs.last_mut() {
-            run.add(b, *v);
+            run.add(&b, v);
         }
     }
     slot_digest(flags, runs.iter().map(|(_, run)| run.finish()))
@@ -391,7 +396,9 @@ impl RunDigest {
 /// The [`digest`] a slot holding `policy` has.
 #[must_use]
 pub fn policy_digest(policy: &EndpointPolicy) -> u64 {
-    digest(&encode_policy(0, policy), enforcement_flags(policy))
+    // The sorted vector, not a map: every whole computation and restore digests its slots.
+    let blocks = encode_sorted(0, &policy.entries);
+    digest_sorted(blocks.into_iter(), enforcement_flags(policy))
 }
 
 /// The `endpoints` entry's policy bits of `policy`: enforcement and tier flags.

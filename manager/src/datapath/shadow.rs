@@ -9,7 +9,9 @@
 //! identities' entries (a one-rule change) decodes and re-encodes those runs only, copies the
 //! others' bytes, and digests the slot from the runs' digests.
 
-use super::encode::{Encoded, PolicyBlock, RunDigest, pairs, slot_digest};
+#[cfg(test)]
+use super::encode::{Encoded, pairs};
+use super::encode::{PolicyBlock, RunDigest, slot_digest};
 use std::collections::{BTreeMap, BTreeSet};
 use weft_ebpf::{self as abi, PolicyKey, PolicyValue};
 
@@ -161,6 +163,7 @@ impl<'a> Packer<'a> {
 
 impl Shadow {
     /// Encodes a slot's entries.
+    #[cfg(test)]
     pub(crate) fn pack(encoded: &Encoded) -> Self {
         Self::pack_into(&mut Vec::new(), pairs(encoded))
     }

@@ -2,9 +2,7 @@
 //! in-memory mirrors needed to diff policies and find endpoints by id.
 
 use super::batch;
-use super::encode::{
-    Encoded, PolicyBlock, SLOT_FLAGS, diff, encode_sorted, enforcement_flags, flag_bits,
-};
+use super::encode::{PolicyBlock, SLOT_FLAGS, diff, encode_sorted, enforcement_flags, flag_bits};
 use super::error::DatapathError;
 use super::shadow::Shadow;
 use super::types::EndpointDatapath;
@@ -197,18 +195,19 @@ impl Maps {
         self.policy.map().fd().as_fd()
     }
 
-    /// Every policy block in the kernel, by slot, keeping only the slots `keep` accepts.
+    /// Every policy block in the kernel of the slots `keep` accepts, in key order (so each
+    /// slot's blocks are together: [`by_slot`]).
     pub(crate) fn kernel_policy(
         &self,
         keep: impl Fn(u32) -> bool,
-    ) -> Result<HashMap<u32, Encoded>, DatapathError> {
+    ) -> Result<Vec<(PolicyBlock, abi::PolicyValue)>, DatapathError> {
         let entries: Vec<(LpmKey, abi::PolicyValue)> = batch::lookup_all(self.policy_fd())
             .map_err(|source| DatapathError::Syscall {
                 map: names::POLICY,
                 source,
             })?;
-        // The trie hands entries back in its own order: sorted first, each slot's run is
-        // bulk-built into its map instead of inserted entry by entry.
+        // The trie hands entries back in its own order: sorted once here, each slot's run is
+        // packed (or collected) as it is.
         let mut blocks: Vec<(PolicyBlock, abi::PolicyValue)> = entries
             .into_iter()
             .filter(|(key, _)| keep(key.data.policy_id))
@@ -221,13 +220,7 @@ impl Maps {
             })
             .collect();
         blocks.sort_unstable();
-        let mut out = HashMap::new();
-        for run in blocks.chunk_by(|a, b| a.0.key.policy_id == b.0.key.policy_id) {
-            if let Some(first) = run.first() {
-                out.insert(first.0.key.policy_id, run.iter().copied().collect());
-            }
-        }
-        Ok(out)
+        Ok(blocks)
     }
 
     /// Rebuilds the small mirrors from the pinned maps (they may predate this process). The
@@ -265,10 +258,14 @@ impl Maps {
             return Ok(());
         }
         let t0 = std::time::Instant::now();
-        let mut read = self.kernel_policy(|slot| wanted.contains(&slot))?;
+        let read = self.kernel_policy(|slot| wanted.contains(&slot))?;
+        for (slot, blocks) in by_slot(&read) {
+            let shadow = Shadow::pack_into(&mut self.scratch, blocks.iter().copied());
+            self.installed.insert(slot, shadow);
+        }
         for slot in &wanted {
-            let entries = read.remove(slot).unwrap_or_default();
-            self.installed.insert(*slot, Shadow::pack(&entries));
+            // A slot with no entry left in the trie holds nothing.
+            self.installed.entry(*slot).or_default();
             self.unloaded.remove(slot);
         }
         tracing::info!(
@@ -579,4 +576,13 @@ pub(crate) fn endpoint_info(ep: &EndpointDatapath, flags: u32) -> abi::EndpointI
         }
     }
     info
+}
+
+/// Blocks in key order, by slot: each slot with its blocks.
+pub(crate) fn by_slot(
+    blocks: &[(PolicyBlock, abi::PolicyValue)],
+) -> impl Iterator<Item = (u32, &[(PolicyBlock, abi::PolicyValue)])> {
+    blocks
+        .chunk_by(|a, b| a.0.key.policy_id == b.0.key.policy_id)
+        .filter_map(|run| run.first().map(|first| (first.0.key.policy_id, run)))
 }
