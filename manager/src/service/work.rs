@@ -8,6 +8,7 @@ use weft_api::EndpointState;
 use weft_policy::compute::{
     EnforcementCounts, compute_identities, compute_restricted, has_wildcard_peer,
 };
+use weft_policy::identity::IdentityKey;
 use weft_policy::labels::LabelSet;
 use weft_policy::mapstate::{Identity, PolicyEntry, Verdict, reserved};
 use weft_policy::repository::RepoChange;
@@ -129,9 +130,15 @@ pub(super) fn change_targets(
             }
         }
     }
-    let targets = slot_targets(m, st, &BTreeSet::new())
+    // Tested on the labels its identity holds (an endpoint's identity is its label set), so
+    // only the few slots the change selects have theirs copied into a target.
+    let targets = slot_representatives(m, st, &BTreeSet::new())
         .into_iter()
-        .filter(|(_, labels, _)| change.selects(labels))
+        .filter(|(_, (ep, _))| match st.pol.identity_key(ep.identity) {
+            Some(IdentityKey::Labels(labels)) => change.selects(labels),
+            _ => change.selects(&from_api_labels(&ep.labels)),
+        })
+        .map(|(slot, (ep, named))| (slot, from_api_labels(&ep.labels), named))
         .collect();
     (identities, targets)
 }
