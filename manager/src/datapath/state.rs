@@ -259,14 +259,14 @@ impl Maps {
         }
         let t0 = std::time::Instant::now();
         let read = self.kernel_policy(|slot| wanted.contains(&slot))?;
+        // A slot with no entry left in the trie holds nothing; the others hold what was read.
+        for slot in &wanted {
+            self.installed.insert(*slot, Shadow::default());
+            self.unloaded.remove(slot);
+        }
         for (slot, blocks) in by_slot(&read) {
             let shadow = Shadow::pack_into(&mut self.scratch, blocks.iter().copied());
             self.installed.insert(slot, shadow);
-        }
-        for slot in &wanted {
-            // A slot with no entry left in the trie holds nothing.
-            self.installed.entry(*slot).or_default();
-            self.unloaded.remove(slot);
         }
         tracing::info!(
             slots = wanted.len(),

@@ -3,6 +3,7 @@
 //! recomputation), computed once per distinct label set. Pure reads of the state; `regen`
 //! applies the results as [`super::pipeline::pipelined`] hands them over.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use weft_api::EndpointState;
 use weft_policy::compute::{
@@ -134,11 +135,15 @@ pub(super) fn change_targets(
     // only the few slots the change selects have theirs copied into a target.
     let targets = slot_representatives(m, st, &BTreeSet::new())
         .into_iter()
-        .filter(|(_, (ep, _))| match st.pol.identity_key(ep.identity) {
-            Some(IdentityKey::Labels(labels)) => change.selects(labels),
-            _ => change.selects(&from_api_labels(&ep.labels)),
+        .filter_map(|(slot, (ep, named))| {
+            let labels = match st.pol.identity_key(ep.identity) {
+                Some(IdentityKey::Labels(labels)) => Cow::Borrowed(labels),
+                _ => Cow::Owned(from_api_labels(&ep.labels)),
+            };
+            change
+                .selects(&labels)
+                .then(|| (slot, labels.into_owned(), named))
         })
-        .map(|(slot, (ep, named))| (slot, from_api_labels(&ep.labels), named))
         .collect();
     (identities, targets)
 }
