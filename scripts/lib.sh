@@ -326,9 +326,16 @@ tcp_ok() {
   local run_srv=(ip netns exec "${WEFT_P}-$srv") run_cli=(in_pod "$cli")
   [ "$srv" = node ] && run_srv=(nsenter --net="/run/netns/$WEFT_NODE")
   [ "$cli" = node ] && run_cli=(in_node)
+  local i
+  # Nothing else may listen there: nc sets SO_REUSEPORT, so a second listener would share the
+  # port with it, answer for it, and take (then drop, when killed) connections meant for it.
+  for i in $(seq 100); do
+    listening "$port" "${run_srv[@]}" || break
+    [ "$i" = 100 ] && { echo "port $port of $srv is already in use: cannot start the check's server (use another port)"; return 1; }
+    sleep 0.05
+  done
   "${run_srv[@]}" timeout 5 nc "$fam" -l "$port" >/dev/null 2>&1 &
   local spid=$!
-  local i
   for i in $(seq 50); do
     listening "$port" "${run_srv[@]}" && break
     sleep 0.02

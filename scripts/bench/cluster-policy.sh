@@ -151,7 +151,7 @@ policy_part() {
   in_pod_net "$PROBER_PID" python3 "$BC_PY/cluster_probe.py" first "$RUN/targets.$tag" "$UDP_PORT" \
     --interval-ms "$PROBE_MS" --timeout "$(awk -v p="$POLICIES" -v q="$QPS" 'BEGIN {print int(p / q * 2 + 120)}')" --stop-file "$stop" >"$RUN/prober.$tag" 2>&1 &
   local prober=$!
-  for _ in $(seq 100); do grep -q ready "$RUN/prober.$tag" && break; sleep 0.1; done
+  for _ in $(seq 100); do grep -qs ready "$RUN/prober.$tag" && break; sleep 0.1; done
   grep -q ready "$RUN/prober.$tag" || bc_die "the prober did not start: $(cat "$RUN/prober.$tag")"
   local t_load t_end
   t_load=$(bc_now)

@@ -27,6 +27,7 @@ use crate::node::ChosenCidr;
 use crate::node::hostnet::{HostNet, HostNetError, NetlinkHostNet};
 use crate::policy_state::{PolicyState, PolicyStateError};
 use crate::service::{Manager, from_api_labels};
+use crate::slots::SlotTable;
 use crate::store::{Store, StoreError};
 
 /// Start-up failures; each message says what to do.
@@ -345,6 +346,12 @@ pub async fn start(config: &Config) -> Result<Started, StartError> {
     phases.mark("maps");
 
     refuse_lost_state(config, &store, &*datapath)?;
+    // A restart that cannot trust some slot (another build's encoding wrote it, or its last
+    // write did not finish) reads the policy trie back: begun now, the dump runs beside the
+    // restore steps below instead of before the policy is regenerated.
+    if SlotTable::read_back_ahead(&store, &datapath.slot_generations()?)? {
+        datapath.begin_read_back()?;
+    }
     let k8s = match &config.k8s {
         Some(settings) => Some(crate::daemon::k8s::connect(settings, &node_name).await?),
         None => None,

@@ -86,6 +86,7 @@ impl BpfDatapath {
             installed: HashMap::new(),
             scratch: Vec::new(),
             unloaded: BTreeSet::new(),
+            pending: None,
             slot_flags: HashMap::new(),
             slot_of: HashMap::new(),
             by_id: HashMap::new(),
@@ -276,6 +277,10 @@ impl Datapath for BpfDatapath {
         self.lock().load_slots(slots)
     }
 
+    fn begin_read_back(&self) -> Result<(), DatapathError> {
+        self.lock().begin_read_back()
+    }
+
     fn upsert_ipcache(&self, prefix: ipnet::IpNet, v: IpcacheValue) -> Result<(), DatapathError> {
         let value = abi::IpcacheValue {
             identity: v.identity,
@@ -335,7 +340,7 @@ impl Datapath for BpfDatapath {
 
     fn kernel_state(&self) -> Result<KernelState, DatapathError> {
         let blocks = self.lock().kernel_policy(|_| true)?;
-        let policy = super::state::by_slot(&blocks)
+        let policy = super::trie::by_slot(&blocks)
             .map(|(slot, run)| (slot, run.iter().copied().collect()))
             .collect();
         let generations = self.lock().generations()?;

@@ -25,6 +25,8 @@ pub enum FakeCall {
     ReleaseSlot(u32),
     /// `load_slots(slots)`.
     LoadSlots(BTreeSet<u32>),
+    /// `begin_read_back()`.
+    BeginReadBack,
     /// `upsert_ipcache(prefix, identity)`.
     UpsertIpcache(ipnet::IpNet, u32),
     /// `remove_ipcache(prefix)`.
@@ -342,6 +344,11 @@ impl Datapath for FakeDatapath {
 
     fn load_slots(&self, slots: &BTreeSet<u32>) -> Result<(), DatapathError> {
         self.state().calls.push(FakeCall::LoadSlots(slots.clone()));
+        Ok(())
+    }
+
+    fn begin_read_back(&self) -> Result<(), DatapathError> {
+        self.state().calls.push(FakeCall::BeginReadBack);
         Ok(())
     }
 

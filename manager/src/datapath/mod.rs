@@ -20,6 +20,7 @@ mod seam;
 mod shadow;
 mod state;
 mod tcfilter;
+mod trie;
 mod types;
 
 pub use bpf::BpfDatapath;

@@ -5,6 +5,7 @@ use super::batch;
 use super::encode::{PolicyBlock, SLOT_FLAGS, diff, encode_sorted, enforcement_flags, flag_bits};
 use super::error::DatapathError;
 use super::shadow::Shadow;
+use super::trie::{LpmKey, PendingRead, by_slot, policy_blocks};
 use super::types::EndpointDatapath;
 use aya::Ebpf;
 use aya::maps::lpm_trie::{Key, LpmTrie};
@@ -72,6 +73,9 @@ pub(crate) struct Maps {
     /// Slots a previous run left in the trie whose entries were not read back (a restart that
     /// trusted them): read back together, with one dump, the first time one is written.
     pub(crate) unloaded: BTreeSet<u32>,
+    /// A dump of the policy trie started ahead ([`Self::begin_read_back`]), taken by the next
+    /// load and waited for before any write of the trie.
+    pub(crate) pending: Option<PendingRead>,
     /// Enforcement and tier flags per slot (copied into each member's `endpoints` entry).
     pub(crate) slot_flags: HashMap<u32, u32>,
     /// endpoint id → slot, mirrors the endpoints map.
@@ -79,26 +83,6 @@ pub(crate) struct Maps {
     /// endpoint id → host ifindex, mirrors the endpoints map.
     pub(crate) by_id: HashMap<u32, u32>,
 }
-
-/// The policy trie's key as the kernel lays it out (`struct bpf_lpm_trie_key` + data), for
-/// batch calls; aya's `Key` is the same bytes but has no `Default`.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
-struct LpmKey {
-    prefix_len: u32,
-    data: abi::PolicyKey,
-}
-
-impl LpmKey {
-    fn of(b: &PolicyBlock) -> Self {
-        Self {
-            prefix_len: b.prefix_len,
-            data: b.key,
-        }
-    }
-}
-
-const _: () = assert!(std::mem::size_of::<LpmKey>() == std::mem::size_of::<Key<abi::PolicyKey>>());
 
 fn batch_error(e: batch::BatchError) -> DatapathError {
     DatapathError::Syscall {
@@ -201,26 +185,22 @@ impl Maps {
         &self,
         keep: impl Fn(u32) -> bool,
     ) -> Result<Vec<(PolicyBlock, abi::PolicyValue)>, DatapathError> {
-        let entries: Vec<(LpmKey, abi::PolicyValue)> = batch::lookup_all(self.policy_fd())
-            .map_err(|source| DatapathError::Syscall {
-                map: names::POLICY,
-                source,
-            })?;
-        // The trie hands entries back in its own order: sorted once here, each slot's run is
-        // packed (or collected) as it is.
-        let mut blocks: Vec<(PolicyBlock, abi::PolicyValue)> = entries
-            .into_iter()
-            .filter(|(key, _)| keep(key.data.policy_id))
-            .map(|(key, value)| {
-                let block = PolicyBlock {
-                    key: key.data,
-                    prefix_len: key.prefix_len,
-                };
-                (block, value)
-            })
-            .collect();
-        blocks.sort_unstable();
-        Ok(blocks)
+        let entries = batch::lookup_all(self.policy_fd());
+        policy_blocks(entries, keep)
+    }
+
+    /// Starts reading the policy trie back on a thread of its own (module `readback`); a
+    /// dump already under way is left to finish.
+    pub(crate) fn begin_read_back(&mut self) -> Result<(), DatapathError> {
+        if self.pending.is_none() && !self.unloaded.is_empty() {
+            let pending =
+                PendingRead::start(self.policy_fd()).map_err(|source| DatapathError::Syscall {
+                    map: names::POLICY,
+                    source,
+                })?;
+            self.pending = Some(pending);
+        }
+        Ok(())
     }
 
     /// Rebuilds the small mirrors from the pinned maps (they may predate this process). The
@@ -252,13 +232,34 @@ impl Maps {
     }
 
     /// Reads back the entries of the not yet loaded slots among `slots` (one dump of the trie).
+    /// With a dump begun ahead ([`Self::begin_read_back`]) under way, that dump reads them,
+    /// and the first write of the trie takes it ([`Self::ensure_loaded`]).
     pub(crate) fn load_slots(&mut self, slots: &BTreeSet<u32>) -> Result<(), DatapathError> {
+        if self.pending.is_some() {
+            return Ok(());
+        }
+        self.read_slots(slots)
+    }
+
+    /// Loads the not yet loaded slots among `slots` from the dump begun ahead (waited for),
+    /// or from one dump now; a dump begun ahead is always taken, even when none is wanted.
+    fn read_slots(&mut self, slots: &BTreeSet<u32>) -> Result<(), DatapathError> {
+        let pending = self.pending.take();
         let wanted: BTreeSet<u32> = slots.intersection(&self.unloaded).copied().collect();
         if wanted.is_empty() {
+            // Nothing to load from it, but no write may run while it reads the trie.
+            if let Some(pending) = pending {
+                drop(pending.finish());
+            }
             return Ok(());
         }
         let t0 = std::time::Instant::now();
-        let read = self.kernel_policy(|slot| wanted.contains(&slot))?;
+        // A dump begun ahead read the trie as it is: nothing wrote it since.
+        let entries = match pending {
+            Some(pending) => pending.finish(),
+            None => batch::lookup_all(self.policy_fd()),
+        };
+        let read = policy_blocks(entries, |slot| wanted.contains(&slot))?;
         // A slot with no entry left in the trie holds nothing; the others hold what was read.
         for slot in &wanted {
             self.installed.insert(*slot, Shadow::default());
@@ -277,11 +278,13 @@ impl Maps {
     }
 
     /// Before writing a slot: its entries must be known (a trusted slot's are read back now,
-    /// together with every other unloaded slot: one dump instead of one per slot).
+    /// together with every other unloaded slot: one dump instead of one per slot). A dump
+    /// begun ahead is taken first, whatever the slot: the trie is not written while it is
+    /// read, and every unloaded slot is loaded from what it read.
     fn ensure_loaded(&mut self, slot: u32) -> Result<(), DatapathError> {
-        if self.unloaded.contains(&slot) {
+        if self.pending.is_some() || self.unloaded.contains(&slot) {
             let all = self.unloaded.clone();
-            self.load_slots(&all)?;
+            self.read_slots(&all)?;
         }
         Ok(())
     }
@@ -576,13 +579,4 @@ pub(crate) fn endpoint_info(ep: &EndpointDatapath, flags: u32) -> abi::EndpointI
         }
     }
     info
-}
-
-/// Blocks in key order, by slot: each slot with its blocks.
-pub(crate) fn by_slot(
-    blocks: &[(PolicyBlock, abi::PolicyValue)],
-) -> impl Iterator<Item = (u32, &[(PolicyBlock, abi::PolicyValue)])> {
-    blocks
-        .chunk_by(|a, b| a.0.key.policy_id == b.0.key.policy_id)
-        .filter_map(|run| run.first().map(|first| (first.0.key.policy_id, run)))
 }

@@ -158,6 +158,18 @@ pub struct Restored {
     pub other_compiler: BTreeMap<u32, Option<Compiler>>,
 }
 
+/// A slot's record is kept (its digest and enforcement trusted, its entries not read back)
+/// when its last write completed under the generation the kernel holds, by a build with this
+/// one's encoding: entries another encoding wrote are not what this one writes for the same
+/// policy, and their record's digest is another digest, so nothing of theirs is kept.
+fn kept(record: Option<&Record>, generation: u64, current: Compiler) -> bool {
+    generation != 0
+        && record.is_some_and(|rec| {
+            rec.generation == generation
+                && rec.compiler.is_some_and(|c| c.encoding == current.encoding)
+        })
+}
+
 /// Every slot of the node.
 pub struct SlotTable {
     store: Store,
@@ -209,13 +221,7 @@ impl SlotTable {
             if let Some(rec) = record.filter(|rec| rec.compiler != Some(current)) {
                 r.other_compiler.insert(slot, rec.compiler);
             }
-            // Entries another encoding wrote are not what this one writes for the same policy,
-            // and their record's digest is another digest: nothing of theirs is kept.
-            let kept = generation != 0
-                && record.is_some_and(|rec| {
-                    rec.generation == generation
-                        && rec.compiler.is_some_and(|c| c.encoding == current.encoding)
-                });
+            let kept = kept(record, generation, current);
             let kept_record = record.filter(|_| kept);
             let key = record.map(|rec| rec.key);
             if let Some(k) = key {
@@ -246,6 +252,17 @@ impl SlotTable {
         t.unpersisted
             .extend(records.keys().filter(|s| !kernel.contains_key(s)));
         Ok((t, r))
+    }
+
+    /// Whether [`Self::restore`] will find a slot it cannot keep, whose entries are then read
+    /// back: known from the records and the kernel's generations alone, before the policy is
+    /// restored, so a start can begin that read-back early
+    /// ([`crate::datapath::Datapath::begin_read_back`]).
+    pub fn read_back_ahead(store: &Store, kernel: &BTreeMap<u32, u64>) -> Result<bool, StoreError> {
+        let (records, _) = store.load_slots::<Record>()?;
+        Ok(kernel
+            .iter()
+            .any(|(slot, &generation)| !kept(records.get(slot), generation, Compiler::CURRENT)))
     }
 
     /// The slot an endpoint points at.

@@ -4,6 +4,19 @@ fn key(identity: Identity) -> SlotKey {
     SlotKey::new(identity, &NamedPorts::new())
 }
 
+/// [`SlotTable::restore`], checking that [`SlotTable::read_back_ahead`] foretold whether it
+/// reads slots back.
+fn restore(store: &Store, kernel: &BTreeMap<u32, u64>, inputs: u64) -> (SlotTable, Restored) {
+    let ahead = SlotTable::read_back_ahead(store, kernel).unwrap();
+    let (table, restored) = SlotTable::restore(store.clone(), kernel, inputs).unwrap();
+    assert_eq!(
+        ahead,
+        !restored.untrusted.is_empty(),
+        "read_back_ahead foretells the read-back: {restored:?}"
+    );
+    (table, restored)
+}
+
 const ENFORCED: Enforcement = Enforcement {
     ingress: true,
     egress: false,
@@ -72,7 +85,7 @@ fn restore_trusts_only_matching_complete_generations() {
     *kernel.get_mut(&c).unwrap() += 10;
     // d: a slot the kernel has and no record describes.
     kernel.insert(9, 5);
-    let (r, restored) = SlotTable::restore(store.clone(), &kernel, 42).unwrap();
+    let (r, restored) = restore(&store, &kernel, 42);
     assert_eq!(restored.trusted, BTreeSet::from([a]));
     assert_eq!(restored.untrusted, BTreeSet::from([b, c, 9]));
     assert!(restored.inputs_unchanged);
@@ -85,7 +98,7 @@ fn restore_trusts_only_matching_complete_generations() {
     let mut r = r;
     assert!(r.begin_write(a, true) > kernel[&c]);
     // Other inputs: nothing is trusted without recompute.
-    let (_, restored) = SlotTable::restore(store, &kernel, 43).unwrap();
+    let (_, restored) = restore(&store, &kernel, 43);
     assert!(!restored.inputs_unchanged);
 }
 
@@ -101,7 +114,7 @@ fn a_failed_write_is_never_persisted_as_complete() {
     let _g2 = t.begin_write(a, false);
     t.persist(None).unwrap();
     let kernel = BTreeMap::from([(a, g1)]);
-    let (_, restored) = SlotTable::restore(store, &kernel, 1).unwrap();
+    let (_, restored) = restore(&store, &kernel, 1);
     assert!(
         restored.trusted.is_empty(),
         "record removed, slot untrusted"
@@ -125,7 +138,7 @@ fn enforcement_survives_a_restart_and_only_a_whole_write_forgets_it() {
     assert_eq!(t.enforcement(a), Some(ENFORCED));
     t.persist(Some(1)).unwrap();
     let kernel = BTreeMap::from([(a, g)]);
-    let (r, restored) = SlotTable::restore(store.clone(), &kernel, 1).unwrap();
+    let (r, restored) = restore(&store, &kernel, 1);
     assert_eq!(restored.trusted, BTreeSet::from([a]));
     assert_eq!(r.enforcement(a), Some(ENFORCED));
 
@@ -136,7 +149,7 @@ fn enforcement_survives_a_restart_and_only_a_whole_write_forgets_it() {
     t.written(a, g, 3, None);
     t.persist(Some(1)).unwrap();
     let kernel = BTreeMap::from([(a, g)]);
-    let (r, restored) = SlotTable::restore(store, &kernel, 1).unwrap();
+    let (r, restored) = restore(&store, &kernel, 1);
     assert!(restored.trusted.is_empty(), "no record without flags");
     assert_eq!(r.enforcement(a), None);
 }
@@ -166,7 +179,7 @@ fn slots_another_compiler_wrote_are_recomputed_and_another_encoding_is_read_back
         kernel.insert(slot, generation);
     }
     table.persist(Some(42)).unwrap();
-    let (back, restored) = SlotTable::restore(store.clone(), &kernel, 42).unwrap();
+    let (back, restored) = restore(&store, &kernel, 42);
     assert!(
         restored.other_compiler.is_empty(),
         "this build's own records"
@@ -182,7 +195,7 @@ fn slots_another_compiler_wrote_are_recomputed_and_another_encoding_is_read_back
         ..this
     };
     restamp(&store, Some(other));
-    let (mut back, restored) = SlotTable::restore(store.clone(), &kernel, 42).unwrap();
+    let (mut back, restored) = restore(&store, &kernel, 42);
     assert_eq!(
         restored.other_compiler,
         BTreeMap::from([(a, Some(other)), (b, Some(other))])
@@ -209,7 +222,7 @@ fn slots_another_compiler_wrote_are_recomputed_and_another_encoding_is_read_back
     kernel.insert(b, generation);
     assert!(back.needs_persist());
     back.persist(Some(42)).unwrap();
-    let (back, restored) = SlotTable::restore(store.clone(), &kernel, 42).unwrap();
+    let (back, restored) = restore(&store, &kernel, 42);
     assert_eq!(restored.other_compiler, BTreeMap::from([(b, Some(other))]));
     assert!(back.trusted(a) && !back.trusted(b));
     assert_eq!(back.digest(b), Some(8));
@@ -223,7 +236,7 @@ fn slots_another_compiler_wrote_are_recomputed_and_another_encoding_is_read_back
         None,
     ] {
         restamp(&store, stamp);
-        let (back, restored) = SlotTable::restore(store.clone(), &kernel, 42).unwrap();
+        let (back, restored) = restore(&store, &kernel, 42);
         assert_eq!(
             restored.other_compiler,
             BTreeMap::from([(a, stamp), (b, stamp)])

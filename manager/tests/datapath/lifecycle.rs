@@ -332,17 +332,20 @@ fn replacing_one_identitys_entries_leaves_the_rest_and_equals_a_full_apply() {
     );
 }
 
+/// `n` single-port ingress allows: identities 2000.., 100 ports each.
+fn port_rules(n: u32) -> String {
+    (0..n)
+        .map(|i| format!("ingress {} tcp {} allow", 2000 + i / 100, 1000 + i % 100))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 #[test]
 fn a_reopened_datapath_reads_back_and_rewrites_policies_larger_than_one_batch() {
     let w = World::new();
     let dp = open_and_attach(&w);
     // 9000 single-port blocks: more than two batch chunks each way.
-    let rules = |n: u32| {
-        (0..n)
-            .map(|i| format!("ingress {} tcp {} allow", 2000 + i / 100, 1000 + i % 100))
-            .collect::<Vec<_>>()
-            .join("; ")
-    };
+    let rules = port_rules;
     dp.apply_policy(101, &policy(true, false, &rules(9000)), 1)
         .unwrap();
     assert_eq!(dp.map_dump("policy").unwrap().len(), 9000);
@@ -354,4 +357,40 @@ fn a_reopened_datapath_reads_back_and_rewrites_policies_larger_than_one_batch() 
     let left = dp.map_dump("policy").unwrap();
     assert_eq!(left.len(), 2000);
     assert!(left.iter().all(|e| e["identity"].as_u64() < Some(2020)));
+}
+
+#[test]
+fn a_read_back_begun_ahead_is_the_base_of_the_next_writes() {
+    let w = World::new();
+    // `(slot, n)`: writes `n` single-port allows into the slot.
+    let write = |dp: &BpfDatapath, writes: &[(u32, u32)]| {
+        for &(slot, n) in writes {
+            dp.apply_policy(slot, &policy(true, false, &port_rules(n)), 1)
+                .unwrap();
+        }
+        dp.map_dump("policy").unwrap().len()
+    };
+    // A restart that begins the read-back at once, as a start does when a slot is untrusted.
+    let reopen = || {
+        let dp = BpfDatapath::open(w.config()).expect("reopen");
+        dp.begin_read_back().unwrap();
+        dp
+    };
+    let dp = open_and_attach(&w);
+    assert_eq!(write(&dp, &[(101, 9000), (102, 3000)]), 12_000);
+    drop(dp);
+
+    // Taken by the first write: only a diff against what it read removes the 7000 entries the
+    // new policy lacks; 102 was read by the same dump.
+    assert_eq!(write(&reopen(), &[(101, 2000), (102, 1000)]), 3000);
+
+    // Asked for by a load, as a restart's re-adoption does: still taken by the first write.
+    let dp = reopen();
+    dp.load_slots(&BTreeSet::from([101])).unwrap();
+    assert_eq!(write(&dp, &[(101, 100), (102, 10)]), 110);
+    drop(dp);
+
+    // The first write is of a slot the dump was not needed for (a new one): it waits for the
+    // dump, and the slots the dump read are loaded from it.
+    assert_eq!(write(&reopen(), &[(103, 5), (101, 1), (102, 1)]), 7);
 }
