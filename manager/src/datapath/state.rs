@@ -5,7 +5,7 @@ use super::batch;
 use super::encode::{PolicyBlock, SLOT_FLAGS, diff, encode_sorted, enforcement_flags, flag_bits};
 use super::error::DatapathError;
 use super::shadow::Shadow;
-use super::trie::{LpmKey, PendingRead, by_slot, policy_blocks};
+use super::trie::{LpmKey, PendingRead, by_slot, policy_blocks, policy_error};
 use super::types::EndpointDatapath;
 use aya::Ebpf;
 use aya::maps::lpm_trie::{Key, LpmTrie};
@@ -73,8 +73,8 @@ pub(crate) struct Maps {
     /// Slots a previous run left in the trie whose entries were not read back (a restart that
     /// trusted them): read back together, with one dump, the first time one is written.
     pub(crate) unloaded: BTreeSet<u32>,
-    /// A dump of the policy trie started ahead ([`Self::begin_read_back`]), taken by the next
-    /// load and waited for before any write of the trie.
+    /// A dump of the policy trie begun ahead ([`Self::begin_read_back`]), waited for and taken
+    /// by the first write of the trie.
     pub(crate) pending: Option<PendingRead>,
     /// Enforcement and tier flags per slot (copied into each member's `endpoints` entry).
     pub(crate) slot_flags: HashMap<u32, u32>,
@@ -85,10 +85,7 @@ pub(crate) struct Maps {
 }
 
 fn batch_error(e: batch::BatchError) -> DatapathError {
-    DatapathError::Syscall {
-        map: names::POLICY,
-        source: e.source,
-    }
+    policy_error(e.source)
 }
 
 pub(crate) fn ignore_missing(r: Result<(), MapError>) -> Result<(), MapError> {
@@ -189,16 +186,11 @@ impl Maps {
         policy_blocks(entries, keep)
     }
 
-    /// Starts reading the policy trie back on a thread of its own (module `readback`); a
-    /// dump already under way is left to finish.
+    /// Starts reading the policy trie back on a thread of its own (module `trie`); a dump
+    /// already under way is left to finish.
     pub(crate) fn begin_read_back(&mut self) -> Result<(), DatapathError> {
         if self.pending.is_none() && !self.unloaded.is_empty() {
-            let pending =
-                PendingRead::start(self.policy_fd()).map_err(|source| DatapathError::Syscall {
-                    map: names::POLICY,
-                    source,
-                })?;
-            self.pending = Some(pending);
+            self.pending = Some(PendingRead::start(self.policy_fd()).map_err(policy_error)?);
         }
         Ok(())
     }
@@ -244,16 +236,12 @@ impl Maps {
     /// Loads the not yet loaded slots among `slots` from the dump begun ahead (waited for),
     /// or from one dump now; a dump begun ahead is always taken, even when none is wanted.
     fn read_slots(&mut self, slots: &BTreeSet<u32>) -> Result<(), DatapathError> {
-        let pending = self.pending.take();
         let wanted: BTreeSet<u32> = slots.intersection(&self.unloaded).copied().collect();
-        if wanted.is_empty() {
-            // Nothing to load from it, but no write may run while it reads the trie.
-            if let Some(pending) = pending {
-                drop(pending.finish());
-            }
+        if wanted.is_empty() && self.pending.is_none() {
             return Ok(());
         }
         let t0 = std::time::Instant::now();
+        let pending = self.pending.take();
         // A dump begun ahead read the trie as it is: nothing wrote it since.
         let entries = match pending {
             Some(pending) => pending.finish(),

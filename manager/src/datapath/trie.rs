@@ -34,15 +34,20 @@ impl LpmKey {
 
 const _: () = assert!(std::mem::size_of::<LpmKey>() == std::mem::size_of::<Key<abi::PolicyKey>>());
 
+/// A failed call on the policy trie.
+pub(crate) fn policy_error(source: io::Error) -> DatapathError {
+    DatapathError::Syscall {
+        map: names::POLICY,
+        source,
+    }
+}
+
 /// The policy entries of the slots `keep` selects, sorted, from a dump of the trie.
 pub(crate) fn policy_blocks(
     entries: io::Result<Entries>,
     keep: impl Fn(u32) -> bool,
 ) -> Result<Vec<(PolicyBlock, abi::PolicyValue)>, DatapathError> {
-    let entries = entries.map_err(|source| DatapathError::Syscall {
-        map: names::POLICY,
-        source,
-    })?;
+    let entries = entries.map_err(policy_error)?;
     // The trie hands entries back in its own order: sorted once here, each slot's run is
     // packed (or collected) as it is.
     let mut blocks: Vec<(PolicyBlock, abi::PolicyValue)> = entries
