@@ -6,6 +6,7 @@ use crate::subjects::{SubjectIndex, SubjectKeys};
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
 
 /// What one add or delete did. The caller regenerates only endpoints that an added or removed
 /// rule selects ([`RepoChange::selects`]) and bumps the revision of all others.
@@ -13,10 +14,11 @@ use std::collections::{BTreeSet, HashMap};
 pub struct RepoChange {
     /// Revision after the change (unchanged when nothing changed).
     pub revision: u64,
-    /// Rules added.
-    pub added: Vec<Rule>,
+    /// Rules added: shared with the repository, which holds the same rules (a whole-file import
+    /// would otherwise hold every rule twice while the change is applied).
+    pub added: Vec<Arc<Rule>>,
     /// Rules removed (replaced or deleted).
-    pub removed: Vec<Rule>,
+    pub removed: Vec<Arc<Rule>>,
 }
 
 impl RepoChange {
@@ -49,7 +51,7 @@ pub enum Incoming {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(from = "Stored")]
 pub struct Repository {
-    rules: Vec<Rule>,
+    rules: Vec<Arc<Rule>>,
     revision: u64,
     /// Each rule's content hash and index keys, same order: a re-import finds its unchanged
     /// rules, and the index is rebuilt, without hashing the whole repository again. Derived
@@ -144,7 +146,7 @@ struct LabelIndex<'a> {
 
 impl<'a> LabelIndex<'a> {
     /// Indexes `rules` (position, rule).
-    fn new(rules: impl Iterator<Item = (usize, &'a Rule)>) -> Self {
+    fn new(rules: impl Iterator<Item = (usize, &'a Arc<Rule>)>) -> Self {
         let mut by_label: HashMap<(&str, &str), Vec<usize>> = HashMap::new();
         for (i, r) in rules {
             for l in r.labels.iter() {
@@ -161,7 +163,7 @@ impl<'a> LabelIndex<'a> {
     /// empty).
     fn containing<'k>(
         &'k self,
-        old: &'k [Rule],
+        old: &'k [Arc<Rule>],
         key: &'k [&'k Label],
     ) -> impl Iterator<Item = usize> + 'k {
         let candidates = key
@@ -180,22 +182,22 @@ impl<'a> LabelIndex<'a> {
     }
 }
 
-fn resolve<'a>(old: &'a [Rule], r: &'a Incoming) -> Option<&'a Rule> {
+fn resolve<'a>(old: &'a [Arc<Rule>], r: &'a Incoming) -> Option<&'a Rule> {
     match r {
         Incoming::New(r) => Some(r),
-        Incoming::Existing(i) => old.get(*i),
+        Incoming::Existing(i) => old.get(*i).map(AsRef::as_ref),
     }
 }
 
 /// Positions (ascending) of the `old` rules that `incoming` replaces: those whose labels
 /// contain an incoming rule's non-empty key. `direct_tests`: see [`DIRECT_TESTS`].
-fn replaced_by(old: &[Rule], incoming: &[Incoming], direct_tests: usize) -> Vec<usize> {
+fn replaced_by(old: &[Arc<Rule>], incoming: &[Incoming], direct_tests: usize) -> Vec<usize> {
     let has_key = |r: &Rule| replace_key(r).next().is_some();
     // A rule's key is among its own labels: a rule named by position replaces itself.
     let mut replaced = vec![false; old.len()];
     for r in incoming {
         if let Incoming::Existing(i) = r
-            && old.get(*i).is_some_and(has_key)
+            && old.get(*i).is_some_and(|r| has_key(r))
             && let Some(x) = replaced.get_mut(*i)
         {
             *x = true;
@@ -250,7 +252,8 @@ impl Repository {
     /// A repository as persisted: its rules (in the order to keep) and revision.
     #[must_use]
     pub fn restore(rules: Vec<Rule>, revision: u64) -> Self {
-        let hashes: Vec<Hashes> = rules.iter().map(Hashes::of).collect();
+        let rules: Vec<Arc<Rule>> = rules.into_iter().map(Arc::new).collect();
+        let hashes: Vec<Hashes> = rules.iter().map(|r| Hashes::of(r)).collect();
         let subjects = subjects(&hashes);
         Self {
             rules,
@@ -268,7 +271,7 @@ impl Repository {
 
     /// All rules, in insertion order.
     #[must_use]
-    pub fn rules(&self) -> &[Rule] {
+    pub fn rules(&self) -> &[Arc<Rule>] {
         &self.rules
     }
 
@@ -319,7 +322,7 @@ impl Repository {
                 (r, Some(j)) => {
                     old_hashes.get(*j).map(|o| o.rule) == Some(h)
                         && old.get(*j).is_some()
-                        && old.get(*j) == resolve(&old, r)
+                        && old.get(*j).map(AsRef::as_ref) == resolve(&old, r)
                 }
             };
             if let Some(k) = (hint..unpaired.len())
@@ -337,7 +340,7 @@ impl Repository {
                             rule: h,
                             subject: SubjectKeys::of(&r.endpoint_selector),
                         },
-                        r,
+                        Arc::new(r),
                     )),
                     Incoming::Existing(i) => old_hashes.get(i).cloned().zip(old.get(i).cloned()),
                 };
@@ -357,7 +360,7 @@ impl Repository {
         // change of one rule).
         let (mut rules, mut hashes) = (old, old_hashes);
         let mut goes = gone.iter().copied();
-        let removed: Vec<Rule> = rules
+        let removed: Vec<Arc<Rule>> = rules
             .extract_if(.., |_| goes.next().unwrap_or(false))
             .collect();
         let mut goes = gone.iter().copied();
@@ -419,7 +422,8 @@ impl Repository {
     pub fn search<'a>(&'a self, filter: &'a [Label]) -> impl Iterator<Item = &'a Rule> + 'a {
         self.rules
             .iter()
-            .filter(move |r| r.labels.contains_all(filter))
+            .map(AsRef::as_ref)
+            .filter(move |r: &&Rule| r.labels.contains_all(filter))
     }
 
     /// Rules that apply to an endpoint with these labels, in the repository's order. Only the
@@ -431,20 +435,20 @@ impl Repository {
         self.subjects
             .candidates(endpoint_labels)
             .into_iter()
-            .filter_map(|i| self.rules.get(i))
-            .filter(move |r| r.endpoint_selector.matches(endpoint_labels))
+            .filter_map(|i| self.rules.get(i).map(AsRef::as_ref))
+            .filter(move |r: &&Rule| r.endpoint_selector.matches(endpoint_labels))
     }
 
     /// Every distinct peer selector: what the selector cache must track.
     #[must_use]
     pub fn peer_selectors(&self) -> BTreeSet<&PeerSelector> {
-        self.rules.iter().flat_map(Rule::peers).collect()
+        self.rules.iter().flat_map(|r| r.peers()).collect()
     }
 
     /// Every CIDR prefix in use (excepts included): each needs a CIDR identity.
     #[must_use]
     pub fn cidr_prefixes(&self) -> BTreeSet<IpNet> {
-        self.rules.iter().flat_map(Rule::cidr_prefixes).collect()
+        self.rules.iter().flat_map(|r| r.cidr_prefixes()).collect()
     }
 
     /// True when a rule applying to this endpoint uses one of `changed` as a peer, i.e. the
@@ -489,7 +493,7 @@ mod tests {
         );
         assert_eq!(
             repo.rules(),
-            [rules[1].clone(), edited[0].clone()],
+            [Arc::new(rules[1].clone()), Arc::new(edited[0].clone())],
             "the unchanged rule kept its place, the new version of a comes last"
         );
     }
@@ -597,7 +601,8 @@ mod replace_props {
                 (Just(old), proptest::collection::vec(incoming(n), 0..8))
             })
         ) {
-            let old: Vec<Rule> = old.into_iter().map(|l| Rule::new(Selector::all(), l)).collect();
+            let old: Vec<Arc<Rule>> =
+                old.into_iter().map(|l| Arc::new(Rule::new(Selector::all(), l))).collect();
             let want: Vec<usize> = (0..old.len())
                 .filter(|&j| {
                     inc.iter()

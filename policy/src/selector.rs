@@ -66,10 +66,20 @@ pub fn split_key(selector_key: &str) -> (&str, &str) {
 }
 
 /// An endpoint selector. No requirements (`{}`) selects every endpoint.
-#[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+///
+/// The requirements are a sorted vector without duplicates, not a `BTreeSet`, for the reason
+/// [`crate::labels::LabelSet`] gives (a selector holds one or two); order, equality and hash
+/// are a `BTreeSet`'s.
+#[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(transparent)]
 pub struct Selector {
-    requirements: BTreeSet<Requirement>,
+    requirements: Vec<Requirement>,
+}
+
+impl<'de> Deserialize<'de> for Selector {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Vec::<Requirement>::deserialize(d).map(Self::from_requirements)
+    }
 }
 
 impl Selector {
@@ -82,14 +92,16 @@ impl Selector {
     /// Builds a selector from requirements.
     #[must_use]
     pub fn from_requirements(reqs: impl IntoIterator<Item = Requirement>) -> Self {
-        Self {
-            requirements: reqs.into_iter().collect(),
-        }
+        let mut requirements: Vec<Requirement> = reqs.into_iter().collect();
+        requirements.sort();
+        requirements.dedup();
+        requirements.shrink_to_fit();
+        Self { requirements }
     }
 
     /// Adds `key in (value)`, the matchLabels form.
     pub fn add_match(&mut self, selector_key: &str, value: &str) {
-        self.requirements.insert(Requirement::new(
+        self.add(Requirement::new(
             selector_key,
             Operator::In(BTreeSet::from([value.to_owned()])),
         ));
@@ -97,7 +109,9 @@ impl Selector {
 
     /// Adds any requirement.
     pub fn add(&mut self, req: Requirement) {
-        self.requirements.insert(req);
+        if let Err(at) = self.requirements.binary_search(&req) {
+            self.requirements.insert(at, req);
+        }
     }
 
     /// The requirements, sorted.
@@ -242,5 +256,40 @@ mod tests {
         b.add_match("x", "1");
         assert_eq!(a, b);
         assert_eq!(a.to_string(), "any:x=1,any:y=2");
+    }
+
+    proptest::proptest! {
+        /// The sorted vector of requirements orders, compares, hashes and serializes as the
+        /// `BTreeSet` it replaced, whatever order they were added in.
+        #[test]
+        fn a_selector_is_its_btree_set_in_order_equality_hash_and_form(
+            a in proptest::collection::vec((0..3u8, 0..3u8), 0..5),
+            b in proptest::collection::vec((0..3u8, 0..3u8), 0..5),
+        ) {
+            let reqs = |v: &[(u8, u8)]| -> Vec<Requirement> {
+                v.iter()
+                    .map(|(k, x)| {
+                        let op = if *x == 0 { Operator::Exists } else { Operator::In(set(&[&format!("v{x}")])) };
+                        Requirement::new(&format!("k{k}"), op)
+                    })
+                    .collect()
+            };
+            let (ra, rb) = (reqs(&a), reqs(&b));
+            let mut one_by_one = Selector::all();
+            for r in ra.iter().rev() {
+                one_by_one.add(r.clone());
+            }
+            let sa = Selector::from_requirements(ra.clone());
+            let sb = Selector::from_requirements(rb.clone());
+            proptest::prop_assert_eq!(&one_by_one, &sa);
+            let (ta, tb): (BTreeSet<Requirement>, BTreeSet<Requirement>) =
+                (ra.into_iter().collect(), rb.into_iter().collect());
+            proptest::prop_assert!(sa.requirements().eq(ta.iter()));
+            proptest::prop_assert_eq!(sa.cmp(&sb), ta.cmp(&tb));
+            proptest::prop_assert_eq!(crate::rule::hash_of(&sa), crate::rule::hash_of(&ta));
+            let json = serde_json::to_string(&sa).unwrap();
+            proptest::prop_assert_eq!(&json, &serde_json::to_string(&ta).unwrap());
+            proptest::prop_assert_eq!(serde_json::from_str::<Selector>(&json).unwrap(), sa);
+        }
     }
 }

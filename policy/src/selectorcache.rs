@@ -6,7 +6,7 @@ use crate::identity::{IdentityAllocator, IdentityKey};
 use crate::labels::{Label, LabelSet, source};
 use crate::mapstate::{Identity, reserved};
 use crate::repository::{RepoChange, Repository};
-use crate::rule::{Entity, IdentityPorts, PeerSelector, Rule};
+use crate::rule::{Entity, IdentityPorts, PeerSelector};
 use ipnet::IpNet;
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
@@ -152,19 +152,19 @@ impl SelectorCache {
         let gone: Vec<&PeerSelector> = change
             .removed
             .iter()
-            .flat_map(Rule::peers)
+            .flat_map(|r| r.peers())
             .filter(|p| self.entries.contains_key(*p))
             .collect();
         if gone.len() > SCAN_LIMIT {
             return self.sync(repo);
         }
         for p in gone {
-            if !repo.rules().iter().flat_map(Rule::peers).any(|q| q == p) {
+            if !repo.rules().iter().flat_map(|r| r.peers()).any(|q| q == p) {
                 self.entries.remove(p);
             }
         }
         let mut added = BTreeSet::new();
-        for p in change.added.iter().flat_map(Rule::peers) {
+        for p in change.added.iter().flat_map(|r| r.peers()) {
             if !self.entries.contains_key(p) {
                 let ids = self.compute(p);
                 self.entries.insert(p.clone(), ids);

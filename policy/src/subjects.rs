@@ -179,7 +179,8 @@ mod tests {
                     let want: Vec<&Rule> = repo
                         .rules()
                         .iter()
-                        .filter(|r| r.endpoint_selector.matches(labels))
+                        .map(AsRef::as_ref)
+                        .filter(|r: &&Rule| r.endpoint_selector.matches(labels))
                         .collect();
                     prop_assert_eq!(repo.selecting(labels).collect::<Vec<_>>(), want);
                 }

@@ -721,14 +721,14 @@ mod tests {
                 .unwrap()
                 .is_none()
         );
-        let (_, records) = store.load_rules().unwrap().unwrap();
-        assert_eq!(records.iter().map(|r| r.0).collect::<Vec<_>>(), [0, 1]);
+        let stored = store.load_rules().unwrap().unwrap();
+        assert_eq!(stored.rules.iter().map(|r| r.0).collect::<Vec<_>>(), [0, 1]);
 
         st.add_rules(parse("81")).unwrap();
-        let (revision, records) = store.load_rules().unwrap().unwrap();
-        assert_eq!(revision, st.repo().revision());
+        let stored = store.load_rules().unwrap().unwrap();
+        assert_eq!(stored.revision, st.repo().revision());
         assert_eq!(
-            records.iter().map(|r| r.0).collect::<Vec<_>>(),
+            stored.rules.iter().map(|r| r.0).collect::<Vec<_>>(),
             [0, 2],
             "the unchanged rule kept its record, the changed one got a new one"
         );

@@ -35,9 +35,10 @@ impl RuleRecords {
     /// Loads the repository, migrating the single-record format of earlier versions.
     pub(super) fn load(store: &Store) -> Result<(Self, Repository), PolicyStateError> {
         let mut records = Self::default();
-        if let Some((revision, stored)) = store.load_rules()? {
-            let mut rules = Vec::with_capacity(stored.len());
-            for (seq, rule) in stored {
+        if let Some(stored) = store.load_rules()? {
+            let mut rules = Vec::with_capacity(stored.rules.len());
+            records.next = stored.next;
+            for (seq, rule) in stored.rules {
                 records
                     .by_hash
                     .entry(Self::hash(&rule))
@@ -50,10 +51,14 @@ impl RuleRecords {
                 // A migration that stopped between writing the records and this removal.
                 store.remove_meta(LEGACY_REPO_KEY)?;
             }
-            return Ok((records, Repository::restore(rules, revision)));
+            return Ok((records, Repository::restore(rules, stored.revision)));
         }
         let repo: Repository = store.get_meta(LEGACY_REPO_KEY)?.unwrap_or_default();
-        let add: Vec<(u64, &Rule)> = repo.rules().iter().map(|r| (records.add(r), r)).collect();
+        let add: Vec<(u64, &Rule)> = repo
+            .rules()
+            .iter()
+            .map(|r| (records.add(r), &**r))
+            .collect();
         store.write_rules(repo.revision(), None, &add)?;
         store.flush()?;
         store.remove_meta(LEGACY_REPO_KEY)?;
@@ -93,7 +98,7 @@ impl RuleRecords {
             .added
             .iter()
             .enumerate()
-            .map(|(i, r)| (Self::hash(r), self.next + i as u64, r))
+            .map(|(i, r)| (Self::hash(r), self.next + i as u64, &**r))
             .collect();
         let seqs: Vec<u64> = remove.iter().map(|(_, seq)| *seq).collect();
         let writes: Vec<(u64, &Rule)> = add.iter().map(|(_, seq, r)| (*seq, *r)).collect();
@@ -113,14 +118,19 @@ impl RuleRecords {
         Ok(())
     }
 
-    /// Replaces every record with the rules of `repo`, atomically.
+    /// Replaces every record with the rules of `repo`, atomically. The new records are
+    /// numbered on from the old ones ([`Store::write_rules`] writes a large change in steps
+    /// only then).
     pub(super) fn rewrite(
         &mut self,
         store: &Store,
         repo: &Repository,
     ) -> Result<(), PolicyStateError> {
-        let mut next = Self::default();
-        let add: Vec<(u64, &Rule)> = repo.rules().iter().map(|r| (next.add(r), r)).collect();
+        let mut next = Self {
+            next: self.next,
+            ..Self::default()
+        };
+        let add: Vec<(u64, &Rule)> = repo.rules().iter().map(|r| (next.add(r), &**r)).collect();
         store.write_rules(repo.revision(), None, &add)?;
         *self = next;
         Ok(())

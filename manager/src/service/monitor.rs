@@ -41,7 +41,7 @@ impl Manager {
                         == (tier, t.priority, direction, t.rule)
                 })
             })
-            .map(rule_name)
+            .map(|r| rule_name(r))
             .collect();
         if !names.is_empty() {
             ev.policy = Some(names.into_iter().collect::<Vec<_>>().join(", "));

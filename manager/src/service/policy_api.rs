@@ -6,7 +6,7 @@ use weft_api::{
 };
 use weft_policy::labels::{Label, LabelSet};
 use weft_policy::mapstate::{Identity, Verdict, proto, reserved};
-use weft_policy::rule::NamedPorts;
+use weft_policy::rule::{NamedPorts, Rule};
 use weft_policy::trace::{TracePeer, trace};
 
 use super::{Manager, ManagerError, State, datapath_view, from_api_labels, to_api_labels};
@@ -206,7 +206,13 @@ impl Manager {
 
     /// Rules of the repository, cloned.
     pub fn rules(&self) -> Vec<weft_policy::rule::Rule> {
-        self.state().pol.repo().rules().to_vec()
+        self.state()
+            .pol
+            .repo()
+            .rules()
+            .iter()
+            .map(|r| Rule::clone(r))
+            .collect()
     }
 
     /// The repository: revision and rules.

@@ -66,7 +66,7 @@ pub(super) fn identity_update<'a>(
         .iter()
         .filter_map(|r| {
             let uses = r.peers().any(|p| effects.changed.contains(p));
-            (uses || has_wildcard_peer(r)).then_some((r, uses))
+            (uses || has_wildcard_peer(r)).then_some((&**r, uses))
         })
         .collect();
     move |(_, labels, named): &Target| {
@@ -117,7 +117,7 @@ pub(super) fn change_targets(
             .added
             .iter()
             .chain(&change.removed)
-            .flat_map(Rule::peers)
+            .flat_map(|r| r.peers())
         {
             let ids = st.pol.cache().identities(p);
             identities.extend(ids.iter());
@@ -155,7 +155,7 @@ fn sliceable(change: &RepoChange) -> bool {
         .added
         .iter()
         .chain(&change.removed)
-        .any(has_wildcard_peer)
+        .any(|r| has_wildcard_peer(r))
 }
 
 /// What a repository change means for a target it selects: the new entries of `identities`,

@@ -7,7 +7,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use weft_api::Endpoint;
 use weft_policy::identity::IdentityKey;
-use weft_policy::rule::Rule;
+
+pub mod rules;
 
 type FlushFuture = std::pin::Pin<Box<dyn Future<Output = sled::Result<usize>> + Send>>;
 
@@ -104,8 +105,7 @@ pub struct Store {
     meta: sled::Tree,
     /// identity (u32 BE) → `IdentityKey` JSON.
     identities: sled::Tree,
-    /// Policy rules, one record each so a change writes only what changed: sequence number
-    /// (u64 BE) → `Rule` JSON, plus [`RULES_REVISION`] → the repository revision (u64 BE).
+    /// Policy rules, one record each so a change writes only what changed (`rules`).
     rules: sled::Tree,
     /// Policy slots (`crate::slots`): slot (u32 BE) → record JSON, plus [`SLOT_INPUTS`] → the
     /// digest of the policy inputs the records were written under (u64 BE).
@@ -115,11 +115,6 @@ pub struct Store {
 /// Longer than a slot key, so it never collides with one.
 const SLOT_INPUTS: &[u8] = b"inputs";
 
-/// Shorter than a sequence number key, so it never collides with one.
-const RULES_REVISION: &[u8] = b"rev";
-
-/// Persisted rules: the revision and every rule with its sequence number, in sequence order.
-pub type StoredRules = (u64, Vec<(u64, Rule)>);
 
 const NEXT_ENDPOINT_ID: &[u8] = b"next_endpoint_id";
 
@@ -190,66 +185,6 @@ impl Store {
     pub fn remove_meta(&self, key: &str) -> Result<(), StoreError> {
         self.meta.remove(key)?;
         self.db.flush()?;
-        Ok(())
-    }
-
-    /// The persisted policy rules, or `None` when none were ever written.
-    pub fn load_rules(&self) -> Result<Option<StoredRules>, StoreError> {
-        let Some(rev) = self.rules.get(RULES_REVISION)? else {
-            return Ok(None);
-        };
-        let revision = rev
-            .as_ref()
-            .try_into()
-            .map(u64::from_be_bytes)
-            .map_err(|_| StoreError::BadLength {
-                key: "rules/rev".into(),
-                what: "the revision",
-                len: 8,
-            })?;
-        let mut rules = Vec::new();
-        for item in &self.rules {
-            let (k, v) = item?;
-            let Ok(seq) = <[u8; 8]>::try_from(k.as_ref()).map(u64::from_be_bytes) else {
-                continue; // the revision record
-            };
-            let rule = serde_json::from_slice(&v).map_err(|source| StoreError::Corrupt {
-                key: format!("rules/{seq}"),
-                source,
-            })?;
-            rules.push((seq, rule));
-        }
-        Ok(Some((revision, rules)))
-    }
-
-    /// Removes the rules numbered `remove` (every stored rule for `None`), adds `add` and
-    /// records `revision`, atomically; not flushed: the caller flushes ([`Self::flush`]) before
-    /// it reports the change done, overlapping the fsync with other work.
-    pub fn write_rules(
-        &self,
-        revision: u64,
-        remove: Option<&[u64]>,
-        add: &[(u64, &Rule)],
-    ) -> Result<(), StoreError> {
-        let mut batch = sled::Batch::default();
-        match remove {
-            Some(seqs) => {
-                for seq in seqs {
-                    batch.remove(&seq.to_be_bytes());
-                }
-            }
-            None => {
-                for key in self.rules.iter().keys() {
-                    batch.remove(key?);
-                }
-            }
-        }
-        for (seq, rule) in add {
-            let json = encode("a rule", rule)?;
-            batch.insert(&seq.to_be_bytes(), json);
-        }
-        batch.insert(RULES_REVISION, &revision.to_be_bytes());
-        self.rules.apply_batch(batch)?;
         Ok(())
     }
 
