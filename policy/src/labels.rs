@@ -182,8 +182,10 @@ impl<'de> Deserialize<'de> for Label {
 ///
 /// A sorted vector, not a `BTreeSet`: a set holds a few labels, and a B-tree allocates a node
 /// for eleven (~800 bytes for one label); every rule holds several sets (its labels, its
-/// selectors'), so a 1000-rule repository took ~2 MiB more. Order, equality and hash are a
-/// `BTreeSet`'s (both compare and hash as the sorted sequence), so content hashes are unchanged.
+/// selectors'): with [`crate::selector::Selector`] made the same, the manager's steady RSS in
+/// `bench-policy`'s today's mix (1000 rules) went from 31.0 to 29.0-29.5 MiB. Order, equality
+/// and hash are a `BTreeSet`'s (both compare and hash as the sorted sequence), so content
+/// hashes are unchanged.
 #[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(transparent)]
 pub struct LabelSet(Vec<Label>);

@@ -115,7 +115,6 @@ pub struct Store {
 /// Longer than a slot key, so it never collides with one.
 const SLOT_INPUTS: &[u8] = b"inputs";
 
-
 const NEXT_ENDPOINT_ID: &[u8] = b"next_endpoint_id";
 
 /// sled's page cache.
