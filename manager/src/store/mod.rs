@@ -1,5 +1,7 @@
-//! Persistent state in sled. Every mutation is one multi-tree transaction, flushed before the
-//! caller replies, so a kill -9 at any instant leaves either the old or the new state.
+//! Persistent state in sled. Every mutation is atomic and flushed before the caller replies, so
+//! a kill -9 at any instant leaves either the old or the new state: one multi-tree transaction or
+//! batch, except a large policy change, which [`rules`] writes in steps that a load completes or
+//! discards.
 
 use sled::Transactional;
 use sled::transaction::{ConflictableTransactionError, TransactionError};
