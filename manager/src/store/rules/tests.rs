@@ -36,22 +36,38 @@ fn records(store: &Store) -> usize {
     store.rule_seqs().unwrap().len()
 }
 
+/// A store holding `n` rules named `old0`.. at revision 2, numbered from 0.
+fn store_with_old(n: usize) -> (Store, Vec<Rule>) {
+    let store = Store::temporary().unwrap();
+    let old = rules("old", n);
+    store.write_rules(2, None, &numbered(&old, 0)).unwrap();
+    (store, old)
+}
+
+/// Loads the rules and checks they are `parts` in order at `revision`, and that the load left
+/// exactly their records (nothing uncommitted, nothing dead).
+fn loads(store: &Store, revision: u64, parts: &[&[Rule]]) -> StoredRules {
+    let stored = store.load_rules().unwrap().unwrap();
+    let expect: Vec<String> = parts.iter().flat_map(|p| want(p)).collect();
+    assert_eq!(stored.revision, revision);
+    assert_eq!(names(&stored), expect);
+    assert_eq!(
+        records(store),
+        expect.len(),
+        "only the loaded records are left"
+    );
+    assert!(store.dead_rules().unwrap().is_empty());
+    stored
+}
+
 #[test]
 fn a_large_change_is_found_whole_and_leaves_no_record_behind() {
-    let store = Store::temporary().unwrap();
-    let old = rules("old", 200);
-    store.write_rules(2, None, &numbered(&old, 0)).unwrap();
-    let stored = store.load_rules().unwrap().unwrap();
-    assert_eq!((stored.revision, stored.next), (2, 200));
-    assert_eq!(names(&stored), want(&old));
+    let (store, old) = store_with_old(200);
+    assert_eq!(loads(&store, 2, &[&old]).next, 200);
 
     let new = rules("new", 150);
     store.write_rules(3, None, &numbered(&new, 200)).unwrap();
-    let stored = store.load_rules().unwrap().unwrap();
-    assert_eq!((stored.revision, stored.next), (3, 350));
-    assert_eq!(names(&stored), want(&new));
-    assert_eq!(records(&store), 150, "the removed records are deleted");
-    assert!(store.dead_rules().unwrap().is_empty());
+    assert_eq!(loads(&store, 3, &[&new]).next, 350);
 
     // Some removed by number, some added: also in steps (more than CHUNK records).
     let more = rules("more", 70);
@@ -59,38 +75,24 @@ fn a_large_change_is_found_whole_and_leaves_no_record_behind() {
     store
         .write_rules(4, Some(&remove), &numbered(&more, 350))
         .unwrap();
-    let stored = store.load_rules().unwrap().unwrap();
-    let mut expect = want(&new[30..]);
-    expect.extend(want(&more));
-    assert_eq!(names(&stored), expect);
-    assert_eq!(records(&store), 190);
+    loads(&store, 4, &[&new[30..], &more]);
 }
 
 #[test]
 fn a_change_stopped_before_its_commit_is_not_found() {
-    let store = Store::temporary().unwrap();
-    let old = rules("old", 100);
-    store.write_rules(2, None, &numbered(&old, 0)).unwrap();
+    let (store, old) = store_with_old(100);
     let new = rules("new", 100);
     // Step 1 only: the process stopped there.
     store.stage_rules(&numbered(&new, 100)).unwrap();
     assert_eq!(records(&store), 200);
 
-    let stored = store.load_rules().unwrap().unwrap();
-    assert_eq!(stored.revision, 2);
-    assert_eq!(names(&stored), want(&old));
-    assert_eq!(
-        records(&store),
-        100,
-        "the load deleted the records not committed"
-    );
+    // The load deleted the records not committed.
+    loads(&store, 2, &[&old]);
 }
 
 #[test]
 fn a_change_stopped_after_its_commit_is_found_and_finished() {
-    let store = Store::temporary().unwrap();
-    let old = rules("old", 100);
-    store.write_rules(2, None, &numbered(&old, 0)).unwrap();
+    let (store, _) = store_with_old(100);
     let new = rules("new", 100);
     let dead: Vec<u64> = (0..100).collect();
     store.stage_rules(&numbered(&new, 100)).unwrap();
@@ -98,18 +100,12 @@ fn a_change_stopped_after_its_commit_is_found_and_finished() {
     // Part of step 3: the process stopped in the middle of the deletion.
     store.rules.remove(5u64.to_be_bytes()).unwrap();
 
-    let stored = store.load_rules().unwrap().unwrap();
-    assert_eq!(stored.revision, 3);
-    assert_eq!(names(&stored), want(&new));
-    assert_eq!(records(&store), 100, "the load finished the deletion");
-    assert!(store.dead_rules().unwrap().is_empty());
+    loads(&store, 3, &[&new]);
 }
 
 #[test]
 fn a_deletion_left_unfinished_is_finished_before_the_next_change_commits() {
-    let store = Store::temporary().unwrap();
-    let old = rules("old", 100);
-    store.write_rules(2, None, &numbered(&old, 0)).unwrap();
+    let (store, _) = store_with_old(100);
     let new = rules("new", 100);
     store.stage_rules(&numbered(&new, 100)).unwrap();
     store
@@ -121,11 +117,7 @@ fn a_deletion_left_unfinished_is_finished_before_the_next_change_commits() {
     store
         .write_rules(4, Some(&[100]), &numbered(&more, 200))
         .unwrap();
-    let stored = store.load_rules().unwrap().unwrap();
-    let mut expect = want(&new[1..]);
-    expect.extend(want(&more));
-    assert_eq!(names(&stored), expect);
-    assert_eq!(records(&store), 179);
+    loads(&store, 4, &[&new[1..], &more]);
 }
 
 #[test]
@@ -140,30 +132,22 @@ fn a_store_of_an_earlier_version_loads_and_takes_a_whole_change() {
     batch.insert(REVISION, &7u64.to_be_bytes());
     store.rules.apply_batch(batch).unwrap();
 
-    let stored = store.load_rules().unwrap().unwrap();
-    assert_eq!((stored.revision, stored.next), (7, 100));
-    assert_eq!(names(&stored), want(&old));
+    assert_eq!(loads(&store, 7, &[&old]).next, 100);
 
     let new = rules("new", 100);
     store.write_rules(8, None, &numbered(&new, 100)).unwrap();
-    let stored = store.load_rules().unwrap().unwrap();
-    assert_eq!((stored.revision, stored.next), (8, 200));
-    assert_eq!(names(&stored), want(&new));
-    assert_eq!(records(&store), 100);
+    assert_eq!(loads(&store, 8, &[&new]).next, 200);
 }
 
 #[test]
 fn a_small_change_is_one_batch_and_moves_next() {
-    let store = Store::temporary().unwrap();
-    let old = rules("old", 3);
-    store.write_rules(2, None, &numbered(&old, 0)).unwrap();
+    let (store, old) = store_with_old(3);
     let one = rules("one", 1);
     store
         .write_rules(3, Some(&[1]), &numbered(&one, 3))
         .unwrap();
-    let stored = store.load_rules().unwrap().unwrap();
-    assert_eq!((stored.revision, stored.next), (3, 4));
-    assert_eq!(names(&stored), ["old0", "old2", "one0"]);
+    let stored = loads(&store, 3, &[&old[..1], &old[2..], &one]);
+    assert_eq!(stored.next, 4);
 }
 
 #[test]
