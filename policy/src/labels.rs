@@ -1,5 +1,6 @@
 //! Cilium's source-prefixed labels (`k8s:app=web`) and the sorted label set that keys identities.
 
+use crate::sorted;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::fmt;
 
@@ -192,11 +193,7 @@ pub struct LabelSet(Vec<Label>);
 
 impl<'de> Deserialize<'de> for LabelSet {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let mut labels = Vec::<Label>::deserialize(d)?;
-        labels.sort();
-        labels.dedup();
-        labels.shrink_to_fit();
-        Ok(Self(labels))
+        Vec::<Label>::deserialize(d).map(|labels| Self(sorted::set_of(labels)))
     }
 }
 
@@ -283,9 +280,7 @@ impl LabelSet {
     pub fn insert(&mut self, label: Label) {
         self.0
             .retain(|l| !(l.source == label.source && l.key == label.key));
-        if let Err(at) = self.0.binary_search(&label) {
-            self.0.insert(at, label);
-        }
+        sorted::insert(&mut self.0, label);
     }
 
     /// Removes every label with that key (any source when `source` is `any`).

@@ -4,6 +4,7 @@
 //! equal selectors written differently share one selector-cache entry.
 
 use crate::labels::{LabelSet, source};
+use crate::sorted;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 use std::fmt;
@@ -92,11 +93,9 @@ impl Selector {
     /// Builds a selector from requirements.
     #[must_use]
     pub fn from_requirements(reqs: impl IntoIterator<Item = Requirement>) -> Self {
-        let mut requirements: Vec<Requirement> = reqs.into_iter().collect();
-        requirements.sort();
-        requirements.dedup();
-        requirements.shrink_to_fit();
-        Self { requirements }
+        Self {
+            requirements: sorted::set_of(reqs.into_iter().collect()),
+        }
     }
 
     /// Adds `key in (value)`, the matchLabels form.
@@ -109,9 +108,7 @@ impl Selector {
 
     /// Adds any requirement.
     pub fn add(&mut self, req: Requirement) {
-        if let Err(at) = self.requirements.binary_search(&req) {
-            self.requirements.insert(at, req);
-        }
+        sorted::insert(&mut self.requirements, req);
     }
 
     /// The requirements, sorted.

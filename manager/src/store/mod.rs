@@ -86,6 +86,20 @@ fn encode<T: serde::Serialize + ?Sized>(
     serde_json::to_vec(value).map_err(|source| StoreError::Encode { what, source })
 }
 
+/// A stored number's bytes, refused naming the record (`key()`) and `what` when they are not
+/// `N` bytes long.
+fn fixed<const N: usize>(
+    bytes: &[u8],
+    key: impl FnOnce() -> String,
+    what: &'static str,
+) -> Result<[u8; N], StoreError> {
+    bytes.try_into().map_err(|_| StoreError::BadLength {
+        key: key(),
+        what,
+        len: N,
+    })
+}
+
 impl From<TransactionError<StoreError>> for StoreError {
     fn from(e: TransactionError<StoreError>) -> Self {
         match e {
@@ -286,13 +300,11 @@ impl Store {
             .iter()
             .map(|kv| {
                 let (k, v) = kv?;
-                let id = v.as_ref().try_into().map(u32::from_be_bytes).map_err(|_| {
-                    StoreError::BadLength {
-                        key: format!("ips/{}", String::from_utf8_lossy(&k)),
-                        what: "the endpoint id",
-                        len: 4,
-                    }
-                })?;
+                let id = u32::from_be_bytes(fixed(
+                    &v,
+                    || format!("ips/{}", String::from_utf8_lossy(&k)),
+                    "the endpoint id",
+                )?);
                 Ok((String::from_utf8_lossy(&k).into_owned(), id))
             })
             .collect()
@@ -344,13 +356,7 @@ impl Store {
             .iter()
             .map(|kv| {
                 let (k, v) = kv?;
-                let id = k.as_ref().try_into().map(u32::from_be_bytes).map_err(|_| {
-                    StoreError::BadLength {
-                        key: format!("identities/{k:?}"),
-                        what: "the id",
-                        len: 4,
-                    }
-                })?;
+                let id = u32::from_be_bytes(fixed(&k, || format!("identities/{k:?}"), "the id")?);
                 let key = serde_json::from_slice(&v).map_err(|source| StoreError::Corrupt {
                     key: format!("identities/{k:?}"),
                     source,

@@ -22,7 +22,7 @@
 use std::collections::HashSet;
 use weft_policy::rule::Rule;
 
-use super::{Store, StoreError, encode};
+use super::{Store, StoreError, encode, fixed};
 
 /// The repository revision.
 const REVISION: &[u8] = b"rev";
@@ -52,13 +52,7 @@ fn seq_of(key: &[u8]) -> Option<u64> {
 }
 
 fn number(value: &[u8], key: &str, what: &'static str) -> Result<u64, StoreError> {
-    <[u8; 8]>::try_from(value)
-        .map(u64::from_be_bytes)
-        .map_err(|_| StoreError::BadLength {
-            key: key.into(),
-            what,
-            len: 8,
-        })
+    fixed(value, || key.into(), what).map(u64::from_be_bytes)
 }
 
 impl Store {
@@ -122,17 +116,27 @@ impl Store {
             let pending: Vec<u64> = pending.into_iter().collect();
             self.delete_rule_records(&pending)?;
         }
+        // Every record's number, read once when needed: for `next` in a store of an earlier
+        // version (none recorded), and for the dead list when every rule goes.
+        let mut seqs = None;
         let next = match self.committed_next()? {
             Some(n) => n,
-            None => self.rule_seqs()?.iter().map(|s| s + 1).max().unwrap_or(0),
+            None => seqs
+                .insert(self.rule_seqs()?)
+                .iter()
+                .map(|s| s + 1)
+                .max()
+                .unwrap_or(0),
         };
         let dead = match remove {
-            Some(seqs) => seqs.to_vec(),
-            None => self
-                .rule_seqs()?
-                .into_iter()
-                .filter(|s| *s < next)
-                .collect(),
+            Some(remove) => remove.to_vec(),
+            None => match seqs {
+                Some(seqs) => seqs,
+                None => self.rule_seqs()?,
+            }
+            .into_iter()
+            .filter(|s| *s < next)
+            .collect(),
         };
         let new_next = add.iter().map(|(s, _)| s + 1).fold(next, u64::max);
         let staged = dead.len() + add.len() > CHUNK && add.iter().all(|(s, _)| *s >= next);
