@@ -7,8 +7,10 @@
 //! (protocol, port) match, so an allow could shadow a broader deny of the same identity.
 //! Hence: for every allow entry `A` and every deny entry `D` with `D.identity` equal to
 //! `A.identity` or 0 whose traffic overlaps, the result contains a deny entry keyed
-//! `(A.identity, A ∩ D)`. When `D` covers all of `A`, that key is `A`'s own, so `A` itself
-//! becomes a deny. [`EndpointPolicy::deny_shadowing_violations`] checks this.
+//! `(A.identity, A ∩ D)`, or a deny at `A.identity` covering `A ∩ D` that the lookup prefers
+//! to `A` (a protocol where `A` has none, or ports within `A`'s). When `D` covers all of `A`,
+//! that key is `A`'s own, so `A` itself becomes a deny.
+//! [`EndpointPolicy::deny_shadowing_violations`] checks this.
 
 use crate::labels::LabelSet;
 use crate::mapstate::{

@@ -442,8 +442,9 @@ impl EndpointPolicy {
     }
 
     /// Allow entries that a deny of the same identity (or of identity 0) overlaps without a
-    /// deny entry at the allow's identity for the overlapping part; must be empty (see the
-    /// deny invariant in `compute`).
+    /// deny entry at the allow's identity that drops the overlapping part (its exact key, or a
+    /// deny covering it that the lookup prefers to the allow); must be empty (see the deny
+    /// invariant in `compute`).
     #[must_use]
     pub fn deny_shadowing_violations(&self) -> Vec<(PolicyEntry, PolicyEntry)> {
         let denies: Vec<&PolicyEntry> = self
@@ -462,7 +463,7 @@ impl EndpointPolicy {
                     continue;
                 }
                 if let Some(x) = overlap(a, d)
-                    && self.entries.get(&x) != Some(&Verdict::Deny)
+                    && !denies.iter().any(|c| decides_against(c, a, &x))
                 {
                     out.push((*a, **d));
                 }
@@ -470,6 +471,24 @@ impl EndpointPolicy {
         }
         out
     }
+}
+
+/// Whether the deny `c` drops all of `x` (part of `allow`'s traffic) in the datapath's lookup:
+/// keyed at `x`'s identity, it covers `x`, and within that identity it is at least as specific
+/// as `allow` (a protocol where `allow` has none, or the same protocol and ports within
+/// `allow`'s), so the longest-prefix match finds it, not `allow`. The exact key `x` is one such
+/// deny; a wider one is another (an any-identity deny carved at the host's identity over the
+/// port range it denies, beside an allow-all from the host).
+fn decides_against(c: &PolicyEntry, allow: &PolicyEntry, x: &PolicyEntry) -> bool {
+    let covers = c.direction == x.direction
+        && c.identity == x.identity
+        && c.tier == x.tier
+        && (c.proto == 0 || c.proto == x.proto)
+        && c.port_lo <= x.port_lo
+        && x.port_hi <= c.port_hi;
+    let narrower = (allow.proto == 0 && c.proto != 0)
+        || (c.proto == allow.proto && allow.port_lo <= c.port_lo && c.port_hi <= allow.port_hi);
+    covers && narrower
 }
 
 /// The part of `allow`'s traffic that `deny` also matches, keyed at `allow`'s identity.

@@ -87,6 +87,41 @@ fn broad_deny_is_emitted_at_the_allows_key() {
     assert!(p.deny_shadowing_violations().is_empty());
 }
 
+/// An allow of the deny's first port from every peer, beside the host's allow-all: the any-identity
+/// allow becomes a deny of that port, and the host's allow is carved over the whole denied range
+/// (one wider deny at the host's identity, not one per any-identity deny). Found by the
+/// structured property test, whose check asked for the exact key of each overlap.
+#[test]
+fn a_wider_deny_at_the_hosts_identity_covers_each_overlap() {
+    let mut w = World::new();
+    w.import(
+        r#"[{"endpointSelector":{"matchLabels":{"app":"web"}},
+        "ingressDeny":[{"toPorts":[{"ports":[{"port":"639","endPort":734,"protocol":"TCP"}]}]}]},
+        {"endpointSelector":{"matchLabels":{"k8s:io.kubernetes.pod.namespace":"default"}},
+        "ingress":[{"toPorts":[{"ports":[{"port":"639","protocol":"TCP"}]}]}]}]"#,
+    );
+    let p = w.policy("web");
+    assert_eq!(
+        p.entries
+            .get(&PolicyEntry::new(Ingress, reserved::HOST, TCP, 639, 734)),
+        Some(&Verdict::Deny)
+    );
+    for (port, want) in [
+        (638, Verdict::Allow),
+        (639, Verdict::Deny),
+        (700, Verdict::Deny),
+        (734, Verdict::Deny),
+        (735, Verdict::Allow),
+    ] {
+        assert_eq!(
+            p.lookup(Ingress, reserved::HOST, TCP, port),
+            want,
+            "host to {port}"
+        );
+    }
+    assert!(p.deny_shadowing_violations().is_empty());
+}
+
 #[test]
 fn shadowing_check_catches_a_missing_carve() {
     let mut p = EndpointPolicy {
@@ -100,6 +135,14 @@ fn shadowing_check_catches_a_missing_carve() {
         Verdict::Deny,
     );
     assert_eq!(p.deny_shadowing_violations().len(), 1);
+    // A deny at the allow's identity that covers the overlap but is less specific than the
+    // allow (any protocol against TCP, or the same protocol over wider ports) is not found
+    // by the lookup before the allow: still a violation.
+    p.entries.insert(
+        PolicyEntry::new(Ingress, 300, TCP, 0, u16::MAX),
+        Verdict::Deny,
+    );
+    assert_eq!(p.deny_shadowing_violations().len(), 2);
     p.entries
         .insert(PolicyEntry::new(Ingress, 300, TCP, 80, 80), Verdict::Deny);
     assert!(p.deny_shadowing_violations().is_empty());
