@@ -23,6 +23,6 @@ pub mod repository;
 pub mod rule;
 pub mod selector;
 pub mod selectorcache;
-mod sorted;
+pub mod sorted;
 mod subjects;
 pub mod trace;

@@ -4,9 +4,8 @@
 //! equal selectors written differently share one selector-cache entry.
 
 use crate::labels::{LabelSet, source};
-use crate::sorted;
+use crate::sorted::{self, Set};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeSet;
 use std::fmt;
 
 /// A selector operator with its values.
@@ -14,9 +13,9 @@ use std::fmt;
 #[serde(rename_all = "camelCase")]
 pub enum Operator {
     /// Some label with the key has one of the values.
-    In(BTreeSet<String>),
+    In(Set<String>),
     /// No label with the key has any of the values (an absent key matches, as in Kubernetes).
-    NotIn(BTreeSet<String>),
+    NotIn(Set<String>),
     /// Some label has the key.
     Exists,
     /// No label has the key.
@@ -102,7 +101,7 @@ impl Selector {
     pub fn add_match(&mut self, selector_key: &str, value: &str) {
         self.add(Requirement::new(
             selector_key,
-            Operator::In(BTreeSet::from([value.to_owned()])),
+            Operator::In(Set::from([value.to_owned()])),
         ));
     }
 
@@ -174,7 +173,7 @@ impl fmt::Display for Selector {
     }
 }
 
-fn join(v: &BTreeSet<String>) -> String {
+fn join(v: &Set<String>) -> String {
     v.iter().map(String::as_str).collect::<Vec<_>>().join(",")
 }
 
@@ -182,8 +181,9 @@ fn join(v: &BTreeSet<String>) -> String {
 mod tests {
     use super::*;
     use crate::labels::Label;
+    use std::collections::BTreeSet;
 
-    fn set(v: &[&str]) -> BTreeSet<String> {
+    fn set(v: &[&str]) -> Set<String> {
         v.iter().map(|s| (*s).to_owned()).collect()
     }
 

@@ -364,7 +364,7 @@ mod tests {
         let mut not_db = Selector::all();
         not_db.add(crate::selector::Requirement::new(
             "app",
-            crate::selector::Operator::NotIn(BTreeSet::from(["db".to_owned()])),
+            crate::selector::Operator::NotIn(crate::sorted::Set::from(["db".to_owned()])),
         ));
         // Reserved identities have labels too, and match like any other (Cilium).
         assert_eq!(

@@ -98,7 +98,6 @@ mod tests {
     use crate::rule::Rule;
     use crate::selector::Requirement;
     use proptest::prelude::*;
-    use std::collections::BTreeSet;
 
     const KEYS: [&str; 3] = ["app", "tier", keys::POD_NAMESPACE];
     const SOURCES: [&str; 3] = [source::ANY, source::K8S, source::UNSPEC];
@@ -111,7 +110,7 @@ mod tests {
     /// share labels and match or fail on the source alone.
     fn requirement() -> impl Strategy<Value = Requirement> {
         (0..KEYS.len(), 0..SOURCES.len(), 0u8..4, 0u8..4, 0u8..3).prop_map(|(k, s, kind, a, b)| {
-            let values: BTreeSet<String> = [value(a), value(b)].into();
+            let values: crate::sorted::Set<String> = [value(a), value(b)].into();
             let op = match kind {
                 0 | 1 => Operator::In(values),
                 2 => Operator::NotIn(values),

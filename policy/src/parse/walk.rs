@@ -4,7 +4,6 @@ use crate::selector::{Operator, Requirement, Selector};
 use ipnet::IpNet;
 use serde_json::{Map, Value};
 use std::cell::Cell;
-use std::collections::BTreeSet;
 use std::net::IpAddr;
 
 /// An error at a field path inside one rule or object.
@@ -366,10 +365,11 @@ fn expression(v: &Value, path: &str) -> Res<Requirement> {
     let op = o
         .str("operator")?
         .ok_or_else(|| FieldError::new(&op_path, "missing"))?;
-    let mut values = BTreeSet::new();
+    let mut values = Vec::new();
     for (p, val) in o.array("values")?.unwrap_or_default() {
-        values.insert(scalar_string(val).ok_or_else(|| FieldError::new(p, "expected a string"))?);
+        values.push(scalar_string(val).ok_or_else(|| FieldError::new(p, "expected a string"))?);
     }
+    let values: crate::sorted::Set<String> = values.into_iter().collect();
     let vpath = o.at("values");
     o.finish(&[])?;
     let op = match op {
