@@ -1,6 +1,6 @@
 //! Cilium's source-prefixed labels (`k8s:app=web`) and the sorted label set that keys identities.
 
-use crate::sorted;
+use crate::sorted::Set;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::fmt;
 
@@ -187,15 +187,9 @@ impl<'de> Deserialize<'de> for Label {
 /// `bench-policy`'s today's mix (1000 rules) went from 31.0 to 29.0-29.5 MiB. Order, equality
 /// and hash are a `BTreeSet`'s (both compare and hash as the sorted sequence), so content
 /// hashes are unchanged.
-#[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
-pub struct LabelSet(Vec<Label>);
-
-impl<'de> Deserialize<'de> for LabelSet {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        Vec::<Label>::deserialize(d).map(|labels| Self(sorted::set_of(labels)))
-    }
-}
+pub struct LabelSet(Set<Label>);
 
 impl LabelSet {
     /// The empty set.
@@ -280,7 +274,7 @@ impl LabelSet {
     pub fn insert(&mut self, label: Label) {
         self.0
             .retain(|l| !(l.source == label.source && l.key == label.key));
-        sorted::insert(&mut self.0, label);
+        self.0.insert(label);
     }
 
     /// Removes every label with that key (any source when `source` is `any`).
@@ -289,23 +283,6 @@ impl LabelSet {
         self.0
             .retain(|l| !(l.key == key && (source == source::ANY || l.source == source)));
         before != self.0.len()
-    }
-
-    /// Iterates in sorted order.
-    pub fn iter(&self) -> impl Iterator<Item = &Label> {
-        self.0.iter()
-    }
-
-    /// Number of labels.
-    #[must_use]
-    pub fn len(&self) -> usize {
-        self.0.len()
-    }
-
-    /// True when there are no labels.
-    #[must_use]
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
     }
 
     /// Values of `key` in this set; `source` may be `any`.
@@ -323,11 +300,15 @@ impl LabelSet {
             .into_iter()
             .all(|f| self.0.iter().any(|l| f.matches(l)))
     }
+}
 
-    /// True when the set contains exactly this label.
-    #[must_use]
-    pub fn contains(&self, label: &Label) -> bool {
-        self.0.binary_search(label).is_ok()
+/// The labels, read-only: in sorted order (`iter`), `len`, `is_empty`, `contains`. Changes go
+/// through [`LabelSet::insert`] and [`LabelSet::remove_key`], which keep one label per key and
+/// source.
+impl std::ops::Deref for LabelSet {
+    type Target = Set<Label>;
+    fn deref(&self) -> &Set<Label> {
+        &self.0
     }
 }
 

@@ -4,7 +4,7 @@
 //! equal selectors written differently share one selector-cache entry.
 
 use crate::labels::{LabelSet, source};
-use crate::sorted::{self, Set};
+use crate::sorted::Set;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
@@ -70,16 +70,10 @@ pub fn split_key(selector_key: &str) -> (&str, &str) {
 /// The requirements are a sorted vector without duplicates, not a `BTreeSet`, for the reason
 /// [`crate::labels::LabelSet`] gives (a selector holds one or two); order, equality and hash
 /// are a `BTreeSet`'s.
-#[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct Selector {
-    requirements: Vec<Requirement>,
-}
-
-impl<'de> Deserialize<'de> for Selector {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        Vec::<Requirement>::deserialize(d).map(Self::from_requirements)
-    }
+    requirements: Set<Requirement>,
 }
 
 impl Selector {
@@ -93,7 +87,7 @@ impl Selector {
     #[must_use]
     pub fn from_requirements(reqs: impl IntoIterator<Item = Requirement>) -> Self {
         Self {
-            requirements: sorted::set_of(reqs.into_iter().collect()),
+            requirements: reqs.into_iter().collect(),
         }
     }
 
@@ -107,7 +101,7 @@ impl Selector {
 
     /// Adds any requirement.
     pub fn add(&mut self, req: Requirement) {
-        sorted::insert(&mut self.requirements, req);
+        self.requirements.insert(req);
     }
 
     /// The requirements, sorted.

@@ -1,26 +1,19 @@
-//! Small sets kept as sorted vectors without duplicates ([`crate::labels::LabelSet`],
-//! [`crate::selector::Selector`]): a `BTreeSet` allocates a node for eleven entries, and these
-//! sets hold one or two. A sorted, deduplicated vector orders, compares and hashes as the
-//! `BTreeSet` of the same items.
+//! Small sets kept as sorted vectors without duplicates ([`Set`]: the labels of a
+//! [`crate::labels::LabelSet`], the requirements of a [`crate::selector::Selector`], the values
+//! of a requirement): a `BTreeSet` allocates a node for eleven entries, and these sets hold one
+//! or two. A sorted, deduplicated vector orders, compares and hashes as the `BTreeSet` of the
+//! same items.
 
 /// `items` sorted, without duplicates, and no spare capacity: the set of them.
-pub(crate) fn set_of<T: Ord>(mut items: Vec<T>) -> Vec<T> {
+fn set_of<T: Ord>(mut items: Vec<T>) -> Vec<T> {
     items.sort();
     items.dedup();
     items.shrink_to_fit();
     items
 }
 
-/// Adds `item` to the sorted `set` at its place, unless the set has it.
-pub(crate) fn insert<T: Ord>(set: &mut Vec<T>, item: T) {
-    if let Err(at) = set.binary_search(&item) {
-        set.insert(at, item);
-    }
-}
-
-/// A small set as a sorted vector without duplicates: the values of a selector's `In` and
-/// `NotIn` requirements (a `matchLabels` entry is an `In` of one value). Orders, compares,
-/// hashes and serializes as the `BTreeSet` of the same items, which it replaced.
+/// A small set as a sorted vector without duplicates. Orders, compares, hashes and serializes
+/// as the `BTreeSet` of the same items, which it replaced.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
 #[serde(transparent)]
 pub struct Set<T: Ord>(Vec<T>);
@@ -50,6 +43,29 @@ impl<T: Ord> Set<T> {
     #[must_use]
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
+    }
+
+    /// Adds `item` at its place, unless the set has it.
+    pub fn insert(&mut self, item: T) {
+        if let Err(at) = self.0.binary_search(&item) {
+            self.0.insert(at, item);
+        }
+    }
+
+    /// Keeps the items for which `keep` is true.
+    pub fn retain(&mut self, keep: impl FnMut(&T) -> bool) {
+        self.0.retain(keep);
+    }
+
+    /// Gives back the spare capacity (a set built by [`Self::insert`]s).
+    pub fn shrink_to_fit(&mut self) {
+        self.0.shrink_to_fit();
+    }
+}
+
+impl<T: Ord> Default for Set<T> {
+    fn default() -> Self {
+        Self(Vec::new())
     }
 }
 
