@@ -67,9 +67,8 @@ pub fn split_key(selector_key: &str) -> (&str, &str) {
 
 /// An endpoint selector. No requirements (`{}`) selects every endpoint.
 ///
-/// The requirements are a sorted vector without duplicates, not a `BTreeSet`, for the reason
-/// [`crate::labels::LabelSet`] gives (a selector holds one or two); order, equality and hash
-/// are a `BTreeSet`'s.
+/// The requirements are a [`Set`] (a sorted vector without duplicates, not a `BTreeSet`: a
+/// selector holds one or two); order, equality and hash are a `BTreeSet`'s.
 #[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct Selector {

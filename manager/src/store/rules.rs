@@ -116,27 +116,18 @@ impl Store {
             let pending: Vec<u64> = pending.into_iter().collect();
             self.delete_rule_records(&pending)?;
         }
-        // Every record's number, read once when needed: for `next` in a store of an earlier
-        // version (none recorded), and for the dead list when every rule goes.
-        let mut seqs = None;
-        let next = match self.committed_next()? {
-            Some(n) => n,
-            None => seqs
-                .insert(self.rule_seqs()?)
-                .iter()
-                .map(|s| s + 1)
-                .max()
-                .unwrap_or(0),
+        // Every record's number, read once and only when needed: for `next` in a store of an
+        // earlier version (none recorded), and for the dead list when every rule goes.
+        let committed = self.committed_next()?;
+        let listed = if committed.is_none() || remove.is_none() {
+            self.rule_seqs()?
+        } else {
+            Vec::new()
         };
+        let next = committed.unwrap_or_else(|| listed.iter().map(|s| s + 1).max().unwrap_or(0));
         let dead = match remove {
             Some(remove) => remove.to_vec(),
-            None => match seqs {
-                Some(seqs) => seqs,
-                None => self.rule_seqs()?,
-            }
-            .into_iter()
-            .filter(|s| *s < next)
-            .collect(),
+            None => listed.into_iter().filter(|s| *s < next).collect(),
         };
         let new_next = add.iter().map(|(s, _)| s + 1).fold(next, u64::max);
         let staged = dead.len() + add.len() > CHUNK && add.iter().all(|(s, _)| *s >= next);

@@ -365,11 +365,12 @@ fn expression(v: &Value, path: &str) -> Res<Requirement> {
     let op = o
         .str("operator")?
         .ok_or_else(|| FieldError::new(&op_path, "missing"))?;
-    let mut values = Vec::new();
-    for (p, val) in o.array("values")?.unwrap_or_default() {
-        values.push(scalar_string(val).ok_or_else(|| FieldError::new(p, "expected a string"))?);
-    }
-    let values: crate::sorted::Set<String> = values.into_iter().collect();
+    let values: crate::sorted::Set<String> = o
+        .array("values")?
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(p, val)| scalar_string(val).ok_or_else(|| FieldError::new(p, "expected a string")))
+        .collect::<Res<_>>()?;
     let vpath = o.at("values");
     o.finish(&[])?;
     let op = match op {
