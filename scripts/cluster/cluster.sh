@@ -92,6 +92,13 @@ CL_API_SVC_IP=10.96.0.1
 CL_DNS_IP=10.96.0.10
 CL_API=https://$CL_API_IP:6443
 CL_ADMIN_KUBECONFIG=$CL_STATE/conf/admin.kubeconfig
+# Ports that host-network test pods listen on, kept out of each node's ephemeral range
+# (net.ipv4.ip_local_reserved_ports, set by up when it makes the node's netns): the
+# network-policy-api conformance fixture's centaur pod listens on 34345-34352 (its suite's fixed
+# default, inside Linux's 32768-60999), and the node's own outgoing connections (kubelet, etcd,
+# the API server's clients: ~240 at once on node 1) would otherwise hold one of them now and then
+# ("bind: address already in use", the fixture never Ready).
+CL_HOST_NETWORK_PORTS=34345-34352
 
 cl_die() { echo "cluster $CL_NAME: $*" >&2; exit 1; }
 cl_log() { printf '%s cluster %s: %s\n' "$(date +%H:%M:%S)" "$CL_NAME" "$*" >&2; }
