@@ -15,8 +15,8 @@
       failed connect) and `up T` at the first 200 after it, then exits 0; exit 3 when it is not
       back within S.
   cluster_stats.py pidstart PID
-      The process's start time (µs since the epoch; /proc/PID/stat starttime, clock-tick
-      precision).
+      The process's start time (µs since the epoch; /proc/PID/stat starttime against
+      CLOCK_BOOTTIME, clock-tick precision: 10 ms).
   cluster_stats.py loss STREAM NAME FROM TO BASE_FROM
       From a `cluster_probe.py stream` output: for target NAME, the requests sent in [FROM, TO)
       and how many of them got no answer, then the same for [BASE_FROM, FROM): `sent lost
@@ -142,11 +142,20 @@ def ready(a):
 
 
 def pidstart(a):
-    with open(f"/proc/{a.pid}/stat", encoding="utf-8") as f:
-        start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
-    with open("/proc/stat", encoding="utf-8") as f:
-        btime = next(int(line.split()[1]) for line in f if line.startswith("btime"))
-    print(btime * 1_000_000 + start_ticks * 1_000_000 // os.sysconf("SC_CLK_TCK"))
+    # starttime counts clock ticks since boot (CLOCK_BOOTTIME); /proc/stat's btime is the boot
+    # time in whole seconds, so btime + starttime was early by the boot time's fraction of a
+    # second (0-1 s, the same for a whole boot). The start is taken back from the present
+    # instead, the two clocks read one after the other.
+    try:
+        with open(f"/proc/{a.pid}/stat", encoding="utf-8") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+    except OSError as e:
+        print(f"cluster_stats: no process {a.pid}: {e}", file=sys.stderr)
+        return 2
+    since_boot_us = start_ticks * 1_000_000 // os.sysconf("SC_CLK_TCK")
+    now_us = time.time_ns() // 1000
+    boot_us = time.clock_gettime_ns(time.CLOCK_BOOTTIME) // 1000
+    print(now_us - boot_us + since_boot_us)
     return 0
 
 
