@@ -144,8 +144,7 @@ def ready(a):
 def pidstart(a):
     # starttime counts clock ticks since boot (CLOCK_BOOTTIME); /proc/stat's btime is the boot
     # time in whole seconds, so btime + starttime was early by the boot time's fraction of a
-    # second (0-1 s, the same for a whole boot). The start is taken back from the present
-    # instead, the two clocks read one after the other.
+    # second (0-1 s, the same for a whole boot). The boot is placed on the wall clock below.
     try:
         with open(f"/proc/{a.pid}/stat", encoding="utf-8") as f:
             start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])

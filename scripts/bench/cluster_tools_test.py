@@ -90,6 +90,7 @@ class Probe(unittest.TestCase):
             port = s.getsockname()[1]
             s.setblocking(False)
             socks.append(s)
+        index = {s: k for k, s in enumerate(socks)}
         with tempfile.TemporaryDirectory() as d:
             targets = os.path.join(d, "targets")
             with open(targets, "w", encoding="utf-8") as f:
@@ -108,7 +109,7 @@ class Probe(unittest.TestCase):
                 while len(answered) < n and time.monotonic() < end:
                     ready, _, _ = select.select(socks, [], [], 0.05)
                     for s in ready:
-                        k = socks.index(s)
+                        k = index[s]
                         while True:
                             try:
                                 data, peer = s.recvfrom(256)
