@@ -312,7 +312,9 @@ def policies(api, a):
         sys.exit(f"cluster_api: --targets {a.targets} > --count {a.count}: every allow policy is one of the {a.count}")
     # The allow policies' positions, spread evenly over the load: round((i + 0.5) * P / K).
     allow_at = {int((i + 0.5) * a.count / a.targets): i for i in range(a.targets)}
-    rows, load_j = [], 0
+    rows, load_j, unnamed = [], 0, 0
+    # The prober's hot socket, named each allow policy's target just before its create request.
+    hot = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) if a.hot_socket else None
     t0 = time.monotonic() + 0.05
     for k in range(a.count):
         when = t0 + k / a.qps
@@ -322,6 +324,13 @@ def policies(api, a):
         if k in allow_at:
             i = allow_at[k]
             kind, body, ns, target = "allow", allow_policy(a, i), a.client_ns, f"t{i}"
+            if hot:
+                try:
+                    hot.sendto(target.encode(), a.hot_socket)
+                except OSError as e:
+                    unnamed += 1
+                    print(f"cluster_api: cannot name {target} to the prober at {a.hot_socket}: {e.strerror}",
+                          file=sys.stderr)
         else:
             kind, body, ns, target = "load", load_policy(a, load_j), a.target_ns, None
             load_j += 1
@@ -336,6 +345,9 @@ def policies(api, a):
     with open(a.out, "w", encoding="utf-8") as f:
         for r in rows:
             f.write(json.dumps(r) + "\n")
+    if unnamed:
+        print(f"cluster_api: {unnamed} allow policies' targets were not named to the prober", file=sys.stderr)
+        return 4
     return 0 if all(r["status"] == 201 for r in rows) else 3
 
 
@@ -366,6 +378,8 @@ def main():
     p.add_argument("--targets", type=int, required=True)
     p.add_argument("--count", type=int, required=True)
     p.add_argument("--qps", type=float, required=True)
+    p.add_argument("--hot-socket", help="the prober's (cluster_probe.py first --hot-socket): each allow "
+                   "policy's target is named there just before its create request")
     p.add_argument("--out", required=True)
     a = ap.parse_args()
     api = Api(a.server, a.ca, a.cert, a.key)

@@ -8,11 +8,16 @@ is `echo I SEQ`; the answer names the target and the request, so a late answer i
 the request that was let through, not to the time it came back.
 
   cluster_probe.py first TARGETS PORT --interval-ms MS --timeout S [--stop-file F]
+                   [--hot-socket P [--hot-ms H] [--hot-s D]]
       Sends to every target without an answer yet, every MS on average (in every mode each
       interval is drawn from 0.5-1.5 MS: no fixed phase against the load); prints `ready` once
-      the first round is out. Stops when every target answered, at S, or when F exists. One JSON line per
-      target: first (send time of the first answered request), recv (when its answer came),
-      sent_before (requests sent to it before that one, all unanswered).
+      the first round is out. Stops when every target answered, at S, or when F exists. With
+      --hot-socket, a datagram `NAME` to the unix socket P (bound here) makes that target hot:
+      sent to every H ms (default 1) besides the rounds, until it answers or for D s (default
+      2), so the load's driver can name the flow it is about to enable and its first answer is
+      seen within ~H ms, not a round's MS. One JSON line per target: first (send time of the
+      first answered request), recv (when its answer came), sent_before (requests sent to it
+      before that one, all unanswered), hot (when it was named, or null).
   cluster_probe.py check TARGETS PORT --interval-ms MS --seconds S
       Sends to every target every MS for S seconds (then waits 0.5 s for late answers). One JSON
       line per target: sent, answered.
@@ -49,24 +54,75 @@ def read_targets(path):
     return out
 
 
-def run(targets, port, interval, until, want, on_answer):
-    """Sends to the targets `want` selects every interval until `until()`; on_answer(t, seq, at)."""
+def send(s, i, t, port):
+    seq = len(t["sends"])
+    t["sends"].append(now_us())
+    try:
+        s.sendto(f"echo {i} {seq}".encode(), (t["ip"], port))
+    except OSError as e:
+        kind = errno.errorcode.get(e.errno, str(e.errno))
+        t["errors"][kind] = t["errors"].get(kind, 0) + 1
+
+
+class Hot:
+    """The targets named on a unix datagram socket: each sent to every `interval` s from when
+    it was named until it answers or for `span` s."""
+
+    def __init__(self, path, targets, interval, span):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        try:
+            self.sock.bind(path)
+        except OSError as e:
+            sys.exit(f"cluster_probe: cannot bind --hot-socket {path}: {e.strerror} (remove a stale one)")
+        self.sock.setblocking(False)
+        self.by_name = {t["name"]: i for i, t in enumerate(targets)}
+        self.interval, self.span = interval, span
+        self.until = {}  # target index -> monotonic end of its hot span
+        self.next_send = None
+
+    def read(self, targets):
+        while True:
+            try:
+                data = self.sock.recv(256)
+            except BlockingIOError:
+                return
+            i = self.by_name.get(data.decode(errors="replace").strip())
+            if i is None:
+                print(f"cluster_probe: --hot-socket named no target: {data[:64]!r}", file=sys.stderr)
+                continue
+            targets[i]["hot"] = now_us()
+            self.until[i] = time.monotonic() + self.span
+            self.next_send = time.monotonic()
+
+    def due(self, targets, want):
+        """The hot targets to send to now (none when the next hot send is not due)."""
+        now = time.monotonic()
+        for i in [i for i, end in self.until.items() if now >= end or not want(targets[i])]:
+            del self.until[i]
+        if not self.until or self.next_send is None or now < self.next_send:
+            return []
+        self.next_send += self.interval
+        if self.next_send < now:
+            self.next_send = now + self.interval
+        return list(self.until)
+
+    def wake(self):
+        return self.next_send if self.until else None
+
+
+def run(targets, port, interval, until, want, on_answer, hot=None):
+    """Sends to the targets `want` selects every interval until `until()`; on_answer(t, seq, at).
+    Hot targets (see Hot) are sent to besides."""
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     s.setblocking(False)
     next_send = time.monotonic()
     first_round = True
+    watched = [s] + ([hot.sock] if hot else [])
     while not until():
         if time.monotonic() >= next_send:
             for i, t in enumerate(targets):
-                if not want(t):
-                    continue
-                seq = len(t["sends"])
-                t["sends"].append(now_us())
-                try:
-                    s.sendto(f"echo {i} {seq}".encode(), (t["ip"], port))
-                except OSError as e:
-                    kind = errno.errorcode.get(e.errno, str(e.errno))
-                    t["errors"][kind] = t["errors"].get(kind, 0) + 1
+                if want(t):
+                    send(s, i, t, port)
             if first_round:
                 print("ready", flush=True)
                 first_round = False
@@ -78,9 +134,15 @@ def run(targets, port, interval, until, want, on_answer):
             next_send += step
             if next_send < time.monotonic():
                 next_send = time.monotonic() + step
-        r, _, _ = select.select([s], [], [], max(0.0, next_send - time.monotonic()))
-        if r:
+        if hot:
+            for i in hot.due(targets, want):
+                send(s, i, targets[i], port)
+        wake = min(x for x in (next_send, hot.wake() if hot else None) if x is not None)
+        r, _, _ = select.select(watched, [], [], max(0.0, wake - time.monotonic()))
+        if s in r:
             drain(s, targets, on_answer)
+        if hot and hot.sock in r:
+            hot.read(targets)
     return s
 
 
@@ -120,11 +182,18 @@ def first(a):
     def until():
         return (time.monotonic() >= end or all(t["first"] is not None for t in targets)
                 or (a.stop_file and os.path.exists(a.stop_file)))
-    s = run(targets, a.port, a.interval_ms / 1000, until, lambda t: t["first"] is None, on_answer)
+    hot = Hot(a.hot_socket, targets, a.hot_ms / 1000, a.hot_s) if a.hot_socket else None
+    try:
+        s = run(targets, a.port, a.interval_ms / 1000, until, lambda t: t["first"] is None, on_answer, hot)
+    finally:
+        if hot:
+            hot.sock.close()
+            os.unlink(a.hot_socket)
     linger(s, targets, on_answer, 0.2)
     for t in targets:
         print(json.dumps({"name": t["name"], "ip": t["ip"], "first": t["first"], "recv": t["recv"],
                           "sent_before": t.get("seq", len(t["sends"])), "sent": len(t["sends"]),
+                          "hot": t.get("hot"),
                           "send_errors": sum(t["errors"].values()), "send_error_kinds": t["errors"]}), flush=True)
     return 0
 
@@ -176,6 +245,9 @@ def main():
         if name == "first":
             p.add_argument("--timeout", type=float, required=True)
             p.add_argument("--stop-file")
+            p.add_argument("--hot-socket")
+            p.add_argument("--hot-ms", type=float, default=1)
+            p.add_argument("--hot-s", type=float, default=2)
         elif name == "check":
             p.add_argument("--seconds", type=float, required=True)
         else:

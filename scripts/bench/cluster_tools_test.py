@@ -2,7 +2,8 @@
 """Tests of scripts/bench-cluster's measuring tools through their command lines, as the harness
 runs them: cluster_stats.py's process start time (pidstart) against the clock read when the
 process was started, and its histogram quantiles (hist) from two scrapes; cluster_probe.py's
-first answered requests against targets that start answering at a fixed rate (no fixed phase).
+first answered requests against targets that start answering at a fixed rate (no fixed phase),
+and with each flow named to it just before it opens (probed every hot interval).
 Loopback only, no cluster; seconds. Prints `bench-cluster-tools: N passed, M failed`.
 Usage: python3 scripts/bench/cluster_tools_test.py
 """
@@ -75,22 +76,92 @@ class Stats(unittest.TestCase):
             self.assertEqual((rc, out.split()), (0, ["0", "-", "-"]), err)
 
 
+def loopback_targets(n):
+    """n UDP sockets on 127.0.0.2.. sharing one free port: (sockets, port)."""
+    socks, port = [], 0
+    for k in range(n):
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.bind((f"127.0.0.{k + 2}", port))  # the first takes a free port, the others the same
+        port = s.getsockname()[1]
+        s.setblocking(False)
+        socks.append(s)
+    return socks, port
+
+
+def answer_from(socks, opened, until, on_tick=None):
+    """Echoes each request to target k once the clock reaches opened[k] (µs); drops it before.
+    on_tick() runs every ~1 ms. Returns the set of targets that answered."""
+    index = {s: k for k, s in enumerate(socks)}
+    answered = set()
+    while len(answered) < len(socks) and not until():
+        ready, _, _ = select.select(socks, [], [], 0.001)
+        if on_tick:
+            on_tick()
+        for s in ready:
+            k = index[s]
+            while True:
+                try:
+                    data, peer = s.recvfrom(256)
+                except BlockingIOError:
+                    break
+                if time.time_ns() // 1000 >= opened[k]:
+                    s.sendto(data.split(b" ", 1)[1], peer)
+                    answered.add(k)
+    return answered
+
+
 class Probe(unittest.TestCase):
+    def test_a_named_flow_is_probed_every_hot_interval(self):
+        # The policy creator names each flow to the prober just before its create request
+        # (--hot-socket); enforcement follows a few ms later. The named flow is then sent to
+        # every 1 ms, so its first answer comes ~1 ms after it opens, not a round's 40 ms (half
+        # of it on average). A prober that ignored the names waits 20 ms at the median.
+        n, interval_ms, step, lead = 20, 40, 0.1, 5_000
+        socks, port = loopback_targets(n)
+        with tempfile.TemporaryDirectory() as d:
+            targets, hot = os.path.join(d, "targets"), os.path.join(d, "hot")
+            with open(targets, "w", encoding="utf-8") as f:
+                f.writelines(f"t{k} 127.0.0.{k + 2}\n" for k in range(n))
+            prober = subprocess.Popen(
+                [sys.executable, PROBE, "first", targets, str(port), "--interval-ms", str(interval_ms),
+                 "--hot-socket", hot, "--hot-ms", "1", "--timeout", "30"], stdout=subprocess.PIPE, text=True)
+            namer = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            try:
+                self.assertEqual(prober.stdout.readline().strip(), "ready")
+                t0 = time.time_ns() // 1000 + 50_000
+                opened = [t0 + int(k * step * 1e6) for k in range(n)]
+                named = []
+
+                def name_due():
+                    k = len(named)
+                    if k < n and time.time_ns() // 1000 >= opened[k] - lead:
+                        namer.sendto(f"t{k}".encode(), hot)
+                        named.append(k)
+                end = time.monotonic() + 20
+                answer_from(socks, opened, lambda: time.monotonic() >= end, name_due)
+                out, _ = prober.communicate(timeout=30)
+            finally:
+                prober.kill()
+                namer.close()
+                for s in socks:
+                    s.close()
+            self.assertFalse(os.path.exists(hot), "the prober left its hot socket behind")
+        rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        self.assertEqual(len(rows), n, out)
+        self.assertTrue(all(r["hot"] for r in rows), f"a named target has no hot time: {out}")
+        waits = sorted((r["first"] - opened[int(r["name"][1:])]) / 1000 for r in rows if r["first"])
+        self.assertEqual(len(waits), n, f"targets never answered: {out}")
+        self.assertLess(waits[n // 2], interval_ms / 4,
+                        f"named flows waited for the rounds, not the hot interval: {waits}")
+
     def test_first_probes_keep_no_fixed_phase_against_a_fixed_rate_load(self):
         # Targets 127.0.0.K (loopback) start answering one after another every 100 ms, as the
         # bench's allow policies are created at 10/s. With rounds every 10 ms at a fixed
         # cadence, each target's first answered request came the same time after it started
         # answering (one phase for the whole run: 13.3 ms for every flow in one run); with the
         # rounds' intervals drawn at random, those waits spread over the interval.
-        n, port, interval_ms, step = 30, 0, 10, 0.1
-        socks = []
-        for k in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-            s.bind((f"127.0.0.{k + 2}", port))  # the first takes a free port, the others the same
-            port = s.getsockname()[1]
-            s.setblocking(False)
-            socks.append(s)
-        index = {s: k for k, s in enumerate(socks)}
+        n, interval_ms, step = 30, 10, 0.1
+        socks, port = loopback_targets(n)
         with tempfile.TemporaryDirectory() as d:
             targets = os.path.join(d, "targets")
             with open(targets, "w", encoding="utf-8") as f:
@@ -105,19 +176,7 @@ class Probe(unittest.TestCase):
                 t0 = time.time_ns() // 1000 + 50_000 + interval_ms * 500
                 opened = [t0 + int(k * step * 1e6) for k in range(n)]
                 end = time.monotonic() + 20
-                answered = set()
-                while len(answered) < n and time.monotonic() < end:
-                    ready, _, _ = select.select(socks, [], [], 0.05)
-                    for s in ready:
-                        k = index[s]
-                        while True:
-                            try:
-                                data, peer = s.recvfrom(256)
-                            except BlockingIOError:
-                                break
-                            if time.time_ns() // 1000 >= opened[k]:
-                                s.sendto(data.split(b" ", 1)[1], peer)
-                                answered.add(k)
+                answer_from(socks, opened, lambda: time.monotonic() >= end)
                 out, _ = prober.communicate(timeout=30)
             finally:
                 prober.kill()
