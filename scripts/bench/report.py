@@ -217,7 +217,7 @@ class DefaultDims(dict):
         return "?"
 
 
-def judge(target, by_label):
+def judge(target, by_label, parts):
     text, label, what, op, bound, source = target
     r = by_label.get(canonical(label))
     if r is None or r["median"] is None:
@@ -228,7 +228,11 @@ def judge(target, by_label):
         ratio = r["median"] / anchor["median"]
     value = ratio if what == "ratio" else r["median"]
     anchor_text = f"{figure(anchor)} (`{label_of(anchor)}`)" if anchor else "—"
-    if value is None:
+    # A part with a failed command is incomplete: its figures are shown, not judged.
+    failed = sorted({x["part"] for x in (r, anchor) if x and parts.get(x["part"], {}).get("status") != "ok"})
+    if failed:
+        verdict = f"**not judged** (part {', '.join(failed)} failed)"
+    elif value is None:
         verdict = "**not measured** (no anchor)"
     else:
         ok = value <= bound if op == "<=" else value >= bound
@@ -264,12 +268,12 @@ SOURCES = ("Source: §8 = docs/ARCHITECTURE.md, \"Performance targets\"; #10, #2
            "A target without a figure from this results file is reported as not measured, never as met.")
 
 
-def targets_table(by_label):
+def targets_table(by_label, parts):
     out = ["### Targets", "",
            "| target | figure | anchor (same run) | ratio | part | met? | source |",
            "|---|---|---|---|---|---|---|"]
     for t in TARGETS:
-        out.append("| " + " | ".join(judge(t, by_label)) + " |")
+        out.append("| " + " | ".join(judge(t, by_label, parts)) + " |")
     return out + ["", SOURCES, ""]
 
 
@@ -285,7 +289,7 @@ def notice(parts, refused):
     out += [f"- {e};" for e in refused[:-1]] + [f"- {refused[-1]}."]
     out += ["", "So no target is judged here and none of that file's figures is shown. The next "
             "run of the whole suite writes this part.", ""]
-    out += targets_table({})
+    out += targets_table({}, parts)
     out += ["### Parts in the results file", "", "| part | status | date (UTC) | commit | run |", "|---|---|---|---|---|"]
     for name, p in sorted(parts.items()):
         out.append(f"| {name} | {p.get('status')} | {p.get('date')} | {p.get('commit', '—')} | {p.get('run', '(no run id)')} |")
@@ -311,7 +315,7 @@ def section(parts, cmds, results, drawn, errors):
     if any(p.get("smoke") == "1" for p in parts.values()):
         out.append("**Smoke run (tiny sizes, one or two runs): these numbers are not measurements.**")
         out.append("")
-    out += targets_table(by_label)
+    out += targets_table(by_label, parts)
     out += ["### Parts and commands", "", "| part | status | date (UTC) | commit | seconds | load before → after | commands |",
             "|---|---|---|---|---|---|---|"]
     for name, p in sorted(parts.items()):

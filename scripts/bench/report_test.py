@@ -2,8 +2,8 @@
 """Tests of scripts/bench/report.py, through its command line as scripts/bench/all runs it: the
 targets table from one clean run; the refusal of results from several runs, several commits, a
 tree with changes or no run at all (the document left as it was, or with `--refused notice` a
-notice in place of the generated part that shows none of the refused figures); the hand-written
-text outside the markers kept. Prints `bench-report: N passed, M failed`.
+notice in place of the generated part that shows none of the refused figures); a failed part's
+figures shown and not judged; the hand-written text outside the markers kept. Prints `bench-report: N passed, M failed`.
 Usage: python3 scripts/bench/report_test.py
 """
 
@@ -38,16 +38,16 @@ Text after.
 CNI = "impl=weft labels=new pods=25 rules=1000"
 
 
-def part(name, run, commit, results):
-    lines = [f"PART part={name} status=ok date=2026-11-27T10:00Z seconds=1 load_before=0.1 "
+def part(name, run, commit, results, status="ok"):
+    lines = [f"PART part={name} status={status} date=2026-11-27T10:00Z seconds=1 load_before=0.1 "
              f"load_after=0.1 smoke=0 commit={commit} run={run}",
              f"CMD part={name} bash scripts/bench-{name}"]
     lines += [f"RESULT part={name} {r}" for r in results]
     return lines
 
 
-def cni(add_weft, run="r1", commit="abc1234"):
-    return part("cni", run, commit, [
+def cni(add_weft, run="r1", commit="abc1234", status="ok"):
+    return part("cni", run, commit, status=status, results=[
         f"name=cni_add_ms {CNI} anchor=cni_add_ms/impl=ptp median={add_weft} p10=1 p90=9 n=60",
         "name=cni_add_ms impl=ptp median=10 p10=9 p90=11 n=60",
         f"name=cni_del_ms {CNI} anchor=cni_del_ms/impl=ptp median=3 p10=2 p90=4 n=60",
@@ -118,6 +118,17 @@ class Report(unittest.TestCase):
         add = self.row(doc, "CNI ADD ≤ 0.5×")
         self.assertIn("0.60×", add)
         self.assertIn("**not met**", add)
+
+    def test_a_failed_parts_figures_are_shown_not_judged(self):
+        # bench/all marks a part failed when any of its commands failed (the others' figures
+        # are still collected): the table shows them and judges none of them.
+        rc, err, doc = self.run_report(cni(4, status="failed") + restart())
+        self.assertEqual(rc, 0, err)
+        add = self.row(doc, "CNI ADD ≤ 0.5×")
+        self.assertIn("0.40×", add)
+        self.assertIn("**not judged** (part cni failed)", add)
+        self.assertNotIn("| met |", add)
+        self.assertIn("**not met**", self.row(doc, "restart → ready ≤ 300 ms (same build), 250 endpoints, 1000 rules, today's mix"))
 
     def assert_refused(self, lines, *needles):
         rc, err, doc = self.run_report(lines)
