@@ -64,6 +64,13 @@ def send(s, i, t, port):
         t["errors"][kind] = t["errors"].get(kind, 0) + 1
 
 
+def next_time(t, step):
+    """The deadline `step` after t, or `step` from now when t is already past by more than that."""
+    t += step
+    now = time.monotonic()
+    return t if t >= now else now + step
+
+
 class Hot:
     """The targets named on a unix datagram socket: each sent to every `interval` s from when
     it was named until it answers or for `span` s."""
@@ -75,10 +82,11 @@ class Hot:
         except OSError as e:
             sys.exit(f"cluster_probe: cannot bind --hot-socket {path}: {e.strerror} (remove a stale one)")
         self.sock.setblocking(False)
+        self.path = path
         self.by_name = {t["name"]: i for i, t in enumerate(targets)}
         self.interval, self.span = interval, span
         self.until = {}  # target index -> monotonic end of its hot span
-        self.next_send = None
+        self.next_send = 0.0  # meaningful while `until` holds a target
 
     def read(self, targets):
         while True:
@@ -99,15 +107,17 @@ class Hot:
         now = time.monotonic()
         for i in [i for i, end in self.until.items() if now >= end or not want(targets[i])]:
             del self.until[i]
-        if not self.until or self.next_send is None or now < self.next_send:
+        if not self.until or now < self.next_send:
             return []
-        self.next_send += self.interval
-        if self.next_send < now:
-            self.next_send = now + self.interval
+        self.next_send = next_time(self.next_send, self.interval)
         return list(self.until)
 
     def wake(self):
         return self.next_send if self.until else None
+
+    def close(self):
+        self.sock.close()
+        os.unlink(self.path)
 
 
 def run(targets, port, interval, until, want, on_answer, hot=None):
@@ -130,10 +140,7 @@ def run(targets, port, interval, until, want, on_answer, hot=None):
             # cadence the rounds kept one phase against a load made at a fixed rate (policies
             # created every 100 ms, rounds every 10 ms), and every flow then waited the same
             # time for its first probe after enforcement (13.3 ms for all 100 flows in one run).
-            step = interval * random.uniform(0.5, 1.5)
-            next_send += step
-            if next_send < time.monotonic():
-                next_send = time.monotonic() + step
+            next_send = next_time(next_send, interval * random.uniform(0.5, 1.5))
         if hot:
             for i in hot.due(targets, want):
                 send(s, i, targets[i], port)
@@ -187,8 +194,7 @@ def first(a):
         s = run(targets, a.port, a.interval_ms / 1000, until, lambda t: t["first"] is None, on_answer, hot)
     finally:
         if hot:
-            hot.sock.close()
-            os.unlink(a.hot_socket)
+            hot.close()
     linger(s, targets, on_answer, 0.2)
     for t in targets:
         print(json.dumps({"name": t["name"], "ip": t["ip"], "first": t["first"], "recv": t["recv"],

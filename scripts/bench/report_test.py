@@ -3,7 +3,8 @@
 targets table from one clean run; the refusal of results from several runs, several commits, a
 tree with changes or no run at all (the document left as it was, or with `--refused notice` a
 notice in place of the generated part that shows none of the refused figures); a failed part's
-figures shown and not judged; the hand-written text outside the markers kept. Prints `bench-report: N passed, M failed`.
+figures shown and not judged; the hand-written text outside the markers kept. Prints
+`bench-report: N passed, M failed`.
 Usage: python3 scripts/bench/report_test.py
 """
 
@@ -128,7 +129,8 @@ class Report(unittest.TestCase):
         self.assertIn("0.40×", add)
         self.assertIn("**not judged** (part cni failed)", add)
         self.assertNotIn("| met |", add)
-        self.assertIn("**not met**", self.row(doc, "restart → ready ≤ 300 ms (same build), 250 endpoints, 1000 rules, today's mix"))
+        same = "restart → ready ≤ 300 ms (same build), 250 endpoints, 1000 rules, today's mix"
+        self.assertIn("**not met**", self.row(doc, same))
 
     def assert_refused(self, lines, *needles):
         rc, err, doc = self.run_report(lines)
