@@ -57,14 +57,24 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } ipcache SEC(".maps");
 
+/* Not preallocated: a node holds a few thousand to a few hundred thousand pairs. */
 struct {
-	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
-	__type(key, struct policy_key);
-	__type(value, struct policy_value);
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct policy_pair_key);
+	__type(value, __u32);
 	__uint(max_entries, 1024 * 1024);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} policy SEC(".maps");
+} policy_pairs SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__type(key, struct policy_list_key);
+	__type(value, struct policy_value);
+	__uint(max_entries, 256 * 1024);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} policy_lists SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -145,26 +155,41 @@ static __always_inline struct peer peer_identity(const struct flow *f, const __u
 	return p;
 }
 
-static __always_inline __u8 policy_verdict(__u32 policy_id, __u32 identity, __u8 dir,
-					   const struct flow *f)
+/* The policy entry of (slot, peer identity, direction) for the flow's protocol and port, in two
+ * steps: the pair's port list, then the longest match in that list. NULL: no entry. */
+static __always_inline struct policy_value *policy_entry(__u32 policy_id, __u32 identity,
+							  __u8 direction, const struct flow *f)
 {
-	struct policy_key k = {
-		.prefixlen = WEFT_POLICY_FULL_PREFIX,
+	struct policy_pair_key pk = {
 		.policy_id = policy_id,
 		.identity = identity,
-		.direction = dir,
+		.direction = direction,
+	};
+	__u32 *list = bpf_map_lookup_elem(&policy_pairs, &pk);
+
+	if (!list)
+		return NULL;
+	struct policy_list_key k = {
+		.prefixlen = WEFT_POLICY_LIST_FULL_PREFIX,
+		.list_id = *list,
 		.proto = f->proto,
 		.dport = f->policy_port,
 	};
+
+	return bpf_map_lookup_elem(&policy_lists, &k);
+}
+
+static __always_inline __u8 policy_verdict(__u32 policy_id, __u32 identity, __u8 dir,
+					   const struct flow *f)
+{
 	/* Within one identity the userspace encoding already resolved deny-over-allow (a block
 	 * covered by a deny is stored as deny), so the longest match is the answer for that
 	 * identity. Across the exact identity and the wildcard 0, deny in either wins. */
-	struct policy_value *exact = bpf_map_lookup_elem(&policy, &k);
+	struct policy_value *exact = policy_entry(policy_id, identity, dir, f);
 
 	if (exact && exact->verdict == WEFT_VERDICT_DENY)
 		return WEFT_VERDICT_DENY;
-	k.identity = 0;
-	struct policy_value *any = bpf_map_lookup_elem(&policy, &k);
+	struct policy_value *any = policy_entry(policy_id, 0, dir, f);
 
 	if (any)
 		return any->verdict;
@@ -368,24 +393,16 @@ static __always_inline __u8 verdict_for(const struct endpoint_info *ep, struct p
 static __always_inline struct policy_value tier_entry(__u32 policy_id, struct peer p, __u8 dir,
 						      __u8 tier, const struct flow *f)
 {
-	struct policy_key k = {
-		.prefixlen = WEFT_POLICY_FULL_PREFIX,
-		.policy_id = policy_id,
-		.identity = p.identity,
-		.direction = dir | (tier << WEFT_POLICY_TIER_SHIFT),
-		.proto = f->proto,
-		.dport = f->policy_port,
-	};
+	__u8 direction = dir | (tier << WEFT_POLICY_TIER_SHIFT);
 	struct policy_value best = {};
 	__u32 best_prec = 0xffffffffu;
-	struct policy_value *v = bpf_map_lookup_elem(&policy, &k);
+	struct policy_value *v = policy_entry(policy_id, p.identity, direction, f);
 
 	if (v && v->verdict) {
 		best = *v;
 		best_prec = ((__u32)v->priority << 16) | ((__u32)v->rule << 8) | v->verdict;
 	}
-	k.identity = 0;
-	v = bpf_map_lookup_elem(&policy, &k);
+	v = policy_entry(policy_id, 0, direction, f);
 	if (v && v->verdict) {
 		__u32 prec = ((__u32)v->priority << 16) | ((__u32)v->rule << 8) | v->verdict;
 
@@ -395,8 +412,7 @@ static __always_inline struct policy_value tier_entry(__u32 policy_id, struct pe
 		}
 	}
 	if (p.cidr_identity) {
-		k.identity = p.cidr_identity | WEFT_IDENTITY_BY_IP;
-		v = bpf_map_lookup_elem(&policy, &k);
+		v = policy_entry(policy_id, p.cidr_identity | WEFT_IDENTITY_BY_IP, direction, f);
 		if (v && v->verdict) {
 			__u32 prec = ((__u32)v->priority << 16) | ((__u32)v->rule << 8) | v->verdict;
 

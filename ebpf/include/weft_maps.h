@@ -76,12 +76,13 @@ struct ipcache_value {
 #define WEFT_IDENTITY_BY_IP (1u << 30)
 
 /*
- * policy: one global LPM_TRIE for every policy slot (see docs/DATAPATH.md). policy_id, identity
+ * A policy entry (see docs/DATAPATH.md, "Policy maps"): the key the manager computes,
+ * {policy slot, peer identity, direction, proto, dport}, as an LPM prefix. policy_id, identity
  * and direction are always in the prefix (72 bits); proto adds 8 bits unless it is a wildcard;
  * dport (network byte order, so its high bits come first) adds 0..16 bits for an aligned
  * power-of-two port block. The direction byte also holds the layer the entry belongs to
- * (WEFT_TIER_* << WEFT_POLICY_TIER_SHIFT): NetworkPolicy entries have tier 0, so their keys
- * are what they were before tiers existed.
+ * (WEFT_TIER_* << WEFT_POLICY_TIER_SHIFT). No map is keyed by it: the entries are stored in two
+ * steps, policy_pairs and policy_lists below.
  */
 struct policy_key {
 	__u32 prefixlen;
@@ -95,6 +96,35 @@ struct policy_key {
 #define WEFT_POLICY_PROTO_PREFIX 80
 #define WEFT_POLICY_FULL_PREFIX 96
 
+/*
+ * policy_pairs: HASH, key = the fixed part of a policy entry (slot, peer identity, direction
+ * with its layer), value = the id (__u32) of the port list holding that pair's (proto, dport)
+ * entries. Most pairs of a node have one of a few hundred distinct port lists, so each distinct
+ * list is stored once. A pair with no entries has no key.
+ */
+struct policy_pair_key {
+	__u32 policy_id;
+	__u32 identity;
+	__u8 direction;
+	__u8 pad[3];
+};
+
+/*
+ * policy_lists: LPM_TRIE, the port lists: list_id and pad (0) are always in the prefix (40
+ * bits), then proto and dport exactly as in a policy entry (a policy entry's prefix length
+ * minus 32). A list's entries never change while a pair points at it: the manager writes a new
+ * list, points the pairs at it, then deletes the list nothing points at.
+ */
+struct policy_list_key {
+	__u32 prefixlen;
+	__u32 list_id;
+	__u8 pad;
+	__u8 proto;
+	__be16 dport;
+};
+#define WEFT_POLICY_LIST_FIXED_PREFIX 40
+#define WEFT_POLICY_LIST_FULL_PREFIX 64
+
 /* Layers of policy_key.direction (bits 4..5). */
 #define WEFT_TIER_POLICY 0
 #define WEFT_TIER_ADMIN 1
@@ -105,7 +135,7 @@ struct policy_key {
 /*
  * policy_gen: HASH, key = policy_id (__u32), value = generation (__u64). Never read by the
  * programs: the manager's crash-safe record of which slots it finished writing. A slot whose
- * entries are being written holds 0; every slot that may have entries in the trie has a key.
+ * entries are being written holds 0; every slot that may have pairs in policy_pairs has a key.
  */
 
 /*

@@ -32,6 +32,8 @@ int main(void)
 	CONST(u32, WEFT_POLICY_FIXED_PREFIX);
 	CONST(u32, WEFT_POLICY_PROTO_PREFIX);
 	CONST(u32, WEFT_POLICY_FULL_PREFIX);
+	CONST(u32, WEFT_POLICY_LIST_FIXED_PREFIX);
+	CONST(u32, WEFT_POLICY_LIST_FULL_PREFIX);
 	CONST(u8, WEFT_TIER_POLICY);
 	CONST(u8, WEFT_TIER_ADMIN);
 	CONST(u8, WEFT_TIER_BASELINE);
@@ -91,6 +93,16 @@ int main(void)
 	FIELD(policy_key, direction);
 	FIELD(policy_key, proto);
 	FIELD(policy_key, dport);
+	SIZE(policy_pair_key);
+	FIELD(policy_pair_key, policy_id);
+	FIELD(policy_pair_key, identity);
+	FIELD(policy_pair_key, direction);
+	FIELD(policy_pair_key, pad);
+	SIZE(policy_list_key);
+	FIELD(policy_list_key, list_id);
+	FIELD(policy_list_key, pad);
+	FIELD(policy_list_key, proto);
+	FIELD(policy_list_key, dport);
 	SIZE(policy_value);
 	FIELD(policy_value, verdict);
 	FIELD(policy_value, rule);

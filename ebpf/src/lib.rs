@@ -44,8 +44,16 @@ pub mod map_names {
     pub const ENDPOINTS: &str = "endpoints";
     /// [`super::IpcacheKey`] → [`super::IpcacheValue`].
     pub const IPCACHE: &str = "ipcache";
-    /// [`super::PolicyKey`] → [`super::PolicyValue`].
+    /// [`super::PolicyPairKey`] → port list id (`u32`): the first step of a policy lookup.
+    pub const POLICY_PAIRS: &str = "policy_pairs";
+    /// [`super::PolicyListKey`] → [`super::PolicyValue`]: the port lists.
+    pub const POLICY_LISTS: &str = "policy_lists";
+    /// Not a map: the policy entries the two maps above hold together, one per
+    /// [`super::PolicyKey`], as `map dump` shows them.
     pub const POLICY: &str = "policy";
+    /// The one LPM trie of every policy entry of builds before the two-step lookup: its pin is
+    /// removed once every endpoint runs programs that do not read it.
+    pub const LEGACY_POLICY: &str = "policy";
     /// [`super::CtKey`] → [`super::CtValue`].
     pub const CT: &str = "ct";
     /// [`super::MetricsKey`] → per-CPU [`super::MetricsValue`].
@@ -65,10 +73,11 @@ pub mod map_names {
     /// [`super::LbFlowKey`] → [`super::LbFlow`]: the backend each flow was given.
     pub const LB_FLOWS: &str = "lb_flows";
     /// All of them.
-    pub const ALL: [&str; 12] = [
+    pub const ALL: [&str; 13] = [
         ENDPOINTS,
         IPCACHE,
-        POLICY,
+        POLICY_PAIRS,
+        POLICY_LISTS,
         POLICY_GEN,
         CT,
         FRAGS,
@@ -127,7 +136,8 @@ pub struct IpcacheValue {
     pub cidr_identity: u32,
 }
 
-/// Data part of the `policy` LPM key (aya adds the `prefixlen` word in front).
+/// A policy entry's key without its prefix length: what the manager computes and diffs, stored
+/// in two steps ([`PolicyPairKey`], then [`PolicyListKey`]); no map is keyed by it.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct PolicyKey {
@@ -143,7 +153,53 @@ pub struct PolicyKey {
     pub dport: u16,
 }
 
-/// Value of the `policy` map.
+/// Key of the `policy_pairs` map: the fixed part of a policy entry's key.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PolicyPairKey {
+    /// Policy slot.
+    pub policy_id: u32,
+    /// Peer identity, 0 = any.
+    pub identity: u32,
+    /// Direction and layer ([`policy_direction`]).
+    pub direction: u8,
+    /// Padding (zero).
+    pub pad: [u8; 3],
+}
+
+impl PolicyPairKey {
+    /// The pair of a policy entry's key.
+    #[must_use]
+    pub const fn of(key: &PolicyKey) -> Self {
+        Self {
+            policy_id: key.policy_id,
+            identity: key.identity,
+            direction: key.direction,
+            pad: [0; 3],
+        }
+    }
+}
+
+/// Data part of the `policy_lists` LPM key (aya adds the `prefixlen` word in front): a port list
+/// id, then a policy entry's proto and dport.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PolicyListKey {
+    /// Port list id (the value of `policy_pairs`).
+    pub list_id: u32,
+    /// Padding (zero, inside the prefix).
+    pub pad: u8,
+    /// IP protocol (0 = any, then outside the prefix).
+    pub proto: u8,
+    /// Destination port (ICMP: type), network byte order.
+    pub dport: u16,
+}
+
+/// How much shorter a list entry's prefix is than the policy entry's: the slot, identity and
+/// direction (72 bits) replaced by the list id and a pad byte (40 bits).
+pub const POLICY_LIST_PREFIX_SHIFT: u32 = POLICY_FIXED_PREFIX - POLICY_LIST_FIXED_PREFIX;
+
+/// Value of the `policy_lists` map.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct PolicyValue {
@@ -428,13 +484,15 @@ mod pod {
     use super::{
         CtKey, CtValue, EndpointInfo, FragKey, FragValue, IpcacheKey, IpcacheValue, LbAddr,
         LbBackendKey, LbFlow, LbFlowKey, LbKey, LbService, MetricsKey, MetricsValue, PolicyKey,
-        PolicyValue,
+        PolicyListKey, PolicyPairKey, PolicyValue,
     };
     // SAFETY (all): #[repr(C)], Copy, no pointers, every bit pattern valid, padding explicit.
     unsafe impl aya::Pod for EndpointInfo {}
     unsafe impl aya::Pod for IpcacheKey {}
     unsafe impl aya::Pod for IpcacheValue {}
     unsafe impl aya::Pod for PolicyKey {}
+    unsafe impl aya::Pod for PolicyPairKey {}
+    unsafe impl aya::Pod for PolicyListKey {}
     unsafe impl aya::Pod for PolicyValue {}
     unsafe impl aya::Pod for CtKey {}
     unsafe impl aya::Pod for CtValue {}

@@ -70,6 +70,22 @@ fn rust_layout_matches_c() {
     check!(
         c,
         seen,
+        "policy_pair_key",
+        PolicyPairKey,
+        lpm_shift = 0,
+        [policy_id, identity, direction, pad]
+    );
+    check!(
+        c,
+        seen,
+        "policy_list_key",
+        PolicyListKey,
+        lpm_shift = 4,
+        [list_id, pad, proto, dport]
+    );
+    check!(
+        c,
+        seen,
         "policy_value",
         PolicyValue,
         lpm_shift = 0,

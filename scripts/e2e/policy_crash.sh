@@ -58,17 +58,17 @@ check "a restart with nothing changed reads no slot back" test "$(field read_bac
 check "... and trusts every slot" test "$(field trusted)" = 8
 check "... without recomputing" test "$(field inputs_unchanged)" = true
 
-# A write cut short: generation 0 and one entry of the slot gone.
+# A write cut short: generation 0 and one pair of the slot gone.
 slot=$(weftctl -o json map dump policy_gen | jq -r '.[0].policy_id')
 hex32() { printf '%02x %02x %02x %02x' $(($1 & 255)) $((($1 >> 8) & 255)) $((($1 >> 16) & 255)) $((($1 >> 24) & 255)); }
 weft_kill9_manager
-key=$(bpftool -j map dump pinned "$WEFT_BPFFS/policy" | jq -r '.[].key | join(" ")' \
+key=$(bpftool -j map dump pinned "$WEFT_BPFFS/policy_pairs" | jq -r '.[].key | join(" ")' \
   | while read -r k; do
-      set -- $k # prefixlen (4 bytes), then policy_id (little-endian)
-      [ $(($5 | ($6 << 8) | ($7 << 16) | ($8 << 24))) = "$slot" ] && { echo "$k"; break; }
+      set -- $k # policy_id (little-endian), then identity and direction
+      [ $(($1 | ($2 << 8) | ($3 << 16) | ($4 << 24))) = "$slot" ] && { echo "$k"; break; }
     done)
-[ -n "$key" ] || die "no policy entry of slot $slot"
-bpftool map delete pinned "$WEFT_BPFFS/policy" key $key || die "cannot delete a policy entry"
+[ -n "$key" ] || die "no policy pair of slot $slot"
+bpftool map delete pinned "$WEFT_BPFFS/policy_pairs" key $key || die "cannot delete a policy pair"
 bpftool map update pinned "$WEFT_BPFFS/policy_gen" key hex $(hex32 "$slot") value hex 00 00 00 00 00 00 00 00 || die "cannot set a generation"
 weft_start_manager "${START[@]}"
 check "a slot left mid-write (generation 0) is read back" test "$(field read_back)" = 1

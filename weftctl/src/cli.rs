@@ -136,7 +136,8 @@ pub enum MapCmd {
     List,
     /// Decoded entries of one map.
     Dump {
-        /// Map name (see `map list`).
+        /// Map name (see `map list`), or `policy`: every slot's policy entries, as the two
+        /// policy maps (`policy_pairs`, `policy_lists`) hold them together.
         name: String,
     },
     /// Compare the endpoints, ipcache and policy maps with a from-scratch computation of the

@@ -1,4 +1,4 @@
-//! `BPF_MAP_{UPDATE,DELETE,LOOKUP}_BATCH` on the policy trie. aya 0.14 has no batch calls, and
+//! `BPF_MAP_{UPDATE,DELETE,LOOKUP}_BATCH` on the policy maps. aya 0.14 has no batch calls, and
 //! one syscall per entry is half the cost of rewriting a large policy: the kernel's generic batch
 //! (which the LPM trie uses since 5.x) still updates element by element, but inside one syscall
 //! (scripts/bench-policy-maps: 1000 inserts 1.15 ms one by one, 0.60 ms batched; deletes 0.78 ms
@@ -14,13 +14,6 @@ type BatchAttr = aya_obj::generated::bpf_attr__bindgen_ty_3;
 
 /// Elements per syscall: bounds the kernel's time without yielding and our buffers.
 pub(crate) const CHUNK: usize = 4096;
-
-/// A failed batch: how many elements (from the start) were done, and why it stopped.
-#[derive(Debug)]
-pub(crate) struct BatchError {
-    pub(crate) done: usize,
-    pub(crate) source: io::Error,
-}
 
 fn attr(fd: BorrowedFd<'_>, count: usize) -> io::Result<BatchAttr> {
     Ok(BatchAttr {
@@ -62,37 +55,33 @@ fn processed(a: &BatchAttr, n: usize) -> usize {
     if count >= n { 0 } else { count }
 }
 
-/// Inserts or replaces `keys[i]` → `values[i]`, in order. `K` and `V` must be the map's exact
-/// key and value layouts.
+/// Inserts or replaces `keys[i]` → `values[i]`, in order; on an error, some may be written.
+/// `K` and `V` must be the map's exact key and value layouts.
 pub(crate) fn update<K: Copy, V: Copy>(
     fd: BorrowedFd<'_>,
     keys: &[K],
     values: &[V],
-) -> Result<(), BatchError> {
+) -> io::Result<()> {
     assert_eq!(keys.len(), values.len());
     let mut done = 0;
     while done < keys.len() {
         let n = (keys.len() - done).min(CHUNK);
-        let mut a = attr(fd, n).map_err(|source| BatchError { done, source })?;
+        let mut a = attr(fd, n)?;
         a.keys = keys.as_ptr().wrapping_add(done) as u64;
         a.values = values.as_ptr().wrapping_add(done) as u64;
-        if let Err(source) = sys_bpf(bpf_cmd::BPF_MAP_UPDATE_BATCH, &mut a) {
-            return Err(BatchError {
-                done: done + processed(&a, n),
-                source,
-            });
-        }
+        sys_bpf(bpf_cmd::BPF_MAP_UPDATE_BATCH, &mut a)?;
         done += n;
     }
     Ok(())
 }
 
-/// Deletes `keys`, in order; keys already missing are skipped.
-pub(crate) fn delete<K: Copy>(fd: BorrowedFd<'_>, keys: &[K]) -> Result<(), BatchError> {
+/// Deletes `keys`, in order; keys already missing are skipped. On an error, some may be
+/// deleted.
+pub(crate) fn delete<K: Copy>(fd: BorrowedFd<'_>, keys: &[K]) -> io::Result<()> {
     let mut done = 0;
     while done < keys.len() {
         let n = (keys.len() - done).min(CHUNK);
-        let mut a = attr(fd, n).map_err(|source| BatchError { done, source })?;
+        let mut a = attr(fd, n)?;
         a.keys = keys.as_ptr().wrapping_add(done) as u64;
         match sys_bpf(bpf_cmd::BPF_MAP_DELETE_BATCH, &mut a) {
             Ok(()) => done += n,
@@ -100,12 +89,7 @@ pub(crate) fn delete<K: Copy>(fd: BorrowedFd<'_>, keys: &[K]) -> Result<(), Batc
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) && processed(&a, n) < n => {
                 done += processed(&a, n) + 1;
             }
-            Err(source) => {
-                return Err(BatchError {
-                    done: done + processed(&a, n),
-                    source,
-                });
-            }
+            Err(e) => return Err(e),
         }
     }
     Ok(())

@@ -71,7 +71,8 @@ impl BpfDatapath {
         let mut maps = Maps {
             endpoints: take(&mut opened.maps, names::ENDPOINTS)?,
             ipcache: take(&mut opened.maps, names::IPCACHE)?,
-            policy: take(&mut opened.maps, names::POLICY)?,
+            policy_pairs: take(&mut opened.maps, names::POLICY_PAIRS)?,
+            policy_lists: take(&mut opened.maps, names::POLICY_LISTS)?,
             policy_gen: take(&mut opened.maps, names::POLICY_GEN)?,
             ct: take(&mut opened.maps, names::CT)?,
             frags: take(&mut opened.maps, names::FRAGS)?,
@@ -87,11 +88,16 @@ impl BpfDatapath {
             scratch: Vec::new(),
             unloaded: BTreeSet::new(),
             pending: None,
+            lists: None,
             slot_flags: HashMap::new(),
             slot_of: HashMap::new(),
             by_id: HashMap::new(),
         };
         maps.read_back()?;
+        let legacy = config.pin_dir.join(names::LEGACY_POLICY);
+        if legacy.exists() {
+            maps.migrate_legacy(&legacy)?;
+        }
         maps.install_world()?;
         let (events, _) = broadcast::channel(config.event_channel);
         let reader =
@@ -174,6 +180,23 @@ impl Datapath for BpfDatapath {
         let mut maps = self.lock();
         if maps.programs.committed {
             return Ok(());
+        }
+        // Every endpoint runs these programs now: the policy trie of builds before the two-step
+        // lookup is read by none of them. Unpinned before the programs are: a start that finds
+        // it again (a crash in between) has not reused programs and copies it again, which is
+        // what it holds until the restore rewrites the slots.
+        let legacy = self.config.pin_dir.join(names::LEGACY_POLICY);
+        match std::fs::remove_file(&legacy) {
+            Ok(()) => {
+                tracing::info!(pin = %legacy.display(), "unpinned the earlier builds' policy map");
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(source) => {
+                return Err(DatapathError::Bpffs {
+                    path: legacy,
+                    source,
+                });
+            }
         }
         let digest = maps.programs.digest.clone();
         let dir = progpin::pin_path(&self.config.pin_dir, &digest, "");
@@ -340,8 +363,12 @@ impl Datapath for BpfDatapath {
 
     fn kernel_state(&self) -> Result<KernelState, DatapathError> {
         let blocks = self.lock().kernel_policy(|_| true)?;
-        let policy = super::trie::by_slot(&blocks)
-            .map(|(slot, run)| (slot, run.iter().copied().collect()))
+        let policy = blocks
+            .chunk_by(|a, b| a.0.key.policy_id == b.0.key.policy_id)
+            .filter_map(|run| {
+                let slot = run.first()?.0.key.policy_id;
+                Some((slot, run.iter().copied().collect()))
+            })
             .collect();
         let generations = self.lock().generations()?;
         let ipcache = self.ipcache_entries()?;

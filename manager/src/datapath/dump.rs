@@ -1,6 +1,6 @@
 //! `weftctl map list` / `map dump`: map summaries and decoded entries.
 
-use super::encode::tier_of;
+use super::encode::{PolicyBlock, tier_of, tier_verdict};
 use super::error::DatapathError;
 use super::state::Maps;
 use super::types::{MapSummary, addr_from, direction_name, drop_reason_name};
@@ -21,33 +21,52 @@ fn verdict(v: u8) -> &'static str {
     }
 }
 
-/// One decoded `policy` entry: `NetworkPolicy` entries as before tiers; a `ClusterNetworkPolicy`
-/// tier entry also names its tier and its rule's priority and index.
-fn policy_entry(k: &Key<abi::PolicyKey>, v: abi::PolicyValue) -> Value {
-    let d = k.data();
-    let any_proto = k.prefix_len() < abi::POLICY_PROTO_PREFIX;
-    let (lo, hi) = if any_proto {
-        (0, u16::MAX)
-    } else {
-        port_range(k.prefix_len(), d.dport)
-    };
+/// One decoded policy entry (as the two policy maps hold it together): `NetworkPolicy` entries
+/// as before tiers; a `ClusterNetworkPolicy` tier entry also names its tier and its rule's
+/// priority and index.
+fn policy_entry(b: &PolicyBlock, v: abi::PolicyValue) -> Value {
+    let d = &b.key;
     let mut e = json!({
         "policy_id": d.policy_id,
         "identity": d.identity,
         "direction": direction_name(d.direction & abi::POLICY_DIR_MASK),
-        "proto": if any_proto { 0 } else { d.proto },
-        "port_lo": lo,
-        "port_hi": hi,
-        "verdict": verdict(v.verdict),
     });
-    let tier = d.direction >> abi::POLICY_TIER_SHIFT;
-    if let (true, Some(fields)) = (tier != abi::TIER_POLICY, e.as_object_mut()) {
-        let name = tier_of(tier).map_or_else(|| format!("unknown-{tier}"), |t| t.to_string());
+    ports_and_value(&mut e, b.prefix_len, d.proto, d.dport, v);
+    tier_fields(&mut e, d.direction, v);
+    e
+}
+
+/// Adds a policy entry's protocol, port range and verdict (from its prefix length and key).
+fn ports_and_value(e: &mut Value, prefix_len: u32, proto: u8, dport: u16, v: abi::PolicyValue) {
+    let any_proto = prefix_len < abi::POLICY_PROTO_PREFIX;
+    let (lo, hi) = if any_proto {
+        (0, u16::MAX)
+    } else {
+        port_range(prefix_len, dport)
+    };
+    if let Some(fields) = e.as_object_mut() {
+        fields.insert("proto".into(), json!(if any_proto { 0 } else { proto }));
+        fields.insert("port_lo".into(), json!(lo));
+        fields.insert("port_hi".into(), json!(hi));
+        fields.insert("verdict".into(), json!(verdict(v.verdict)));
+    }
+}
+
+/// The `ClusterNetworkPolicy` tier a policy key's direction byte names (`None`: the
+/// `NetworkPolicy` layer).
+fn tier_name(direction: u8) -> Option<String> {
+    let tier = direction >> abi::POLICY_TIER_SHIFT;
+    (tier != abi::TIER_POLICY)
+        .then(|| tier_of(tier).map_or_else(|| format!("unknown-{tier}"), |t| t.to_string()))
+}
+
+/// Adds the tier of an entry of a `ClusterNetworkPolicy` tier, its rule's priority and index.
+fn tier_fields(e: &mut Value, direction: u8, v: abi::PolicyValue) {
+    if let (Some(name), Some(fields)) = (tier_name(direction), e.as_object_mut()) {
         fields.insert("tier".into(), json!(name));
         fields.insert("priority".into(), json!(v.priority));
         fields.insert("rule".into(), json!(v.rule));
     }
-    e
 }
 
 pub(crate) fn list(maps: &Maps, pin_dir: &Path) -> Vec<MapSummary> {
@@ -58,7 +77,8 @@ pub(crate) fn list(maps: &Maps, pin_dir: &Path) -> Vec<MapSummary> {
             let entries = match name {
                 names::ENDPOINTS => maps.endpoints.keys().count(),
                 names::IPCACHE => maps.ipcache.keys().count(),
-                names::POLICY => maps.policy.keys().count(),
+                names::POLICY_PAIRS => maps.policy_pairs.keys().count(),
+                names::POLICY_LISTS => maps.policy_lists.keys().count(),
                 names::POLICY_GEN => maps.policy_gen.keys().count(),
                 names::CT => maps.ct.keys().count(),
                 names::FRAGS => maps.frags.keys().count(),
@@ -146,11 +166,45 @@ fn port_range(prefix_len: u32, dport_be: u16) -> (u16, u16) {
     (lo, lo | span)
 }
 
+/// The policy entries of every slot, from both policy maps.
 fn policy(maps: &Maps) -> Result<Vec<Value>, DatapathError> {
+    let entries = maps.kernel_policy(|_| true)?;
+    Ok(entries.iter().map(|(b, v)| policy_entry(b, *v)).collect())
+}
+
+fn policy_pairs(maps: &Maps) -> Result<Vec<Value>, DatapathError> {
     let mut out = Vec::new();
-    for item in &maps.policy {
-        let (k, v) = item.map_err(DatapathError::map(names::POLICY))?;
-        out.push(policy_entry(&k, v));
+    for item in &maps.policy_pairs {
+        let (k, list_id) = item.map_err(DatapathError::map(names::POLICY_PAIRS))?;
+        let mut e = json!({
+            "policy_id": k.policy_id,
+            "identity": k.identity,
+            "direction": direction_name(k.direction & abi::POLICY_DIR_MASK),
+            "list_id": list_id,
+        });
+        if let (Some(name), Some(fields)) = (tier_name(k.direction), e.as_object_mut()) {
+            fields.insert("tier".into(), json!(name));
+        }
+        out.push(e);
+    }
+    Ok(out)
+}
+
+fn policy_lists(maps: &Maps) -> Result<Vec<Value>, DatapathError> {
+    let mut out = Vec::new();
+    for item in &maps.policy_lists {
+        let (k, v) = item.map_err(DatapathError::map(names::POLICY_LISTS))?;
+        let d = k.data();
+        let mut e = json!({ "list_id": d.list_id });
+        let prefix_len = k.prefix_len() + abi::POLICY_LIST_PREFIX_SHIFT;
+        ports_and_value(&mut e, prefix_len, d.proto, d.dport, v);
+        if tier_verdict(v).is_some()
+            && let Some(fields) = e.as_object_mut()
+        {
+            fields.insert("priority".into(), json!(v.priority));
+            fields.insert("rule".into(), json!(v.rule));
+        }
+        out.push(e);
     }
     Ok(out)
 }
@@ -234,6 +288,8 @@ pub(crate) fn dump(maps: &Maps, name: &str) -> Result<Vec<Value>, DatapathError>
         names::ENDPOINTS => endpoints(maps),
         names::IPCACHE => ipcache(maps),
         names::POLICY => policy(maps),
+        names::POLICY_PAIRS => policy_pairs(maps),
+        names::POLICY_LISTS => policy_lists(maps),
         names::POLICY_GEN => policy_gen(maps),
         names::CT => ct(maps),
         names::FRAGS => frags(maps),
@@ -249,22 +305,20 @@ pub(crate) fn dump(maps: &Maps, name: &str) -> Result<Vec<Value>, DatapathError>
 #[cfg(test)]
 mod tests {
     use super::{close_state, policy_entry, port_range, tier_names};
-    use aya::maps::lpm_trie::Key;
+    use crate::datapath::PolicyBlock;
     use weft_ebpf as abi;
 
     #[test]
     fn tier_entries_name_their_tier_action_priority_and_rule() {
-        let key = |direction| {
-            Key::new(
-                abi::POLICY_FULL_PREFIX,
-                abi::PolicyKey {
-                    policy_id: 3,
-                    identity: 300,
-                    direction,
-                    proto: 6,
-                    dport: 80u16.to_be(),
-                },
-            )
+        let key = |direction| PolicyBlock {
+            key: abi::PolicyKey {
+                policy_id: 3,
+                identity: 300,
+                direction,
+                proto: 6,
+                dport: 80u16.to_be(),
+            },
+            prefix_len: abi::POLICY_FULL_PREFIX,
         };
         let tiered = abi::PolicyValue {
             verdict: abi::VERDICT_TIER_PASS,

@@ -1,4 +1,6 @@
-//! Encoding an [`EndpointPolicy`] into `policy` LPM trie entries, and diffing two encodings.
+//! Encoding an [`EndpointPolicy`] into policy entries. The kernel holds them in two steps
+//! (module `lists`: a pair's entries in a shared port list); the encoding and the digests are
+//! of the entries.
 //!
 //! Key = {policy slot, identity, direction | proto | dport(be)}; the first three are always in
 //! the prefix (72 bits). A wildcard protocol stops the prefix there (all protocols, all ports);
@@ -19,7 +21,6 @@
 //! datapath takes the entry of smallest precedence across the identities a packet matches.
 //! [`lookup`] is the userspace mirror of the datapath's decision.
 
-use std::cmp::Ordering;
 use std::collections::BTreeMap;
 use weft_ebpf::{self as abi, PolicyKey, PolicyValue};
 use weft_policy::mapstate::{
@@ -39,7 +40,7 @@ pub const POLICY_ENCODING_VERSION: u32 =
     if SPLIT_ANY_PROTOCOL && !cfg!(feature = "upgrade-test-unstamped") {
         UPGRADE_TEST_ENCODING_VERSION
     } else {
-        3
+        4
     };
 
 /// The encoding version of a build with the feature `upgrade-test-encoding` (far above the
@@ -66,6 +67,9 @@ pub const POLICY_ENCODING_GOLDENS: &[(u32, u64)] = &[
     // The slot digest over the digests of its identities' blocks (a one-rule change re-digests
     // the identities it touches only).
     (3, 0x3b27_1036_81b1_fb36),
+    // Two-step lookup: the entries of a (slot, identity, direction) pair in a shared port list
+    // (`policy_pairs`, `policy_lists`) instead of one trie of every entry.
+    (4, 0xa8e8_0dcc_3b59_37fd),
 ];
 
 /// One LPM entry of the `policy` map: prefix length and key data.
@@ -281,8 +285,9 @@ fn encode_sorted_as(
             }
         }
     }
-    // Stable: blocks several entries give are folded in the entries' order.
-    blocks.sort_by_key(|&(b, _)| b);
+    // Blocks several entries give are folded whatever their order (deny over allow; the
+    // smaller precedence, which includes the whole value): an unstable sort is enough.
+    blocks.sort_unstable_by_key(|&(b, _)| b);
     blocks.dedup_by(|later, kept| {
         let same = later.0 == kept.0;
         if same {
@@ -441,39 +446,6 @@ pub(crate) fn tier_flags(flags: u32) -> TierFlags {
         baseline_ingress: flags & abi::EP_BASELINE_INGRESS != 0,
         baseline_egress: flags & abi::EP_BASELINE_EGRESS != 0,
     }
-}
-
-/// What to change to go from `old` to `new` (each in key order, as [`pairs`] of an [`Encoded`]
-/// or a shadow iterates): upserts (new or changed) to write first, then the stale blocks to
-/// remove.
-#[must_use]
-pub(crate) fn diff(
-    old: impl IntoIterator<Item = (PolicyBlock, PolicyValue)>,
-    new: impl IntoIterator<Item = (PolicyBlock, PolicyValue)>,
-) -> (Vec<(PolicyBlock, PolicyValue)>, Vec<PolicyBlock>) {
-    // Both iterate in key order: one merge pass instead of a lookup per block.
-    let (mut upserts, mut removes) = (Vec::new(), Vec::new());
-    let (mut o, mut n) = (old.into_iter().peekable(), new.into_iter().peekable());
-    loop {
-        let order = match (o.peek(), n.peek()) {
-            (None, None) => break,
-            (Some(_), None) => Ordering::Less,
-            (None, Some(_)) => Ordering::Greater,
-            (Some((ob, _)), Some((nb, _))) => ob.cmp(nb),
-        };
-        match order {
-            Ordering::Less => removes.extend(o.next().map(|(ob, _)| ob)),
-            Ordering::Greater => upserts.extend(n.next()),
-            Ordering::Equal => {
-                if let (Some((_, ov)), Some((nb, nv))) = (o.next(), n.next())
-                    && ov != nv
-                {
-                    upserts.push((nb, nv));
-                }
-            }
-        }
-    }
-    (upserts, removes)
 }
 
 #[cfg(test)]

@@ -15,6 +15,8 @@ mod error;
 mod events;
 mod fake;
 mod lb;
+mod lists;
+mod policy_maps;
 mod progpin;
 mod seam;
 mod shadow;

@@ -12,7 +12,7 @@
 #[cfg(test)]
 use super::encode::{Encoded, pairs};
 use super::encode::{PolicyBlock, RunDigest, slot_digest};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use weft_ebpf::{self as abi, PolicyKey, PolicyValue};
 
 /// One entry without its slot id (the shadow's key) and with a one-byte prefix length (the
@@ -197,6 +197,18 @@ impl Shadow {
             .flat_map(move |(run, bytes)| run_entries(slot, run.identity, bytes))
     }
 
+    /// The entries of `slot` whose peer identity is one of `identities`, in key order: only
+    /// their runs are decoded.
+    pub(crate) fn iter_identities<'a>(
+        &'a self,
+        slot: u32,
+        identities: &'a BTreeSet<u32>,
+    ) -> impl Iterator<Item = (PolicyBlock, PolicyValue)> + 'a {
+        self.runs_with_bytes()
+            .filter(|(run, _)| identities.contains(&run.identity))
+            .flat_map(move |(run, bytes)| run_entries(slot, run.identity, bytes))
+    }
+
     /// Each run with its bytes.
     fn runs_with_bytes(&self) -> impl Iterator<Item = (&Run, &[u8])> + '_ {
         let mut start = 0;
@@ -210,50 +222,16 @@ impl Shadow {
         })
     }
 
-    /// These entries with `changes` applied (`Some`: the entry's new value, `None`: removed),
-    /// in one pass over both, packed through `scratch` ([`Self::pack_into`]).
-    pub(crate) fn merged(
-        &self,
-        slot: u32,
-        changes: &BTreeMap<PolicyBlock, Option<PolicyValue>>,
-        scratch: &mut Vec<u8>,
-    ) -> Self {
-        let mut base = self.iter(slot).peekable();
-        let mut changes = changes.iter().peekable();
-        let merged = std::iter::from_fn(move || {
-            loop {
-                let Some(&(&key, &change)) = changes.peek() else {
-                    return base.next();
-                };
-                match base.peek() {
-                    Some((b, _)) if *b < key => return base.next(),
-                    Some((b, _)) if *b == key => {
-                        base.next();
-                    }
-                    _ => {}
-                }
-                changes.next();
-                if let Some(verdict) = change {
-                    return Some((key, verdict));
-                }
-            }
-        });
-        Self::pack_into(scratch, merged)
-    }
-
-    /// For a write of some identities' entries: the entries of `identities` the slot holds (the
-    /// write's diff base), and the slot once `new` (in key order) replaced them, packed through
-    /// `scratch`: what [`Self::merged`] gives once the whole diff reached the kernel. Only the
-    /// runs of `identities` and of the identities in `new` are decoded; the others' bytes are
-    /// copied.
+    /// For a write of some identities' entries: the slot once `new` (in key order) replaced the
+    /// entries of `identities`, packed through `scratch`. Only the runs of `identities` and of
+    /// the identities in `new` are decoded; the others' bytes are copied.
     pub(crate) fn replacing(
         &self,
         slot: u32,
         identities: &BTreeSet<u32>,
         new: &[(PolicyBlock, PolicyValue)],
         scratch: &mut Vec<u8>,
-    ) -> (Vec<(PolicyBlock, PolicyValue)>, Self) {
-        let mut old = Vec::new();
+    ) -> Self {
         let mut packer = Packer::new(scratch, self.runs.len() + 1);
         let mut new = new.iter().copied().peekable();
         for (run, bytes) in self.runs_with_bytes() {
@@ -268,11 +246,12 @@ impl Shadow {
                 packer.copy(run, bytes);
                 continue;
             }
-            // The run's entries: the diff base when replaced, else kept under `new`'s.
-            let mut kept = run_entries(slot, run.identity, bytes).peekable();
-            if replaced {
-                old.extend(kept.by_ref());
-            }
+            // The run's entries: none kept when replaced, else kept under `new`'s.
+            let mut kept = (!replaced)
+                .then(|| run_entries(slot, run.identity, bytes))
+                .into_iter()
+                .flatten()
+                .peekable();
             loop {
                 let next_new = new.peek().filter(|(b, _)| b.key.identity == run.identity);
                 match (kept.peek(), next_new) {
@@ -293,10 +272,11 @@ impl Shadow {
             }
         }
         new.for_each(|e| packer.push(e));
-        (old, packer.finish())
+        packer.finish()
     }
 
     /// The keys of `slot`'s entries, in key order.
+    #[cfg(test)]
     pub(crate) fn blocks(&self, slot: u32) -> impl Iterator<Item = PolicyBlock> + '_ {
         self.iter(slot).map(|(b, _)| b)
     }
@@ -527,69 +507,7 @@ mod tests {
     }
 
     #[test]
-    fn a_merge_equals_decoding_changing_and_encoding_again() {
-        let encoded = ports_of([256, 300, 70_000], 8000..8050);
-        let shadow = Shadow::pack(&encoded);
-        let mut changes = BTreeMap::new();
-        // A changed verdict, removals (first, middle and last entries), inserts before the
-        // first, between two and after the last entry, and a removal of what is not there.
-        changes.insert(
-            raw(256, 0, 6, 8000u16.to_be(), abi::POLICY_FULL_PREFIX),
-            Some(v(2)),
-        );
-        changes.insert(
-            raw(256, 0, 6, 8001u16.to_be(), abi::POLICY_FULL_PREFIX),
-            None,
-        );
-        changes.insert(
-            raw(300, 0, 6, 8010u16.to_be(), abi::POLICY_FULL_PREFIX),
-            None,
-        );
-        changes.insert(
-            raw(70_000, 0, 6, 8049u16.to_be(), abi::POLICY_FULL_PREFIX),
-            None,
-        );
-        changes.insert(
-            raw(1, 1, 17, 53u16.to_be(), abi::POLICY_FULL_PREFIX),
-            Some(v(1)),
-        );
-        changes.insert(raw(300, 1, 6, 0, 80), Some(v(2)));
-        let tiered = PolicyValue {
-            verdict: abi::VERDICT_TIER_PASS,
-            rule: 3,
-            priority: 999,
-        };
-        changes.insert(raw(300, 0x11, 6, 0, 80), Some(tiered));
-        changes.insert(raw(u32::MAX, 1, 6, 0, 72), Some(v(1)));
-        changes.insert(raw(5000, 0, 6, 0, 72), None);
-        let mut expected = encoded.clone();
-        for (block, change) in &changes {
-            match change {
-                Some(verdict) => {
-                    expected.insert(*block, *verdict);
-                }
-                None => {
-                    expected.remove(block);
-                }
-            }
-        }
-        let merged = shadow.merged(9, &changes, &mut Vec::new());
-        assert_eq!(merged.unpack(9), expected);
-        assert_eq!(merged, Shadow::pack(&expected));
-        assert_eq!(
-            Shadow::default()
-                .merged(9, &changes, &mut Vec::new())
-                .unpack(9),
-            changes
-                .iter()
-                .filter_map(|(b, v)| v.map(|v| (*b, v)))
-                .collect::<Encoded>()
-        );
-        assert_eq!(shadow.merged(9, &BTreeMap::new(), &mut Vec::new()), shadow);
-    }
-
-    #[test]
-    fn replacing_some_identities_equals_merging_their_diff() {
+    fn replacing_some_identities_equals_packing_the_result() {
         let base = ports_of([256, 300, 70_000], 8000..8040);
         let shadow = Shadow::pack(&base);
         let identities = BTreeSet::from([300, 5000, 70_000]);
@@ -608,23 +526,17 @@ mod tests {
         new.insert(raw(256, 1, 6, 7u16.to_be(), abi::POLICY_FULL_PREFIX), v(1));
         let mut scratch = vec![0xaa; 3];
         let sorted: Vec<(PolicyBlock, PolicyValue)> = pairs(&new).collect();
-        let (old, after) = shadow.replacing(9, &identities, &sorted, &mut scratch);
-        let old: Encoded = old.into_iter().collect();
-        let want_old: Encoded = base
+        let after = shadow.replacing(9, &identities, &sorted, &mut scratch);
+        // The entries of the other identities, then `new`'s (which win on a key of both).
+        let mut want: Encoded = base
             .iter()
-            .filter(|(b, _)| identities.contains(&b.key.identity))
+            .filter(|(b, _)| !identities.contains(&b.key.identity))
             .map(|(b, v)| (*b, *v))
             .collect();
-        assert_eq!(old, want_old);
-        let (upserts, removes) = crate::datapath::encode::diff(pairs(&old), pairs(&new));
-        let changes: BTreeMap<PolicyBlock, Option<PolicyValue>> = upserts
-            .into_iter()
-            .map(|(b, v)| (b, Some(v)))
-            .chain(removes.into_iter().map(|b| (b, None)))
-            .collect();
-        let merged = shadow.merged(9, &changes, &mut Vec::new());
+        want.extend(new.iter().map(|(b, v)| (*b, *v)));
+        assert_eq!(after.unpack(9), want);
         // The same bytes, runs and run digests: the copied runs are what packing gives.
-        assert_eq!(after, merged);
+        assert_eq!(after, Shadow::pack(&want));
         assert!(after.unpack(9).keys().all(|b| b.key.identity != 70_000));
         assert_eq!(after.unpack(9).len(), 40 + 1 + 40 + 1);
         assert_eq!(after.digest(3), digest(&after.unpack(9), 3));

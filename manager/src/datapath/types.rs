@@ -20,8 +20,12 @@ pub struct DatapathConfig {
     pub endpoints_max: u32,
     /// `ipcache` max entries.
     pub ipcache_max: u32,
-    /// `policy` max entries (all endpoints together; LPM nodes are allocated lazily).
+    /// `policy_pairs` max entries: (slot, peer identity, direction) pairs of every slot
+    /// together (allocated as used).
     pub policy_max: u32,
+    /// `policy_lists` max entries: the entries of the distinct port lists (LPM nodes are
+    /// allocated as used).
+    pub policy_lists_max: u32,
     /// `ct` max entries (LRU).
     pub ct_max: u32,
     /// `frags` max entries (LRU: datagrams being fragmented right now).
@@ -44,12 +48,13 @@ impl DatapathConfig {
     /// `max_entries` of every map (bytes for the `events` ring), by map name: what the loader
     /// sets when it creates a map, and what the program pins' digest covers.
     #[must_use]
-    pub fn map_sizes(&self) -> [(&'static str, u32); 12] {
+    pub fn map_sizes(&self) -> [(&'static str, u32); 13] {
         use abi::map_names as names;
         [
             (names::ENDPOINTS, self.endpoints_max),
             (names::IPCACHE, self.ipcache_max),
-            (names::POLICY, self.policy_max),
+            (names::POLICY_PAIRS, self.policy_max),
+            (names::POLICY_LISTS, self.policy_lists_max),
             (names::POLICY_GEN, self.endpoints_max),
             (names::CT, self.ct_max),
             (names::FRAGS, self.frags_max),
@@ -70,6 +75,7 @@ impl Default for DatapathConfig {
             endpoints_max: 65_536,
             ipcache_max: 512 * 1024,
             policy_max: 1024 * 1024,
+            policy_lists_max: 256 * 1024,
             ct_max: 512 * 1024,
             frags_max: 8192,
             metrics_max: 256 * 1024,

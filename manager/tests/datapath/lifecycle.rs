@@ -15,7 +15,7 @@ fn survives_manager_exit_reopens_same_maps_and_detach_removes_everything() {
             .unwrap()
             .id()
     };
-    let ids: Vec<u32> = ["endpoints", "ipcache", "policy", "ct"]
+    let ids: Vec<u32> = ["endpoints", "ipcache", "policy_pairs", "policy_lists", "ct"]
         .iter()
         .map(|n| map_id(n))
         .collect();
@@ -36,7 +36,7 @@ fn survives_manager_exit_reopens_same_maps_and_detach_removes_everything() {
     );
 
     let dp = BpfDatapath::open(w.config()).expect("reopen");
-    let again: Vec<u32> = ["endpoints", "ipcache", "policy", "ct"]
+    let again: Vec<u32> = ["endpoints", "ipcache", "policy_pairs", "policy_lists", "ct"]
         .iter()
         .map(|n| map_id(n))
         .collect();
@@ -83,6 +83,10 @@ fn survives_manager_exit_reopens_same_maps_and_detach_removes_everything() {
     assert!(slot_entries(&dp) > 0);
     dp.release_slot(101).unwrap();
     assert_eq!(slot_entries(&dp), 0);
+    assert!(
+        dp.map_dump("policy_lists").unwrap().is_empty(),
+        "the slot's port lists went with it"
+    );
     assert!(!dp.slot_generations().unwrap().contains_key(&101));
     assert!(
         tcp_ok(&w.pods[A].ns, b_ip, 6001),
@@ -108,7 +112,8 @@ fn maps_are_listed_and_decoded_and_reconcile_removes_stale_endpoints() {
         [
             "endpoints",
             "ipcache",
-            "policy",
+            "policy_pairs",
+            "policy_lists",
             "policy_gen",
             "ct",
             "frags",
@@ -280,7 +285,7 @@ fn open_mounts_a_bpffs_when_the_pin_dir_is_not_on_one() {
         dir.display()
     );
     assert!(
-        dir.join("policy").exists() && dir.join("ct").exists(),
+        dir.join("policy_pairs").exists() && dir.join("ct").exists(),
         "maps pinned there"
     );
     drop(dp);

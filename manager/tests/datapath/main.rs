@@ -14,6 +14,9 @@ mod support;
 /// Restart, detach, reconcile, map dumps and policy updates under traffic.
 mod lifecycle;
 
+/// The two-step policy layout: shared port lists, failed writes, crash leftovers.
+mod lists;
+
 /// The conntrack reopen rule and established flows across a policy change.
 mod reopen;
 

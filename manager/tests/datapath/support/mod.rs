@@ -167,6 +167,7 @@ impl World {
             endpoints_max: 64,
             ipcache_max: 1024,
             policy_max: 16 * 1024,
+            policy_lists_max: 16 * 1024,
             ct_max: 4096,
             frags_max: 256,
             metrics_max: 1024,
