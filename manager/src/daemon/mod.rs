@@ -347,7 +347,7 @@ pub async fn start(config: &Config) -> Result<Started, StartError> {
 
     refuse_lost_state(config, &store, &*datapath)?;
     // A restart that cannot trust some slot (another build's encoding wrote it, or its last
-    // write did not finish) reads the policy trie back: begun now, the dump runs beside the
+    // write did not finish) reads the policy maps back: begun now, the dump runs beside the
     // restore steps below instead of before the policy is regenerated.
     if SlotTable::read_back_ahead(&store, &datapath.slot_generations()?)? {
         datapath.begin_read_back()?;

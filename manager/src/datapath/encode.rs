@@ -29,11 +29,11 @@ use weft_policy::mapstate::{
 
 pub mod lookup;
 
-/// Version of what this module makes of a computed policy: the `policy` trie entries (key
-/// layout, port blocks, deny carving, verdict values), the enforcement flag bits and the slot
-/// [`digest`]. A restarted manager trusts nothing in slots written under another version
+/// Version of what this module makes of a computed policy: the policy entries (key layout, the
+/// two maps' keys, port blocks, deny carving, verdict values), the enforcement flag bits and
+/// the slot [`digest`]. A restarted manager trusts nothing in slots written under another version
 /// (`crate::slots::Compiler`). Bump it with any change to them, and with any change to how
-/// the datapath's C code reads the `policy` map; the test
+/// the datapath's C code reads the policy maps; the test
 /// `a_change_of_the_encoding_comes_with_a_new_encoding_version` (encode/tests.rs) fails on a
 /// change of the encoding without a new line in [`POLICY_ENCODING_GOLDENS`].
 pub const POLICY_ENCODING_VERSION: u32 =

@@ -211,14 +211,8 @@ impl Maps {
         let new_pairs = Pairs::of(new.iter().copied());
         let after = Shadow::pack_into(&mut self.scratch, new.into_iter());
         let complete = (after.digest(flags), after);
-        self.write(
-            slot,
-            &old_pairs,
-            &new_pairs,
-            Some(flags),
-            generation,
-            complete,
-        )
+        let written = self.write_pairs(slot, &old_pairs, &new_pairs, Some(flags), generation);
+        self.settle(slot, written, complete)
     }
 
     /// Replaces the entries of `identities` only; the rest of the slot's policy and its
@@ -242,26 +236,21 @@ impl Maps {
         let old_pairs = Pairs::of(base.iter_identities(slot, &touched));
         let new_pairs = Pairs::of(after.iter_identities(slot, &touched));
         let complete = (after.digest(flags), after);
-        self.write(slot, &old_pairs, &new_pairs, None, generation, complete)
+        let written = self.write_pairs(slot, &old_pairs, &new_pairs, None, generation);
+        self.settle(slot, written, complete)
     }
 
-    /// Writes the pairs of `slot` whose entries differ between `old` and `new` (each the pairs
-    /// of the same identities, from the slot's shadow before and after the write), and records
-    /// `complete` (the slot's shadow and digest once the whole write is in, computed by the
-    /// caller) in `installed`. The slot's generation is 0 while it is written and `generation`
-    /// once it is complete. A write that fails half-way leaves the slot to be read back, and
-    /// the port lists too, before its next write. Returns the digest of the slot's contents.
-    fn write(
+    /// After a write of `slot`: `complete` (the slot's shadow and digest once the whole write is
+    /// in, computed by the caller) is recorded in `installed` and the digest returned. A write
+    /// that failed half-way leaves the slot to be read back, and the port lists too, before
+    /// its next write.
+    fn settle(
         &mut self,
         slot: u32,
-        old: &Pairs,
-        new: &Pairs,
-        flags: Option<u32>,
-        generation: u64,
-        complete: (u64, Shadow),
+        written: Result<(), DatapathError>,
+        (digest, after): (u64, Shadow),
     ) -> Result<u64, DatapathError> {
-        let (digest, after) = complete;
-        match self.write_pairs(slot, old, new, flags, generation) {
+        match written {
             Ok(()) => {
                 self.installed.insert(slot, after);
                 Ok(digest)
@@ -274,11 +263,13 @@ impl Maps {
         }
     }
 
-    /// Points the pairs whose entries differ between `old` and `new` at their new lists, add
-    /// before delete (Cilium #46927): first each at the union of its old and new entries, then
+    /// Points the pairs of `slot` whose entries differ between `old` and `new` (each the pairs
+    /// of the same identities, from the slot's shadow before and after the write) at their new
+    /// lists, add before delete (Cilium #46927): first each at the union of its old and new entries, then
     /// (after the flags) at its new entries, or deleted. A packet both allow is never dropped in
     /// between: no deny block of either covers it. The flags between the two steps: a tier's
-    /// flag turns on once its entries are in, and off before they go.
+    /// flag turns on once its entries are in, and off before they go. The slot's generation is
+    /// 0 while it is written and `generation` once it is complete.
     fn write_pairs(
         &mut self,
         slot: u32,
@@ -398,7 +389,8 @@ impl Maps {
             let new = Pairs::of(run.iter().copied());
             let after = Shadow::pack_into(&mut self.scratch, run.iter().copied());
             let generation = generations.get(&slot).copied().unwrap_or(0);
-            self.write(slot, &old, &new, None, generation, (0, after))?;
+            let written = self.write_pairs(slot, &old, &new, None, generation);
+            self.settle(slot, written, (0, after))?;
         }
         tracing::info!(
             slots = slots.len(),

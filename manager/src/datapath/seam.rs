@@ -90,16 +90,16 @@ pub trait Datapath: Send + Sync {
     /// complete write (0: a write did not finish).
     fn slot_generations(&self) -> Result<BTreeMap<u32, u64>, DatapathError>;
 
-    /// Reads back the entries of `slots` from the kernel (one dump of the trie) as the base of
-    /// their next diff. Slots left by a previous run and not loaded here are read back the
-    /// first time one of them is written; with a read-back begun ahead
+    /// Reads back the entries of `slots` from the kernel (one dump of the policy maps) as the
+    /// base of their next diff. Slots left by a previous run and not loaded here are read back
+    /// the first time one of them is written; with a read-back begun ahead
     /// ([`Self::begin_read_back`]), the first write of the policy takes what it read for every
     /// such slot.
     fn load_slots(&self, slots: &BTreeSet<u32>) -> Result<(), DatapathError>;
 
-    /// Starts reading the trie back in the background, for a start that knows early it will
-    /// read slots back: the first write of the policy waits for it (the trie is not written
-    /// while it is read) and loads every slot not loaded yet from what it read. Does nothing
+    /// Starts reading the policy maps back in the background, for a start that knows early it will
+    /// read slots back: the first write of the policy waits for it (the maps are not written
+    /// while they are read) and loads every slot not loaded yet from what it read. Does nothing
     /// when no slot of a previous run is left to read.
     fn begin_read_back(&self) -> Result<(), DatapathError>;
 

@@ -137,7 +137,7 @@ impl<'a> Packer<'a> {
     }
 
     fn end(&self) -> u32 {
-        // A slot's shadow is far below 4 GiB (the trie holds at most its max_entries).
+        // A slot's shadow is far below 4 GiB (the maps hold at most their max_entries).
         u32::try_from(self.out.len()).unwrap_or(u32::MAX)
     }
 

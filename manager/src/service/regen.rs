@@ -282,7 +282,7 @@ impl Manager {
     /// reused, an endpoint whose kernel entry is already right is not touched at all.
     /// First the policy slots are restored: each endpoint keeps the slot the kernel has it
     /// pointing at; slots whose last write is not known to be complete, and slots nobody uses
-    /// any more, are read back (one dump of the trie, none when every slot is trusted); the
+    /// any more, are read back (one dump of the policy maps, none when every slot is trusted); the
     /// unused ones are then released.
     pub fn readopt(&self) -> Result<usize, ManagerError> {
         let mut st = self.state();

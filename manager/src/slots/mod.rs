@@ -1,5 +1,5 @@
 //! Policy slots: endpoints with the same identity and named ports have the same policy, so they
-//! share one set of entries in the policy trie (a slot), referenced from each endpoint's
+//! share one set of policy entries (a slot), referenced from each endpoint's
 //! `endpoints` entry. Map entries, regeneration work and restart read-back then grow with the
 //! distinct (identity, named ports) pairs on the node, not with its endpoints.
 //!
@@ -75,7 +75,7 @@ impl Enforcement {
 }
 
 /// What computed and encoded a slot's contents: the versions of the policy computation
-/// ([`weft_policy::compiler::POLICY_COMPILER_VERSION`]) and of its encoding into the trie, the
+/// ([`weft_policy::compiler::POLICY_COMPILER_VERSION`]) and of its encoding into the policy maps, the
 /// flag bits and the slot digest ([`crate::datapath::POLICY_ENCODING_VERSION`]). Persisted in
 /// each record: a restart trusts what another build wrote only as far as this build computes
 /// and encodes the same.

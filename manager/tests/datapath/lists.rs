@@ -11,21 +11,28 @@ fn raw_len(dp: &BpfDatapath, name: &str) -> usize {
     dp.map_dump(name).unwrap().len()
 }
 
+/// A world with both pods attached, servers on B's ports 6000 and 6001, and B's slot holding
+/// `rules`: the datapath, B's IPv4 address and B's slot.
+fn serving(w: &World, rules: &str) -> (BpfDatapath, IpAddr, u32) {
+    let dp = open_and_attach(w);
+    echo_servers(&w.pods[B].ns, 6000);
+    echo_servers(&w.pods[B].ns, 6001);
+    let slot = w.pods[B].ep.policy_id;
+    dp.apply_policy(slot, &policy(true, false, rules), 1)
+        .unwrap();
+    (dp, w.pods[B].ip4.into(), slot)
+}
+
 #[test]
 fn slots_with_the_same_ports_share_one_list_until_the_last_lets_go() {
     let w = World::new();
-    let dp = open_and_attach(&w);
-    echo_servers(&w.pods[B].ns, 6000);
-    echo_servers(&w.pods[B].ns, 6001);
-    let b_ip: IpAddr = w.pods[B].ip4.into();
     // Three peers with the same ports, in two slots: one list of two entries, six pairs.
     let rules = "ingress 1000 tcp 6000 allow; ingress 1000 udp 53 allow; \
                  ingress 1001 tcp 6000 allow; ingress 1001 udp 53 allow; \
                  ingress 1002 tcp 6000 allow; ingress 1002 udp 53 allow";
-    let p = policy(true, false, rules);
-    let slot = w.pods[B].ep.policy_id;
-    dp.apply_policy(slot, &p, 1).unwrap();
-    dp.apply_policy(900, &p, 1).unwrap();
+    let (dp, b_ip, slot) = serving(&w, rules);
+    dp.apply_policy(900, &policy(true, false, rules), 1)
+        .unwrap();
     assert_eq!(raw_len(&dp, "policy_pairs"), 6);
     assert_eq!(raw_len(&dp, "policy_lists"), 2, "one list for every pair");
     assert_eq!(
@@ -110,13 +117,7 @@ fn a_write_that_fails_half_way_is_read_back_before_the_next() {
 #[test]
 fn what_a_crash_left_is_deleted_at_read_back() {
     let w = World::new();
-    let dp = open_and_attach(&w);
-    echo_servers(&w.pods[B].ns, 6000);
-    echo_servers(&w.pods[B].ns, 6001);
-    let b_ip: IpAddr = w.pods[B].ip4.into();
-    let slot = w.pods[B].ep.policy_id;
-    dp.apply_policy(slot, &policy(true, false, "ingress 1000 tcp 6000 allow"), 1)
-        .unwrap();
+    let (dp, b_ip, slot) = serving(&w, "ingress 1000 tcp 6000 allow");
     drop(dp);
     // A crash's leftovers: this slot's any-peer pair pointing at list 77 (whose entries never
     // made it), and list 55 that no pair points at (written before a crash, or half deleted).
@@ -181,13 +182,7 @@ fn bpftool(args: &[&str]) {
 #[test]
 fn an_upgrade_from_the_one_trie_finds_its_entries_before_any_write() {
     let w = World::new();
-    let dp = open_and_attach(&w);
-    echo_servers(&w.pods[B].ns, 6000);
-    echo_servers(&w.pods[B].ns, 6001);
-    let b_ip: IpAddr = w.pods[B].ip4.into();
-    let slot = w.pods[B].ep.policy_id;
-    dp.apply_policy(slot, &policy(true, false, "ingress 1000 udp 53 allow"), 1)
-        .unwrap();
+    let (dp, b_ip, slot) = serving(&w, "ingress 1000 udp 53 allow");
     drop(dp);
     // The node as a build before the two-step lookup left it: no pair or list map pinned, the
     // slot's entry (TCP 6000 from identity 1000) in the one `policy` trie.
