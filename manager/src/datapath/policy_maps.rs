@@ -6,7 +6,7 @@
 use super::batch;
 use super::encode::{PolicyBlock, encode_sorted, enforcement_flags};
 use super::error::DatapathError;
-use super::lists::{ListEntry, Lists, Pairs, changed, entries_of, pair_key, union};
+use super::lists::{ListEntry, Lists, Pair, Pairs, changed, entries_of, pair_key, union};
 use super::shadow::Shadow;
 use super::state::Maps;
 use super::trie::{Dump, LpmKey, PendingRead, policy_error};
@@ -52,14 +52,23 @@ pub(crate) fn expand(
     keep: impl Fn(u32) -> bool,
 ) -> Vec<(PolicyBlock, abi::PolicyValue)> {
     let lists = dump.lists();
-    let mut out = Vec::new();
-    for (slot, pairs) in dump.pairs_by_slot(keep) {
-        let present = pairs
-            .iter()
-            .filter_map(|(pair, id)| lists.get(id).map(|l| (*pair, l.as_slice())));
-        out.extend(entries_of(slot, present));
-    }
-    out
+    dump.pairs_by_slot(keep)
+        .iter()
+        .flat_map(|(slot, pairs)| slot_entries(*slot, pairs, &lists))
+        .collect()
+}
+
+/// The entries of `slot` its pairs (with their list ids) stand for, with `lists` read from the
+/// same dump; a pair whose list is missing stands for nothing.
+fn slot_entries<'a>(
+    slot: u32,
+    pairs: &'a BTreeMap<Pair, u32>,
+    lists: &'a BTreeMap<u32, Vec<ListEntry>>,
+) -> impl Iterator<Item = (PolicyBlock, abi::PolicyValue)> + 'a {
+    let present = pairs
+        .iter()
+        .filter_map(|(pair, id)| lists.get(id).map(|l| (*pair, l.as_slice())));
+    entries_of(slot, present)
 }
 
 impl Maps {
@@ -128,10 +137,8 @@ impl Maps {
             self.unloaded.remove(slot);
         }
         for (slot, pairs) in dump.pairs_by_slot(|slot| wanted.contains(&slot)) {
-            let present = pairs
-                .iter()
-                .filter_map(|(pair, id)| lists.get(id).map(|l| (*pair, l.as_slice())));
-            let shadow = Shadow::pack_into(&mut self.scratch, entries_of(slot, present));
+            let entries = slot_entries(slot, &pairs, &lists);
+            let shadow = Shadow::pack_into(&mut self.scratch, entries);
             self.installed.insert(slot, shadow);
         }
         tracing::info!(
