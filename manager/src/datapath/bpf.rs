@@ -89,6 +89,7 @@ impl BpfDatapath {
             unloaded: BTreeSet::new(),
             pending: None,
             lists: None,
+            lists_max: config.policy_lists_max as usize,
             slot_flags: HashMap::new(),
             slot_of: HashMap::new(),
             by_id: HashMap::new(),
@@ -290,6 +291,10 @@ impl Datapath for BpfDatapath {
 
     fn release_slot(&self, slot: u32) -> Result<(), DatapathError> {
         self.lock().release_slot(slot)
+    }
+
+    fn end_policy_writes(&self) -> Result<(), DatapathError> {
+        self.lock().collect_lists()
     }
 
     fn slot_generations(&self) -> Result<BTreeMap<u32, u64>, DatapathError> {

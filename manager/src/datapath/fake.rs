@@ -334,6 +334,10 @@ impl Datapath for FakeDatapath {
         Ok(())
     }
 
+    fn end_policy_writes(&self) -> Result<(), DatapathError> {
+        Ok(())
+    }
+
     fn restore_slot_flags(&self, slot: u32, flags: SlotFlags) {
         self.state().slot_flags.entry(slot).or_insert(flags);
     }

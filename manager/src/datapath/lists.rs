@@ -10,7 +10,7 @@
 //! The kernel writes that use them are in `policy_maps`.
 
 use super::encode::PolicyBlock;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use weft_ebpf::{self as abi, PolicyKey, PolicyListKey, PolicyPairKey, PolicyValue};
 
@@ -213,13 +213,26 @@ struct Held {
 /// before the list's entries are deleted: a freed id is reused only by this table, after its
 /// caller deleted them, and a table rebuilt from the kernel ([`Lists::rebuild`]) starts above
 /// every id the kernel has.
+///
+/// A list no pair points at any more stays in the kernel, idle, until the caller takes the idle
+/// lists to delete them ([`Lists::take_idle`], at the end of a batch of writes): a later write
+/// that needs the same entries points at it again without writing them. A whole-policy change
+/// points every pair of every slot at the union of its old and new lists and then at the new
+/// one; the same unions recur from slot to slot, and are written once per batch instead of once
+/// per slot.
 #[derive(Debug, Default)]
 pub(crate) struct Lists {
-    ids: HashMap<List, u32>,
-    held: HashMap<u32, Held>,
+    ids: HashMap<List, u32, foldhash::fast::RandomState>,
+    held: HashMap<u32, Held, foldhash::fast::RandomState>,
     free: Vec<u32>,
     /// The smallest id never handed out.
     next: u32,
+    /// The held lists no pair points at.
+    idle: BTreeSet<u32>,
+    /// Entries of the held lists, idle ones included (what the kernel holds).
+    entries: usize,
+    /// Entries of the idle lists.
+    idle_entries: usize,
 }
 
 /// What [`Lists::acquire`] gave: the list's id, and whether its entries must be written (a list
@@ -264,6 +277,7 @@ impl Lists {
             // Two ids with the same entries (not written by this table): both stay held, the
             // first is the one new pairs get.
             table.ids.entry(Arc::clone(&list)).or_insert(id);
+            table.entries += list.len();
             table.held.insert(id, Held { list, refs: n });
         }
         rebuilt.dangling = refs
@@ -291,6 +305,9 @@ impl Lists {
         if let Some(&id) = self.ids.get(entries)
             && let Some(h) = self.held.get_mut(&id)
         {
+            if h.refs == 0 && self.idle.remove(&id) {
+                self.idle_entries = self.idle_entries.saturating_sub(h.list.len());
+            }
             h.refs += 1;
             return Acquired { id, fresh: false };
         }
@@ -300,26 +317,46 @@ impl Lists {
             id
         });
         let list: List = entries.into();
+        self.entries += list.len();
         self.ids.insert(Arc::clone(&list), id);
         self.held.insert(id, Held { list, refs: 1 });
         Acquired { id, fresh: true }
     }
 
-    /// One pair fewer points at list `id`. When none is left it is dropped from the table and
-    /// its entries are returned: the caller deletes them from the kernel (then the id may be
-    /// handed out again).
-    pub(crate) fn release(&mut self, id: u32) -> Option<List> {
-        let h = self.held.get_mut(&id)?;
+    /// One pair fewer points at list `id`. When none is left the list becomes idle: the kernel
+    /// keeps its entries until [`Self::take_idle`].
+    pub(crate) fn release(&mut self, id: u32) {
+        let Some(h) = self.held.get_mut(&id) else {
+            return;
+        };
         h.refs = h.refs.saturating_sub(1);
-        if h.refs > 0 {
-            return None;
+        if h.refs == 0 && self.idle.insert(id) {
+            self.idle_entries += h.list.len();
         }
-        let h = self.held.remove(&id)?;
-        if self.ids.get(&h.list) == Some(&id) {
-            self.ids.remove(&h.list);
+    }
+
+    /// How many entries the idle lists have, and the held lists in all (idle ones included).
+    pub(crate) fn entries(&self) -> (usize, usize) {
+        (self.idle_entries, self.entries)
+    }
+
+    /// Drops the idle lists from the table and returns them: the caller deletes their entries
+    /// from the kernel (then their ids may be handed out again).
+    pub(crate) fn take_idle(&mut self) -> Vec<(u32, List)> {
+        let mut out = Vec::with_capacity(self.idle.len());
+        for id in std::mem::take(&mut self.idle) {
+            let Some(h) = self.held.remove(&id) else {
+                continue;
+            };
+            if self.ids.get(&h.list) == Some(&id) {
+                self.ids.remove(&h.list);
+            }
+            self.entries = self.entries.saturating_sub(h.list.len());
+            self.free.push(id);
+            out.push((id, h.list));
         }
-        self.free.push(id);
-        Some(h.list)
+        self.idle_entries = 0;
+        out
     }
 
     /// How many lists, and how many entries in all, the table holds.
@@ -452,8 +489,14 @@ mod tests {
         let dns = lists.acquire(&[e(53, 1)]);
         assert!(dns.fresh && dns.id != a.id);
         assert_eq!(lists.size(), (2, 3));
-        assert_eq!(lists.release(a.id), None, "one pair still points at it");
-        assert_eq!(lists.release(a.id).as_deref(), Some(&web[..]));
+        assert_eq!(lists.entries(), (0, 3));
+        lists.release(a.id);
+        assert_eq!(lists.entries(), (0, 3), "one pair still points at it");
+        lists.release(a.id);
+        assert_eq!(lists.entries(), (2, 3), "idle, still in the kernel");
+        assert_eq!(lists.id_of(&web), Some(a.id));
+        assert_eq!(lists.take_idle(), vec![(a.id, web.to_vec().into())]);
+        assert_eq!(lists.entries(), (0, 1));
         assert_eq!(lists.id_of(&web), None);
         // The freed id is handed out again, for other entries.
         let ssh = lists.acquire(&[e(22, 1)]);
@@ -465,7 +508,36 @@ mod tests {
             }
         );
         assert_eq!(lists.get(ssh.id), Some(&[e(22, 1)][..]));
-        assert_eq!(lists.release(999), None, "an id it does not hold");
+        lists.release(999);
+        assert_eq!(
+            lists.entries(),
+            (0, 2),
+            "an id it does not hold changes nothing"
+        );
+    }
+
+    #[test]
+    fn an_idle_list_is_pointed_at_again_without_a_write() {
+        let mut lists = Lists::default();
+        let union = [e(80, 1), e(443, 1), e(8080, 1)];
+        // One slot's write: its pair goes through the union and lets go of it.
+        let first = lists.acquire(&union);
+        assert!(first.fresh);
+        lists.release(first.id);
+        assert_eq!(lists.entries(), (3, 3));
+        // The next slot's write needs the same union: the kernel has it.
+        assert_eq!(
+            lists.acquire(&union),
+            Acquired {
+                id: first.id,
+                fresh: false
+            }
+        );
+        assert_eq!(lists.entries(), (0, 3), "held again, not idle");
+        assert!(lists.take_idle().is_empty(), "a held list is not taken");
+        lists.release(first.id);
+        assert_eq!(lists.take_idle().len(), 1);
+        assert_eq!(lists.size(), (0, 0));
     }
 
     #[test]
@@ -482,8 +554,14 @@ mod tests {
         assert_eq!(lists.acquire(&[e(1, 1)]).id, 31);
         // Sorted as read back; counted once per pair.
         assert_eq!(lists.id_of(&[e(80, 1), e(443, 1)]), Some(4));
-        assert_eq!(lists.release(4), None);
-        assert!(lists.release(4).is_some());
+        assert_eq!(
+            lists.entries(),
+            (0, 4),
+            "the unreferenced list is the caller's to delete"
+        );
+        lists.release(4);
+        lists.release(4);
+        assert_eq!(lists.take_idle().len(), 1);
         assert_eq!(
             lists.acquire(&[e(2, 1)]).id,
             4,

@@ -237,11 +237,28 @@ impl Maps {
         let flags = self.slot_flags.get(&slot).copied().unwrap_or(0);
         let after = base.replacing(slot, identities, &new, &mut self.scratch);
         // The pairs of every identity whose entries may differ: those replaced, and any other
-        // that `entries` adds to.
-        let mut touched = identities.clone();
-        touched.extend(new.iter().map(|(b, _)| b.key.identity));
-        let old_pairs = Pairs::of(base.iter_identities(slot, &touched));
-        let new_pairs = Pairs::of(after.iter_identities(slot, &touched));
+        // that `entries` adds to (none when the caller keeps to its contract). `new` is in key
+        // order: each identity's entries are together.
+        let mut others = BTreeSet::new();
+        let mut last = None;
+        for (b, _) in &new {
+            let id = b.key.identity;
+            if last != Some(id) && !identities.contains(&id) {
+                others.insert(id);
+            }
+            last = Some(id);
+        }
+        let old_pairs;
+        let new_pairs;
+        if others.is_empty() {
+            // The replaced identities' entries in the slot are now exactly `new`.
+            old_pairs = Pairs::of(base.iter_identities(slot, identities));
+            new_pairs = Pairs::of(new.iter().copied());
+        } else {
+            let touched: BTreeSet<u32> = identities.union(&others).copied().collect();
+            old_pairs = Pairs::of(base.iter_identities(slot, &touched));
+            new_pairs = Pairs::of(after.iter_identities(slot, &touched));
+        }
         let complete = (after.digest(flags), after);
         let written = self.write_pairs(slot, &old_pairs, &new_pairs, None, generation);
         self.settle(slot, written, complete)
@@ -313,6 +330,7 @@ impl Maps {
                 second.push((pair, n, now));
             }
         }
+        self.make_room()?;
         self.run(first)?;
         if let Some(flags) = flags {
             self.set_slot_flags(slot, flags)?;
@@ -329,6 +347,7 @@ impl Maps {
             }
             last.released.push(now);
         }
+        self.make_room()?;
         self.run(last)?;
         self.set_generation(slot, generation)
     }
@@ -346,15 +365,50 @@ impl Maps {
         let (keys, ids): (Vec<abi::PolicyPairKey>, Vec<u32>) = step.point.into_iter().unzip();
         batch::update(self.pairs_fd(), &keys, &ids).map_err(policy_error(names::POLICY_PAIRS))?;
         batch::delete(self.pairs_fd(), &step.unpoint).map_err(policy_error(names::POLICY_PAIRS))?;
-        let mut gone = Vec::new();
         if let Some(lists) = self.lists.as_mut() {
             for id in step.released {
-                if let Some(list) = lists.release(id) {
-                    gone.extend(list.iter().map(|e| LpmKey::of(id, e)));
-                }
+                lists.release(id);
             }
         }
-        batch::delete(self.lists_fd(), &gone).map_err(policy_error(names::POLICY_LISTS))
+        Ok(())
+    }
+
+    /// Deletes the lists no pair points at any more (idle since a write or a release moved the
+    /// last pair away): at the end of a batch of writes, or during one when the idle lists take
+    /// room a write needs. A failed delete leaves the table to be read again (the read-back
+    /// deletes what is left).
+    pub(crate) fn collect_lists(&mut self) -> Result<(), DatapathError> {
+        let Some(lists) = self.lists.as_mut() else {
+            return Ok(());
+        };
+        if lists.entries().0 == 0 {
+            return Ok(());
+        }
+        let gone: Vec<LpmKey> = lists
+            .take_idle()
+            .iter()
+            .flat_map(|(id, list)| list.iter().map(|e| LpmKey::of(*id, e)))
+            .collect();
+        let deleted =
+            batch::delete(self.lists_fd(), &gone).map_err(policy_error(names::POLICY_LISTS));
+        if deleted.is_err() {
+            self.lists = None;
+        }
+        deleted
+    }
+
+    /// Before a step's lists are written (counted in the table already): collects the idle
+    /// lists when all of them would not fit in the map, or when the idle ones alone take a
+    /// quarter of it.
+    fn make_room(&mut self) -> Result<(), DatapathError> {
+        let Some(lists) = self.lists.as_ref() else {
+            return Ok(());
+        };
+        let (idle, all) = lists.entries();
+        if idle > 0 && (all > self.lists_max || idle > self.lists_max / 4) {
+            self.collect_lists()?;
+        }
+        Ok(())
     }
 
     /// Copies the entries of the one policy trie of builds before the two-step lookup (still
@@ -399,6 +453,7 @@ impl Maps {
             let written = self.write_pairs(slot, &old, &new, None, generation);
             self.settle(slot, written, (0, after))?;
         }
+        self.collect_lists()?;
         tracing::info!(
             slots = slots.len(),
             entries = blocks.len(),
@@ -408,8 +463,8 @@ impl Maps {
         Ok(())
     }
 
-    /// Removes a slot's pairs (and the lists only it pointed at), then its generation (the key
-    /// stays while entries may remain).
+    /// Removes a slot's pairs (and the lists no pair points at any more), then its generation
+    /// (the key stays while entries may remain).
     pub(crate) fn release_slot(&mut self, slot: u32) -> Result<(), DatapathError> {
         self.ensure_loaded(slot)?;
         self.set_generation(slot, 0)?;
@@ -433,6 +488,7 @@ impl Maps {
         }
         self.installed.remove(&slot);
         self.slot_flags.remove(&slot);
+        self.collect_lists()?;
         super::state::ignore_missing(self.policy_gen.remove(&slot))
             .map_err(DatapathError::map(names::POLICY_GEN))
     }

@@ -86,6 +86,11 @@ pub trait Datapath: Send + Sync {
     /// Removes every entry of a slot no endpoint points at any more, then its generation.
     fn release_slot(&self, slot: u32) -> Result<(), DatapathError>;
 
+    /// Ends a batch of policy writes: deletes what the writes kept in the kernel for the next
+    /// ones and nothing uses any more (port lists no pair points at). Call it once a
+    /// regeneration has written every slot it had to.
+    fn end_policy_writes(&self) -> Result<(), DatapathError>;
+
     /// The `policy_gen` map: every slot that may have entries, with the generation of its last
     /// complete write (0: a write did not finish).
     fn slot_generations(&self) -> Result<BTreeMap<u32, u64>, DatapathError>;

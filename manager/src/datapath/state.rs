@@ -81,6 +81,8 @@ pub(crate) struct Maps {
     /// The port lists `policy_lists` holds (module `lists`); `None` until read from the kernel
     /// (the first write reads it) and after a write that failed half-way (read again).
     pub(crate) lists: Option<Lists>,
+    /// How many entries `policy_lists` has room for.
+    pub(crate) lists_max: usize,
     /// Enforcement and tier flags per slot (copied into each member's `endpoints` entry).
     pub(crate) slot_flags: HashMap<u32, u32>,
     /// endpoint id → slot, mirrors the endpoints map.

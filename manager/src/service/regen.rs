@@ -79,6 +79,7 @@ impl Manager {
         let targets = slot_targets(self, st, skip);
         let update = identity_update(&st.pol, effects);
         let (n, whole) = self.apply_work(&mut st.slots, &effects.identities, &targets, update)?;
+        // Ends the batch too (`regenerate_with`, even with no slot to write whole).
         Ok(n + self.regenerate_slots(st, &whole)?)
     }
 
@@ -525,6 +526,7 @@ impl Manager {
             self.retire_slot(st, slot)?;
         }
         switched?;
+        self.datapath.end_policy_writes()?;
         Ok(changed)
     }
 }

@@ -23,6 +23,20 @@ fn serving(w: &World, rules: &str) -> (BpfDatapath, IpAddr, u32) {
     (dp, w.pods[B].ip4.into(), slot)
 }
 
+/// A world with both pods attached to a datapath whose `policy_lists` holds 8 entries, and
+/// servers on B's `ports`: the datapath, B's IPv4 address and B's slot.
+fn eight_entries(w: &World, ports: [u16; 2]) -> (BpfDatapath, IpAddr, u32) {
+    let config = weft_manager::datapath::DatapathConfig {
+        policy_lists_max: 8,
+        ..w.config()
+    };
+    let dp = open_and_attach_with(w, config);
+    for port in ports {
+        echo_servers(&w.pods[B].ns, port);
+    }
+    (dp, w.pods[B].ip4.into(), w.pods[B].ep.policy_id)
+}
+
 #[test]
 fn slots_with_the_same_ports_share_one_list_until_the_last_lets_go() {
     let w = World::new();
@@ -59,6 +73,12 @@ fn slots_with_the_same_ports_share_one_list_until_the_last_lets_go() {
     );
     dp.apply_policy(slot, &policy(true, false, &changed), 2)
         .unwrap();
+    assert_eq!(
+        raw_len(&dp, "policy_lists"),
+        7,
+        "the union its pair went through (three entries) stays until the batch ends"
+    );
+    dp.end_policy_writes().unwrap();
     assert_eq!(raw_len(&dp, "policy_lists"), 4, "two lists of two entries");
     assert!(tcp_ok(&w.pods[A].ns, b_ip, 6001), "the new port");
     assert!(!tcp_ok(&w.pods[A].ns, b_ip, 6000), "the old one is gone");
@@ -73,24 +93,36 @@ fn slots_with_the_same_ports_share_one_list_until_the_last_lets_go() {
 }
 
 #[test]
+fn idle_lists_make_room_for_a_write_that_needs_it() {
+    let w = World::new();
+    let (dp, b_ip, slot) = eight_entries(&w, [6000, 6003]);
+    let ports = |a: u16, b: u16| format!("ingress 1000 tcp {a} allow; ingress 1000 tcp {b} allow");
+    dp.apply_policy(slot, &policy(true, false, &ports(6000, 6001)), 1)
+        .unwrap();
+    // Old list (2), union (4) and new list (2): the map is full, two of them idle.
+    dp.apply_policy(slot, &policy(true, false, &ports(6002, 6003)), 2)
+        .unwrap();
+    assert_eq!(raw_len(&dp, "policy_lists"), 8);
+    // Another union and list (6 entries) fit only once the idle ones are deleted.
+    dp.apply_policy(slot, &policy(true, false, &ports(6003, 6004)), 3)
+        .unwrap();
+    assert!(
+        tcp_ok(&w.pods[A].ns, b_ip, 6003),
+        "allowed by the last write"
+    );
+    assert!(
+        !tcp_ok(&w.pods[A].ns, b_ip, 6000),
+        "allowed by none since the first"
+    );
+    dp.end_policy_writes().unwrap();
+    assert_eq!(raw_len(&dp, "policy_lists"), 2);
+    assert_eq!(raw_len(&dp, "policy_pairs"), 1);
+}
+
+#[test]
 fn a_write_that_fails_half_way_is_read_back_before_the_next() {
     let w = World::new();
-    let config = weft_manager::datapath::DatapathConfig {
-        policy_lists_max: 8,
-        ..w.config()
-    };
-    let dp = BpfDatapath::open(config).unwrap();
-    for p in &w.pods {
-        in_ns(&w.node, || dp.attach_endpoint(&p.ep)).unwrap();
-        for ip in &p.ep.ips {
-            dp.upsert_ipcache(ipnet::IpNet::from(*ip), identity(p.ep.identity))
-                .unwrap();
-        }
-    }
-    echo_servers(&w.pods[B].ns, 6000);
-    echo_servers(&w.pods[B].ns, 6001);
-    let b_ip: IpAddr = w.pods[B].ip4.into();
-    let slot = w.pods[B].ep.policy_id;
+    let (dp, b_ip, slot) = eight_entries(&w, [6000, 6001]);
     // Twelve distinct ports for one peer: more list entries than the map holds.
     let many: String = (0..12)
         .map(|i| format!("ingress 1000 tcp {} allow", 7000 + i))

@@ -26,7 +26,8 @@ mod tiers;
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 use support::checks::{
-    assert_endpoint_gone, identity, ips, open_and_attach, policy, prog_id, wait_event,
+    assert_endpoint_gone, identity, ips, open_and_attach, open_and_attach_with, policy, prog_id,
+    wait_event,
 };
 use support::traffic::{echo_servers, ping_ok, tcp_ok, udp_big_ok, udp_ok, udp_refused};
 use support::{World, in_ns};

@@ -53,7 +53,15 @@ pub fn policy(ingress: bool, egress: bool, rules: &str) -> EndpointPolicy {
 }
 
 pub fn open_and_attach(w: &World) -> BpfDatapath {
-    let dp = BpfDatapath::open(w.config()).expect("open datapath");
+    open_and_attach_with(w, w.config())
+}
+
+/// [`open_and_attach`] with a datapath configuration of the caller's (map sizes).
+pub fn open_and_attach_with(
+    w: &World,
+    config: weft_manager::datapath::DatapathConfig,
+) -> BpfDatapath {
+    let dp = BpfDatapath::open(config).expect("open datapath");
     for p in &w.pods {
         in_ns(&w.node, || dp.attach_endpoint(&p.ep)).expect("attach");
         // What the manager's ipcache owners would write for the endpoint's addresses.
